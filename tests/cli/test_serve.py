@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from vllm_offload import launch
+from vllm_offload.cli import main
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[launch.LaunchSpec]:
+    """Records every attempt to start vLLM instead of starting it."""
+    calls: list[launch.LaunchSpec] = []
+    monkeypatch.setattr(launch, "run", calls.append)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    return calls
+
+
+def serve(*args: str) -> int:
+    return main(["serve", *args])
+
+
+def test_dry_run_prints_command_and_kv_config(
+    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = serve(
+        "--model",
+        str(demo_dir),
+        "--gpu-mem-gib",
+        "24",
+        "--ram-gib",
+        "128",
+        "--kv-offload-cpu-tier-gib",
+        "8",
+        "--dry-run",
+        "--",
+        "--enforce-eager",
+    )
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert started == []
+    command, kv_json = out.split("\n", 1)
+    argv = shlex.split(command)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(demo_dir)
+    assert argv[-1] == "--enforce-eager"
+    kv = json.loads(kv_json)
+    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == 8 << 30
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == kv
+    assert "KV offload backend: native" in err
+    assert "GPU KV pool" in err
+
+
+def test_dry_run_exit_code_reflects_preflight(
+    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = serve(
+        "--model",
+        str(demo_dir),
+        "--gpu-mem-gib",
+        "24",
+        "--ram-gib",
+        "32",
+        "--kv-offload-cpu-tier-gib",
+        "64",
+        "--dry-run",
+    )
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "--kv-transfer-config" in out  # printed before the checks
+    assert "error: kv_offload.cpu_tier_gib" in err
+    assert started == []
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--model", "/nonexistent/model"], "/nonexistent/model: no such directory"),
+        (
+            ["--kv-offload-backend", "native"],
+            "kv_offload.backend: CPU KV offload needs an NVIDIA GPU",
+        ),
+        (
+            ["--gpu-mem-gib", "24", "--ram-gib", "16", "--kv-offload-cpu-tier-gib", "100"],
+            "kv_offload.cpu_tier_gib",
+        ),
+        (["--server-port", "99999"], "server.port"),
+        (["--gpu-memory-utilization", "2"], "gpu.memory_utilization"),
+        (["--swap-space", "4"], "--swap-space: vLLM removed swap_space"),
+        (["--", "--swap-space", "4"], "--swap-space: vLLM removed swap_space"),
+        (
+            ["--model-max-model-len", "100000000", "--gpu-kv-cache-memory-bytes", "67108864"],
+            "model.max_model_len",
+        ),
+        (["--gpu-mem-gib", "-3"], "--gpu-mem-gib"),
+        (["--server-api-key-file", "/nonexistent/key"], "server.api_key_file"),
+    ],
+)
+def test_preflight_errors_exit_2_and_start_nothing(
+    demo_dir: Path,
+    started: list[launch.LaunchSpec],
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    field: str,
+) -> None:
+    argv = ["--model", str(demo_dir), *args] if args[0] != "--model" else args
+    if "--" in argv:  # keep passthrough last
+        cut = argv.index("--")
+        argv = [*argv[:cut], *argv[cut + 3 :], *argv[cut : cut + 3]]
+    assert serve(*argv) == 2
+    assert field in capsys.readouterr().err
+    assert started == []
+
+
+def test_not_a_model_dir(
+    tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert serve("--model", str(tmp_path)) == 2
+    assert "not a Hugging Face model directory (no config.json)" in capsys.readouterr().err
+    assert started == []
+
+
+def test_bad_config_file(
+    tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[kv_offload]\nnum_cpu_block = 3\n")
+    assert serve("--config", str(path)) == 2
+    assert "kv_offload.num_cpu_block: unknown key" in capsys.readouterr().err
+    assert started == []
+
+
+def test_serve_starts_with_the_built_spec(
+    demo_dir: Path, started: list[launch.LaunchSpec], tmp_path: Path
+) -> None:
+    key = tmp_path / "key"
+    key.write_text("k-123")
+    assert serve("--model", str(demo_dir), "--port", "8111", "--server-api-key-file", str(key)) == 0
+    (spec,) = started
+    assert spec.args[spec.args.index("--port") + 1] == "8111"
+    assert spec.env["VLLM_API_KEY"] == "k-123"
+
+
+def test_config_show_merges_file_and_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[server]\nport = 9001\n[kv_offload]\ncpu_tier_gib = 4\n")
+    assert main(["config", "show", "--config", str(path), "--host", "0.0.0.0", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["server"] == {"host": "0.0.0.0", "port": 9001, "api_key_file": ""}
+    assert shown["kv_offload"]["cpu_tier_gib"] == 4.0

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_offload import demo_model
+from vllm_offload.hardware import GIB, GpuFacts, HostFacts
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return demo_model.write(tmp_path_factory.mktemp("models") / "demo")
+
+
+def make_host(gpu_gib: float | None = None, ram_gib: float = 128, shm_gib: float = 64) -> HostFacts:
+    gpus = (
+        ()
+        if gpu_gib is None
+        else (GpuFacts(0, "test GPU", int(gpu_gib * GIB), int(gpu_gib * GIB)),)
+    )
+    return HostFacts(
+        gpus=gpus,
+        ram_total_bytes=int(ram_gib * GIB),
+        ram_available_bytes=int(ram_gib * GIB),
+        shm_free_bytes=int(shm_gib * GIB),
+        memlock_limit_bytes=None,
+        cpu_count=16,
+        gpu_source="declared" if gpus else "none",
+    )

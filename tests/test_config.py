@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_offload import config as config_mod
+from vllm_offload.config import ConfigError, DeploymentConfig
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_safe() -> None:
+    config = DeploymentConfig()
+    assert config.server.host == "127.0.0.1"
+    assert config.kv_offload.backend == "auto"
+    assert config.model.max_model_len == "auto"
+
+
+def test_load_full_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+extra_args = ["--enforce-eager"]
+[model]
+path = "/models/x"
+max_model_len = 8192
+[gpu]
+memory_utilization = 0.85
+[kv_offload]
+backend = "native"
+cpu_tier_gib = 40
+eviction_policy = "arc"
+[weights_offload]
+cpu_gib = 8
+params = ["visual"]
+backend = "prefetch"
+[parallel]
+tensor_parallel_size = 2
+distributed_executor_backend = "ray"
+[server]
+port = 9000
+""",
+    )
+    config = config_mod.load(path)
+    assert config.model.max_model_len == 8192
+    assert config.kv_offload.cpu_tier_gib == 40.0
+    assert config.weights_offload.params == ["visual"]
+    assert config.parallel.distributed_executor_backend == "ray"
+    assert config.extra_args == ["--enforce-eager"]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("[model]\nmax_len = 4", "model.max_len", "unknown key"),
+        ("[gpu]\nmemory_utilization = 1.5", "gpu.memory_utilization", "less than or equal to 1"),
+        ("[server]\nport = 0", "server.port", "greater than or equal to 1"),
+        ('[kv_offload]\nbackend = "disk"', "kv_offload.backend", "'native'"),
+        ("[kv_offload]\nblock_size = 24", "kv_offload", "power of two"),
+        ("[kv_offload]\ncpu_tier_gib = -1", "kv_offload", ">= 0"),
+        ("[model]\nmax_model_len = 0", "model", "positive"),
+        ("[tiers]\nx = 1", "tiers", "unknown key"),
+        ("[kv_offload]\nswap_space = 4", "kv_offload", "kv_offload.cpu_tier_gib"),
+        ("[gpu]\nswap_space = 4", "gpu", "[kv_offload]"),
+        ("swap_space = 4", "config", "[kv_offload]"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.load(write(tmp_path, text))
+    assert info.value.field == field
+    assert words in info.value.message
+
+
+def test_garbled_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config_mod.load(write(tmp_path, "[model\npath="))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        config_mod.load(tmp_path / "nope.toml")
+
+
+def test_round_trip_and_atomic_save(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "config.toml"
+    first = config_mod.with_overrides(DeploymentConfig(), {"server.port": "8123"})
+    config_mod.save(first, path)
+    assert config_mod.load(path) == first
+    second = config_mod.with_overrides(first, {"kv_offload.cpu_tier_gib": "12.5"})
+    config_mod.save(second, path)
+    assert config_mod.load(path) == second
+    assert config_mod.load(path.with_suffix(".toml.bak")) == first
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_overrides_are_validated() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.with_overrides(DeploymentConfig(), {"server.port": "http"})
+    assert info.value.field == "server.port"

@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_host
+from vllm_offload import launch, model_facts
+from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.hardware import GIB
+from vllm_offload.plan import PlanError, make_plan
+
+
+def spec_for(
+    demo_dir: Path,
+    overrides: dict[str, object],
+    gpu_gib: float | None = 24,
+    version: str = "0.32.0",
+    api_key: str | None = None,
+) -> launch.LaunchSpec:
+    config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
+    host = make_host(gpu_gib)
+    plan = make_plan(config, model_facts.read(demo_dir), host, "cuda" if gpu_gib else "cpu")
+    return launch.build(config, plan, demo_dir, version, api_key)
+
+
+def flag(spec: launch.LaunchSpec, name: str) -> str:
+    return spec.args[spec.args.index(name) + 1]
+
+
+def test_native_backend_builds_offloading_connector(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 4})
+    kv = json.loads(flag(spec, "--kv-transfer-config"))
+    assert kv == spec.kv_transfer_config
+    assert kv["kv_connector"] == "OffloadingConnector"
+    assert kv["kv_role"] == "kv_both"
+    assert kv["kv_connector_extra_config"] == {
+        "cpu_bytes_to_use": 4 * GIB,
+        "eviction_policy": "lru",
+    }
+    assert "num_cpu_blocks" not in json.dumps(kv)
+
+
+def test_auto_backend_is_native_with_gpu_and_none_without(demo_dir: Path) -> None:
+    with_gpu = spec_for(demo_dir, {})
+    assert with_gpu.kv_transfer_config is not None
+    assert with_gpu.kv_transfer_config["kv_connector"] == "OffloadingConnector"
+    assert any("auto: an NVIDIA GPU is present" in n for n in with_gpu.notes)
+    without = spec_for(demo_dir, {}, gpu_gib=None)
+    assert without.kv_transfer_config is None
+    assert "--kv-transfer-config" not in without.args
+    assert any("no NVIDIA GPU" in n for n in without.notes)
+
+
+def test_lmcache_backend(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "lmcache", "kv_offload.cpu_tier_gib": 2})
+    assert spec.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    assert spec.env["LMCACHE_LOCAL_CPU"] == "True"
+    assert spec.env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "2.000"
+
+
+def test_none_backend(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "none"})
+    assert spec.kv_transfer_config is None
+    assert "--kv-transfer-config" not in spec.args
+
+
+def test_legacy_num_cpu_blocks_is_translated(demo_dir: Path) -> None:
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(demo_dir), "kv_offload.num_cpu_blocks": 1000}
+    )
+    facts = model_facts.read(demo_dir)
+    plan = make_plan(config, facts, make_host(24), "cuda")
+    # demo model: 2 layers x (K+V) x 4 heads x 64 dims x 2 bytes x 16 tokens
+    assert plan.kv_bytes_per_block == 2 * 2 * 4 * 64 * 2 * 16
+    assert plan.cpu_tier_bytes == 1000 * plan.kv_bytes_per_block
+    assert any("num_cpu_blocks is deprecated" in w for w in plan.warnings)
+    kv = launch.kv_transfer_config(config, plan)
+    assert kv is not None
+    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == 1000 * plan.kv_bytes_per_block
+
+
+def test_common_flags(demo_dir: Path) -> None:
+    spec = spec_for(
+        demo_dir,
+        {
+            "server.port": 8123,
+            "model.served_name": "demo",
+            "parallel.tensor_parallel_size": 2,
+            "parallel.distributed_executor_backend": "ray",
+            "extra_args": ["--enforce-eager"],
+        },
+    )
+    assert flag(spec, "--model") == str(demo_dir)
+    assert flag(spec, "--port") == "8123"
+    assert flag(spec, "--host") == "127.0.0.1"
+    assert flag(spec, "--served-model-name") == "demo"
+    assert flag(spec, "--tensor-parallel-size") == "2"
+    assert flag(spec, "--distributed-executor-backend") == "ray"
+    assert spec.args[-1] == "--enforce-eager"
+
+
+def test_cpu_platform_sizes_the_pool_explicitly(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"gpu.kv_cache_memory_bytes": 64 << 20}, gpu_gib=None)
+    assert flag(spec, "--kv-cache-memory-bytes") == str(64 << 20)
+    assert "--gpu-memory-utilization" not in spec.args
+
+
+def test_weight_offload_on_025_disables_v2_runner(demo_dir: Path) -> None:
+    spec = spec_for(
+        demo_dir,
+        {"weights_offload.cpu_gib": 0.001, "weights_offload.params": ["visual"]},
+        version="0.25.0",
+    )
+    assert flag(spec, "--offload-backend") == "uva"
+    assert float(flag(spec, "--cpu-offload-gb")) == pytest.approx(0.001, abs=1e-3)
+    assert flag(spec, "--cpu-offload-params") == "visual"
+    assert spec.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert any("VLLM_USE_V2_MODEL_RUNNER=0" in n for n in spec.notes)
+    on_032 = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001}, version="0.32.0")
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in on_032.env
+
+
+def test_api_key_goes_to_env_not_argv(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {}, api_key="s3cret-key")
+    assert spec.env["VLLM_API_KEY"] == "s3cret-key"
+    assert not any("s3cret" in a for a in spec.args)
+    assert "s3cret" not in spec.printable()
+    assert "VLLM_API_KEY=***" in spec.printable()
+
+
+def test_offload_without_gpu_is_a_plan_error(demo_dir: Path) -> None:
+    with pytest.raises(PlanError) as info:
+        spec_for(demo_dir, {"kv_offload.backend": "native"}, gpu_gib=None)
+    assert info.value.field == "kv_offload.backend"
+    assert "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none" in str(info.value)
+
+
+def test_preflight_ram_and_shm(demo_dir: Path) -> None:
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(demo_dir), "kv_offload.cpu_tier_gib": 100}
+    )
+    facts = model_facts.read(demo_dir)
+    host = make_host(24, ram_gib=64, shm_gib=32)
+    plan = make_plan(config, facts, host, "cuda")
+    errors = launch.preflight(plan, host)
+    assert [e.field for e in errors] == ["kv_offload.cpu_tier_gib"] * 2
+    assert "the largest that fits is 56 GiB" in errors[0].message
+    assert "/dev/shm" in errors[1].message and "<= 32" in errors[1].message
+    ok = make_plan(with_overrides(config, {"kv_offload.cpu_tier_gib": 16}), facts, host, "cuda")
+    assert launch.preflight(ok, host) == []
+
+
+def test_read_api_key(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("abc\n")
+    config = with_overrides(DeploymentConfig(), {"server.api_key_file": str(key_file)})
+    assert launch.read_api_key(config) == "abc"
+    missing = with_overrides(config, {"server.api_key_file": str(tmp_path / "nope")})
+    with pytest.raises(launch.PreflightError, match=r"server\.api_key_file"):
+        launch.read_api_key(missing)
+
+
+def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 1})
+    launch.validate_with_vllm(spec)  # raises if vLLM's own class rejects it
+    from vllm.config import KVTransferConfig
+
+    parsed = KVTransferConfig(**json.loads(flag(spec, "--kv-transfer-config")))
+    assert parsed.kv_connector == "OffloadingConnector"
+    assert parsed.kv_connector_extra_config["cpu_bytes_to_use"] == GIB
+    bad = launch.LaunchSpec((), {}, {"kv_connector": "OffloadingConnector", "kv_role": "sideways"})
+    with pytest.raises(launch.PreflightError, match="vLLM rejects"):
+        launch.validate_with_vllm(bad)

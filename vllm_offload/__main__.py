@@ -1,0 +1,5 @@
+import sys
+
+from vllm_offload.cli import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""The `vllm-offload` command: one small module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_offload import __version__
+from vllm_offload.cli import config_cmd, demo_model_cmd, plan_cmd, serve
+from vllm_offload.cli._common import UsageError
+from vllm_offload.config import ConfigError
+from vllm_offload.launch import PreflightError
+from vllm_offload.model_facts import ModelFactsError
+from vllm_offload.plan import PlanError
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-offload",
+        description="Offload-aware vLLM for one-GPU servers: plans the GPU KV pool and the "
+        "CPU tier, and serves the OpenAI API.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (serve, plan_cmd, config_cmd, demo_model_cmd):
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args, extra))
+    except (ConfigError, PlanError, PreflightError, ModelFactsError, UsageError) as exc:
+        print(f"vllm-offload: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,124 @@
+"""Options and steps that several subcommands share: config loading with flag
+overrides, the model directory, the host facts and the plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from vllm_offload import config as config_mod
+from vllm_offload import demo_model, hardware, model_facts
+from vllm_offload.config import ConfigError, DeploymentConfig
+from vllm_offload.plan import Plan, Platform, make_plan
+
+# Short spellings for the flags people type most.
+ALIASES = {"model.path": "--model", "server.host": "--host", "server.port": "--port"}
+_OVERRIDE_PREFIX = "set:"
+
+
+class UsageError(Exception):
+    """Bad input on the command line; the message names the flag and the fix."""
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help=f"deployment config (TOML); default {config_mod.DEFAULT_CONFIG_PATH} if it "
+        "exists, else built-in defaults",
+    )
+    for section, model in config_mod.SECTIONS.items():
+        group = parser.add_argument_group(f"[{section}] overrides")
+        for key, info in model.model_fields.items():
+            dotted = f"{section}.{key}"
+            flags = [f"--{section}-{key}".replace("_", "-")]
+            if dotted in ALIASES:
+                flags.insert(0, ALIASES[dotted])
+            group.add_argument(
+                *flags,
+                dest=_OVERRIDE_PREFIX + dotted,
+                nargs="*" if _is_list(info.annotation) else None,
+                metavar=key.upper(),
+                help=f"{info.description} (config: {dotted})",
+            )
+    parser.add_argument("--swap-space", dest="swap_space", help=argparse.SUPPRESS)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        name.removeprefix(_OVERRIDE_PREFIX): value
+        for name, value in vars(args).items()
+        if name.startswith(_OVERRIDE_PREFIX) and value is not None
+    }
+
+
+def effective_config(args: argparse.Namespace, extra_args: list[str]) -> DeploymentConfig:
+    if getattr(args, "swap_space", None) is not None or "--swap-space" in extra_args:
+        raise UsageError(
+            "--swap-space: vLLM removed swap_space; the CPU tier for the KV cache is "
+            "set with --kv-offload-cpu-tier-gib (config: kv_offload.cpu_tier_gib)"
+        )
+    config, _path = config_mod.load_default(args.config)
+    overrides = _overrides(args)
+    if extra_args:
+        overrides["extra_args"] = [*config.extra_args, *extra_args]
+    if overrides:
+        config = config_mod.with_overrides(config, overrides)
+    if any(a.startswith("--swap-space") for a in config.extra_args):
+        raise ConfigError("extra_args", "--swap-space is gone from vLLM; use kv_offload")
+    return config
+
+
+def model_dir(config: DeploymentConfig) -> Path:
+    """The configured model, or the built-in demo model (written on first use)."""
+    if config.model.path:
+        return Path(config.model.path).expanduser().absolute()
+    return demo_model.ensure_default()
+
+
+def add_host_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        help="plan for a declared NVIDIA GPU of this size instead of probing this host",
+    )
+    parser.add_argument("--gpu-count", type=int, default=1, help="with --gpu-mem-gib: how many")
+    parser.add_argument("--ram-gib", type=float, help="plan for this much host RAM")
+
+
+def host_facts(args: argparse.Namespace) -> hardware.HostFacts:
+    if args.gpu_mem_gib is not None and args.gpu_mem_gib <= 0:
+        raise UsageError("--gpu-mem-gib: must be a positive number of GiB, e.g. 24")
+    if args.gpu_count < 1:
+        raise UsageError("--gpu-count: must be at least 1")
+    if args.ram_gib is not None and args.ram_gib <= 0:
+        raise UsageError("--ram-gib: must be a positive number of GiB")
+    facts = hardware.probe()
+    if args.gpu_mem_gib is not None or args.ram_gib is not None:
+        facts = hardware.declared(
+            facts, gpu_mem_gib=args.gpu_mem_gib, gpu_count=args.gpu_count, ram_gib=args.ram_gib
+        )
+    return facts
+
+
+def plan_for(
+    config: DeploymentConfig, directory: Path, host: hardware.HostFacts, env: dict[str, str]
+) -> Plan:
+    facts = model_facts.read(directory)
+    platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
+    return make_plan(config, facts, host, platform, env)
+
+
+def warn(message: str) -> None:
+    print(f"vllm-offload: warning: {message}", file=sys.stderr)
+
+
+def say(message: str) -> None:
+    print(f"vllm-offload: {message}", file=sys.stderr)

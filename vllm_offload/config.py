@@ -1,0 +1,284 @@
+"""The deployment config: one typed model, read from and written to TOML.
+
+This module knows the schema and nothing else. Every other part of vllm-offload
+(planner, launcher, manager, unit files) reads a ``DeploymentConfig``; the field
+descriptions below feed ``--help`` and the docs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_CONFIG_PATH = Path("/etc/vllm-offload/config.toml")
+
+Auto = Literal["auto"]
+
+
+class ConfigError(Exception):
+    """A config value is wrong; ``field`` names it (``section.key``) and the text says the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+_SWAP_SPACE_FIX = (
+    "swap_space is gone from vLLM (removed upstream); the CPU tier for the KV cache is "
+    "configured in [kv_offload]: set kv_offload.cpu_tier_gib (or leave it 'auto')"
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_swap_space(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "swap_space" in data:
+            raise ValueError(_SWAP_SPACE_FIX)
+        return data
+
+
+class ModelSection(_Section):
+    path: str = Field(
+        "",
+        description="Local Hugging Face model directory (config.json + weights). "
+        "Empty: the built-in demo model.",
+    )
+    served_name: str = Field(
+        "", description="Model name the API answers to. Empty: the directory's name."
+    )
+    max_model_len: int | Auto = Field(
+        "auto",
+        description="Longest request (prompt + output) in tokens. 'auto': the largest that "
+        "one request can hold in the GPU KV pool, capped at the model's limit.",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weight and activation dtype."
+    )
+
+    @model_validator(mode="after")
+    def _positive_len(self) -> ModelSection:
+        if isinstance(self.max_model_len, int) and self.max_model_len < 1:
+            raise ValueError("max_model_len must be a positive number of tokens or 'auto'")
+        return self
+
+
+class GpuSection(_Section):
+    memory_utilization: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of GPU memory vLLM may use (weights + activations + KV pool).",
+    )
+    kv_cache_memory_bytes: int | Auto = Field(
+        "auto",
+        description="Size the GPU KV pool exactly, in bytes, instead of from memory_utilization.",
+    )
+
+    @model_validator(mode="after")
+    def _positive_pool(self) -> GpuSection:
+        if isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes < 1:
+            raise ValueError("kv_cache_memory_bytes must be a positive number of bytes or 'auto'")
+        return self
+
+
+KvOffloadBackend = Literal["auto", "native", "lmcache", "none"]
+
+
+class KvOffloadSection(_Section):
+    backend: KvOffloadBackend = Field(
+        "auto",
+        description="CPU tier for the KV cache: 'native' (vLLM's OffloadingConnector), "
+        "'lmcache', 'none', or 'auto' (native where an NVIDIA GPU is present, else none).",
+    )
+    cpu_tier_gib: float | Auto = Field(
+        "auto",
+        description="Host RAM for the CPU KV tier, in GiB. 'auto': what the planner finds "
+        "free after a reserve for the OS and offloaded weights.",
+    )
+    block_size: int | Auto = Field(
+        "auto",
+        description="Tokens per GPU KV block (vLLM --block-size); the CPU tier stores whole "
+        "blocks. 'auto': 16 on NVIDIA GPUs, 128 on the CPU backend (it needs a multiple of 32).",
+    )
+    eviction_policy: Literal["lru", "arc"] = Field(
+        "lru", description="Which CPU-tier blocks to drop when the tier is full."
+    )
+    num_cpu_blocks: int | None = Field(
+        None,
+        ge=1,
+        description="Deprecated (seed fork): CPU tier size in GPU blocks. Translated to "
+        "cpu_tier_gib with a warning; set cpu_tier_gib instead.",
+    )
+
+    @model_validator(mode="after")
+    def _positive_tier(self) -> KvOffloadSection:
+        if isinstance(self.cpu_tier_gib, float) and self.cpu_tier_gib < 0:
+            raise ValueError("cpu_tier_gib must be >= 0 or 'auto'")
+        if isinstance(self.block_size, int) and (
+            self.block_size < 1 or self.block_size > 4096 or self.block_size & (self.block_size - 1)
+        ):
+            raise ValueError("block_size must be a power of two from 1 to 4096, or 'auto'")
+        return self
+
+
+class WeightsOffloadSection(_Section):
+    cpu_gib: float | Auto = Field(
+        0.0,
+        description="GiB of weights kept in host RAM and streamed to the GPU each step "
+        "(vLLM --cpu-offload-gb). 'auto': what does not fit the GPU.",
+    )
+    params: list[str] = Field(
+        default_factory=list,
+        description="Only offload parameters whose names contain one of these "
+        "(e.g. 'visual', 'audio_tower'). Empty: any.",
+    )
+    backend: Literal["uva", "prefetch"] = Field(
+        "uva",
+        description="'uva': the GPU reads pinned host memory directly; "
+        "'prefetch': copies layers ahead of use.",
+    )
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> WeightsOffloadSection:
+        if isinstance(self.cpu_gib, float) and self.cpu_gib < 0:
+            raise ValueError("cpu_gib must be >= 0 or 'auto'")
+        return self
+
+
+class ParallelSection(_Section):
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per model replica.")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=64, description="Pipeline stages (across hosts with Ray)."
+    )
+    distributed_executor_backend: Literal["auto", "mp", "ray", "uni"] = Field(
+        "auto",
+        description="How vLLM runs its workers: 'mp' on one host, 'ray' to span hosts, "
+        "'auto' lets vLLM choose.",
+    )
+
+
+class ServerSection(_Section):
+    host: str = Field("127.0.0.1", description="Address the OpenAI API listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI API.")
+    api_key_file: str = Field(
+        "",
+        description="File holding the API key clients must send. Empty: no key. "
+        "The key reaches vLLM through its environment, never its command line.",
+    )
+
+
+class DeploymentConfig(_Section):
+    model: ModelSection = Field(default_factory=ModelSection)
+    gpu: GpuSection = Field(default_factory=GpuSection)
+    kv_offload: KvOffloadSection = Field(default_factory=KvOffloadSection)
+    weights_offload: WeightsOffloadSection = Field(default_factory=WeightsOffloadSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    server: ServerSection = Field(default_factory=ServerSection)
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Arguments passed to vLLM's OpenAI server as they are.",
+    )
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: info.annotation
+    for name, info in DeploymentConfig.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, _Section)
+}
+
+
+def _first_error(exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("int", "float", "literal")))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key; remove it (see `vllm-offload config show` for the valid keys)"
+    return ConfigError(loc or "config", msg)
+
+
+def parse(data: dict[str, Any]) -> DeploymentConfig:
+    """Validate a plain dict (as read from TOML); raise ConfigError naming the first bad key."""
+    try:
+        return DeploymentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def load(path: Path) -> DeploymentConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the config file: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    return parse(data)
+
+
+def load_default(path: Path | None) -> tuple[DeploymentConfig, Path | None]:
+    """The config at ``path``; else the system one if it exists; else built-in defaults."""
+    if path is not None:
+        return load(path), path
+    if DEFAULT_CONFIG_PATH.is_file():
+        return load(DEFAULT_CONFIG_PATH), DEFAULT_CONFIG_PATH
+    return DeploymentConfig(), None
+
+
+def with_overrides(config: DeploymentConfig, overrides: dict[str, Any]) -> DeploymentConfig:
+    """A copy with ``{"section.key": value}`` applied, validated like the file itself."""
+    data = config.model_dump()
+    for dotted, value in overrides.items():
+        section, _, key = dotted.rpartition(".")
+        target = data[section] if section else data
+        target[key] = value
+    return parse(data)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def to_toml(config: DeploymentConfig) -> str:
+    data = config.model_dump(exclude_none=True)
+    lines = [f"extra_args = {_toml_value(data.pop('extra_args'))}"]
+    for section, values in data.items():
+        lines.append(f"\n[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+    return "\n".join(lines) + "\n"
+
+
+def save(config: DeploymentConfig, path: Path) -> None:
+    """Write atomically: a temp file in the same directory, fsync, rename; keep ``.bak``."""
+    text = to_toml(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            shutil.copy2(path, path.with_suffix(path.suffix + ".bak"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

