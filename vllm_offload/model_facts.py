@@ -90,7 +90,10 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     text = cfg.get("text_config")
     if isinstance(text, dict):
         merged = dict(text)
-        for key in ("architectures", "torch_dtype", "dtype", "quantization_config"):
+        # The outer config names what vLLM loads; dtype and quantisation may sit either side.
+        if "architectures" in cfg:
+            merged["architectures"] = cfg["architectures"]
+        for key in ("torch_dtype", "dtype", "quantization_config"):
             if key in cfg and key not in merged:
                 merged[key] = cfg[key]
         return merged

@@ -42,8 +42,15 @@ def server_env(scratch: Path) -> dict[str, str]:
 class Server:
     """`vllm-offload serve ...` in its own session; stop() checks nothing is left behind."""
 
-    def __init__(self, args: list[str], scratch: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        scratch: Path,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
+        self.env = {**server_env(scratch), **(env or {})}
         self.log_path = scratch / f"server-{self.port}.log"
         self.argv = [VLLM_OFFLOAD, "serve", "--port", str(self.port), *args]
         self.scratch = scratch
@@ -59,7 +66,7 @@ class Server:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT,
-                env=server_env(self.scratch), start_new_session=True,
+                env=self.env, start_new_session=True,
             )  # fmt: skip
         while time.monotonic() - began < timeout_s:
             if self.proc.poll() is not None:

@@ -3,13 +3,16 @@ official openai client, then stopped with no process left behind."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.e2e.server import Server
+from tests.e2e.server import VLLM_OFFLOAD, Server
 
 pytestmark = pytest.mark.e2e
 
@@ -17,9 +20,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def server(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     scratch = tmp_path_factory.mktemp("serve")
-    srv = Server(["--model", str(demo_dir), "--model-served-name", "demo",
-                  "--gpu-kv-cache-memory-bytes", str(64 << 20), "--", "--enforce-eager"],
-                 scratch)  # fmt: skip
+    # The pool size comes from VLLM_CPU_KVCACHE_SPACE, which the planner must honour.
+    srv = Server(["--model", str(demo_dir), "--model-served-name", "demo", "--",
+                  "--enforce-eager"], scratch, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     srv.start()
     yield srv
     if srv.proc is not None and srv.proc.poll() is None:
@@ -57,10 +60,18 @@ def test_streamed_chat(client: openai.OpenAI) -> None:
     assert len(chunks) >= 2  # arrived as a stream, not one blob
 
 
-def test_plan_predicts_the_logged_pool(server: Server) -> None:
-    # 64 MiB / (2 layers x K,V x 4 heads x 64 dims x 2 bytes) = 32,768 tokens
-    assert "KV cache size: 32,768 tokens" in server.log_path.read_text()
-    assert "GPU KV pool" in server.log_path.read_text()  # the plan printed at start
+def test_plan_predicts_the_logged_pool(server: Server, demo_dir: Path) -> None:
+    plan = json.loads(subprocess.run(
+        [VLLM_OFFLOAD, "plan", "--json", "--model", str(demo_dir)], env=server.env,
+        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    log = server.log_path.read_text()
+    logged = re.search(r"KV cache size: ([\d,]+) tokens", log)
+    assert logged is not None, log
+    tokens = int(logged.group(1).replace(",", ""))
+    # 1 GiB / (2 layers x K,V x 4 heads x 64 dims x 2 bytes) = 524,288 tokens
+    assert abs(plan["gpu_kv_pool_tokens"] - tokens) <= plan["block_size_tokens"]
+    assert plan["gpu_kv_pool_tokens"] == 524_288
+    assert "GPU KV pool" in log  # the launcher printed the plan at start
 
 
 def test_stop_leaves_no_process(server: Server) -> None:

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_host
+from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, SHAPES, write_shape
+from vllm_offload import model_facts
+from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.hardware import GIB
+from vllm_offload.plan import PlanError, kv_bytes_per_token, make_plan, render
+
+
+def config_for(model_dir: Path, **overrides: Any) -> DeploymentConfig:
+    return with_overrides(DeploymentConfig(), {"model.path": str(model_dir), **overrides})
+
+
+def vllm_bytes_per_block(model_dir: Path, block_size: int, tp: int) -> int:
+    """All layers' KV bytes per block on one rank, as vLLM's own KVCacheSpec computes them."""
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True)
+    pc = ParallelConfig(tensor_parallel_size=tp)
+    heads, head, layers = mc.get_num_kv_heads(pc), mc.get_head_size(), mc.get_num_layers(pc)
+    spec: FullAttentionSpec
+    if mc.use_mla:
+        spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head,
+                                dtype=mc.dtype)  # fmt: skip
+    elif window := mc.get_sliding_window():
+        spec = SlidingWindowSpec(block_size=block_size, num_kv_heads=heads, head_size=head,
+                                 dtype=mc.dtype, sliding_window=window)  # fmt: skip
+    else:
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head,
+                                 dtype=mc.dtype)  # fmt: skip
+    return int(layers * spec.page_size_bytes)
+
+
+@pytest.fixture(scope="module")
+def shape_dirs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("shapes")
+    dirs = {name: write_shape(root / name, cfg) for name, cfg in SHAPES.items()}
+    return {"demo": demo_dir, **dirs}
+
+
+@pytest.mark.parametrize(
+    ("shape", "tp"),
+    [("demo", 1), ("llama3-8b", 1), ("llama3-8b", 2), ("llama3-8b", 16),
+     ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 2), ("gemma3-4b", 1), ("deepseek-v2-lite", 1),
+     ("deepseek-v2-lite", 2)],
+)  # fmt: skip
+def test_kv_bytes_match_vllm_spec(
+    shape_dirs: dict[str, Path], shape: str, tp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    block = 16
+    facts = model_facts.read(shape_dirs[shape])
+    ours = kv_bytes_per_token(facts, 2, tp) * block
+    assert ours == vllm_bytes_per_block(shape_dirs[shape], block, tp)
+    plan = make_plan(config_for(shape_dirs[shape], **{"parallel.tensor_parallel_size": tp,
+                                                      "kv_offload.block_size": block}),
+                     facts, make_host(141, ram_gib=1024), "cuda")  # fmt: skip
+    assert plan.kv_bytes_per_block == ours
+    assert plan.kv_bytes_per_token * block == ours
+
+
+def test_qwen3_seed_numbers(tmp_path: Path) -> None:
+    # seed: 48 layers, 4 KV heads, 128 dims -> 50,000 blocks of 16 ~ 78 GB
+    facts = model_facts.read(write_shape(tmp_path, QWEN3_30B_A3B))
+    per_block = kv_bytes_per_token(facts, 2) * 16
+    assert per_block == 48 * 2 * 4 * 128 * 2 * 16
+    assert 50_000 * per_block == pytest.approx(78.6e9, rel=0.001)
+
+
+def test_llama_on_24gb(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, LLAMA3_8B)
+    plan = make_plan(config_for(model), model_facts.read(model), make_host(24, ram_gib=128),
+                     "cuda")  # fmt: skip
+    assert plan.kv_offload_backend == "native"
+    assert plan.weights_offloaded_bytes == 0
+    assert plan.kv_bytes_per_token == 131072  # 32 layers x 2 x 8 x 128 x 2 bytes
+    # 21.6 GiB budget - 14.96 GiB weights - ~1.5 GiB working memory
+    assert 4 * GIB < plan.gpu_kv_pool_bytes < 6 * GIB
+    assert plan.max_model_len == 8192  # the model's limit; the pool holds more
+    assert plan.longest_request_tokens > 8192
+    # vLLM maps the tier from /dev/shm, by default half the RAM: that bounds it here.
+    assert plan.cpu_tier_bytes == 64 * GIB
+    assert plan.cpu_tier_tokens == plan.cpu_tier_bytes // plan.kv_bytes_per_block * 16
+    big_shm = make_plan(config_for(model), model_facts.read(model),
+                        make_host(24, ram_gib=128, shm_gib=128), "cuda")  # fmt: skip
+    assert big_shm.cpu_tier_bytes == 115 * GIB  # RAM minus the 10 % reserve, whole GiB
+    text = render(plan)
+    assert "longest request" in text and "GiB" in text and "tokens" in text
+
+
+def test_max_model_len_beyond_the_pool_is_refused(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
+    facts = model_facts.read(model)
+    config = config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
+                                  "model.max_model_len": 65536})  # fmt: skip
+    with pytest.raises(PlanError) as info:
+        make_plan(config, facts, make_host(24), "cuda")
+    assert info.value.field == "model.max_model_len"
+    # 2 GiB / 2 MiB per block = 1024 blocks, one held back -> 1023 x 16 tokens
+    assert "holds 16368 tokens" in info.value.message
+    assert "CPU tier does not extend one request" in info.value.message
+    auto = make_plan(config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB}), facts,
+                     make_host(24), "cuda")  # fmt: skip
+    assert auto.max_model_len == 16368
+
+
+def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, QWEN3_30B_A3B)
+    facts = model_facts.read(model)
+    with pytest.raises(PlanError) as info:
+        make_plan(config_for(model), facts, make_host(24), "cuda")
+    assert info.value.field == "weights_offload.cpu_gib"
+    assert "do not fit" in info.value.message
+    plan = make_plan(config_for(model, **{"weights_offload.cpu_gib": "auto"}), facts,
+                     make_host(24, ram_gib=128), "cuda")  # fmt: skip
+    assert plan.weights_offloaded_bytes > 35 * GIB
+    assert plan.gpu_kv_pool_bytes > 0
+    assert plan.cpu_tier_bytes <= (128 - 12.8) * GIB - plan.weights_offloaded_bytes
+
+
+def test_cpu_platform_honours_vllm_cpu_kvcache_space(demo_dir: Path) -> None:
+    facts = model_facts.read(demo_dir)
+    plan = make_plan(config_for(demo_dir), facts, make_host(None), "cpu",
+                     {"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    assert plan.gpu_kv_pool_bytes == GIB
+    assert plan.block_size_tokens == 128
+    assert plan.gpu_kv_pool_tokens == GIB // 2048
+    assert plan.kv_offload_backend == "none" and plan.cpu_tier_bytes == 0
+
+
+def test_small_tier_and_small_pool_warn(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, LLAMA3_8B)
+    config = config_for(model, **{"kv_offload.cpu_tier_gib": 0.5,
+                                  "gpu.kv_cache_memory_bytes": GIB})  # fmt: skip
+    plan = make_plan(config, model_facts.read(model), make_host(24), "cuda")
+    assert any("smaller than one full-length request" in w for w in plan.warnings)
+    assert any("long requests will queue" in w for w in plan.warnings)
+
+
+def test_plan_json_is_stable(demo_dir: Path) -> None:
+    plan = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(24), "cuda")
+    assert sorted(plan.to_json()) == sorted([
+        "platform", "model_path", "architecture", "kv_offload_backend",
+        "kv_offload_backend_reason", "block_size_tokens", "kv_dtype_bytes", "kv_bytes_per_token",
+        "kv_bytes_per_block", "weight_bytes", "weight_bytes_source", "weights_gpu_bytes",
+        "weights_offloaded_bytes", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
+        "gpu_kv_pool_blocks", "gpu_kv_pool_tokens", "longest_request_tokens", "model_max_tokens",
+        "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
+        "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
+        "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "tensor_parallel_size",
+        "warnings", "unplanned",
+    ])  # fmt: skip
