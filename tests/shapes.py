@@ -6,25 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-LLAMA3_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 8192,
-    "vocab_size": 128256,
-    "torch_dtype": "bfloat16",
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-}
+# The shape the GPU benchmarks serve with dummy weights; one file for both.
+LLAMA3_8B: dict[str, Any] = json.loads(
+    (Path(__file__).parent.parent / "benchmarks/models/llama-3-8b/config.json").read_text()
+)
 QWEN3_30B_A3B: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",

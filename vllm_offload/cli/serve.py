@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from vllm_offload import launch
+from vllm_offload import launch, patching
 from vllm_offload.cli import _common
 from vllm_offload.plan import render
 from vllm_offload.vllm_version import SUPPORTED, InstalledVllm, VllmNotFound, find
@@ -28,6 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="print the exact command line and the KVTransferConfig JSON, run the "
         "pre-flight checks and exit with their result (0 or 2); start nothing",
+    )
+    parser.add_argument(
+        "--allow-unpatched",
+        action="store_true",
+        help="start even if vllm-offload's patches are not applied to vLLM (warns)",
     )
     parser.set_defaults(handler=run)
 
@@ -55,6 +60,19 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     for note in spec.notes:
         _common.say(note)
     errors = launch.preflight(plan, host)
+    if vllm is not None:
+        problem = _patch_problem(vllm)
+        if problem is not None and args.allow_unpatched:
+            _common.warn(f"{problem}; starting anyway (--allow-unpatched)")
+        elif problem is not None:
+            errors.append(
+                launch.PreflightError(
+                    "vllm",
+                    f"{problem}; run `vllm-offload patch "
+                    "apply` (make install does), or pass "
+                    "--allow-unpatched",
+                )
+            )
     if args.dry_run:
         print(spec.printable())
         print(json.dumps(spec.kv_transfer_config, indent=2))
@@ -68,6 +86,17 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         return 0
     launch.run(spec)
     return 0
+
+
+def _patch_problem(vllm: InstalledVllm) -> str | None:
+    site = vllm.package_dir.parent
+    try:
+        state = patching.status(site)
+    except patching.PatchError as exc:
+        return str(exc)
+    if state is not patching.State.APPLIED:
+        return f"vLLM {vllm.version} at {site} is not patched by vllm-offload"
+    return None
 
 
 def _validation_errors(spec: launch.LaunchSpec) -> list[launch.PreflightError]:

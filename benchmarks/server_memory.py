@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Start one server through `vllm-offload serve`, measure what it takes, stop it.
+
+    benchmarks/server_memory.py --name tier40 --out results/ -- --model DIR \
+        --kv-offload-cpu-tier-gib 40 -- --load-format dummy --skip-tokenizer-init
+
+Records: start-to-healthy seconds; host RAM taken (drop of MemAvailable from just
+before the start to 5 s after healthy); the plan (`vllm-offload plan --json` with
+the same flags); what vLLM logged about the KV pool, the CPU tier and weight
+offload; one token-id completion as a smoke test. Writes OUT/NAME.json and
+OUT/NAME.log and prints a one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+# `python -m`, so it runs where the package is on PYTHONPATH but not installed (GPU host).
+VLLM_OFFLOAD = [sys.executable, "-m", "vllm_offload"]
+GIB = 1 << 30
+PATTERNS = {
+    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
+    "tier_registered_s": r"Registered the CPU KV tier: .* in ([\d.]+) s",
+    "arena_gib": r"registered host arena: ([\d.]+) GiB",
+    "offloaded_gib": r"Total CPU offloaded parameters: ([\d.]+) GiB",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def split_args(serve_args: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in serve_args:
+        cut = serve_args.index("--")
+        return serve_args[:cut], serve_args[cut + 1 :]
+    return serve_args, []
+
+
+def scan_log(text: str) -> dict[str, float | None]:
+    found: dict[str, float | None] = {}
+    for key, pattern in PATTERNS.items():
+        match = re.search(pattern, text)
+        found[key] = float(match.group(1).replace(",", "")) if match else None
+    # Unpatched vLLM 0.25 logs each pinned tier tensor at DEBUG level.
+    pinned = re.findall(r"torch\.zeros pinned tensor .*: ([\d.]+) s", text)
+    found["tier_pinned_s"] = round(sum(map(float, pinned)), 3) if pinned else None
+    return found
+
+
+def smoke_request(port: int) -> int:
+    body = json.dumps({"model": "m", "prompt": list(range(100, 132)), "max_tokens": 8})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body.encode(),
+        {"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return int(response.status)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=400)
+    parser.add_argument("serve_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    ours, passthrough = split_args(args.serve_args[1:] if args.serve_args[:1] == ["--"]
+                                   else args.serve_args)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    ours = [*ours, "--port", str(port), "--model-served-name", "m"]
+    plan = subprocess.run([*VLLM_OFFLOAD, "plan", "--json",
+                           *[a for a in ours if a != "--allow-unpatched"]],
+                          capture_output=True, text=True)  # fmt: skip
+    log_path = args.out / f"{args.name}.log"
+    before = psutil.virtual_memory().available
+    began = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([*VLLM_OFFLOAD, "serve", *ours, "--", *passthrough],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    healthy_s = None
+    status = None
+    try:
+        while time.monotonic() - began < args.timeout and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    healthy_s = time.monotonic() - began
+                    break
+            except OSError:
+                time.sleep(0.25)
+        if healthy_s is not None:
+            time.sleep(5)
+            after = psutil.virtual_memory().available
+            status = smoke_request(port)
+        else:
+            after = psutil.virtual_memory().available
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text(errors="replace")
+    result = {
+        "name": args.name,
+        "serve_args": ours + ["--", *passthrough],
+        "healthy_s": round(healthy_s, 2) if healthy_s is not None else None,
+        "exit_code": proc.returncode,
+        "host_ram_taken_gib": round((before - after) / GIB, 3),
+        "smoke_status": status,
+        "plan": json.loads(plan.stdout) if plan.returncode == 0 else plan.stderr.strip(),
+        **scan_log(text),
+    }
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    summary = {k: v for k, v in result.items() if k not in ("plan", "serve_args")}
+    print(json.dumps(summary), flush=True)
+    if healthy_s is None:
+        print(text[-3000:], file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
