@@ -81,6 +81,40 @@ def time_copy(fn: Callable[[], None], repeat: int = 5) -> float:
     return start.elapsed_time(end) / 1000 / repeat
 
 
+def block_bandwidth(host: torch.Tensor, gpu: torch.Tensor, block: int) -> dict[str, float]:
+    """Scattered copies of ``block`` bytes, one copy_ per block, as KV offload issues them."""
+    blocks = gpu.numel() // block
+    count = min(2048, blocks)
+    index = torch.randperm(blocks)[:count].tolist()
+    host_blocks = host[: blocks * block].view(-1, block)
+    gpu_blocks = gpu[: blocks * block].view(-1, block)
+
+    def h2d() -> None:
+        for i, j in enumerate(index):
+            gpu_blocks[i].copy_(host_blocks[j], non_blocking=True)
+
+    def d2h() -> None:
+        for i, j in enumerate(index):
+            host_blocks[j].copy_(gpu_blocks[i], non_blocking=True)
+
+    label = f"{block >> 10}KiB"
+    return {
+        f"h2d_{label}_gbps": gbps(count * block, time_copy(h2d, 3)),
+        f"d2h_{label}_gbps": gbps(count * block, time_copy(d2h, 3)),
+    }
+
+
+def bandwidth(host: torch.Tensor, num_bytes: int) -> dict[str, float]:
+    gpu = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    result = {
+        "h2d_gbps": gbps(num_bytes, time_copy(lambda: gpu.copy_(host[:num_bytes], True))),
+        "d2h_gbps": gbps(num_bytes, time_copy(lambda: host[:num_bytes].copy_(gpu, True))),
+    }
+    for block in (64 << 10, 2 << 20):
+        result |= block_bandwidth(host, gpu, block)
+    return result
+
+
 def measure(name: str, alloc: Callable[[int], torch.Tensor], args: argparse.Namespace) -> dict:
     tensor_bytes = int(args.tensor_gib * GIB)
     gc.collect()
@@ -90,36 +124,15 @@ def measure(name: str, alloc: Callable[[int], torch.Tensor], args: argparse.Name
     alloc_s = time.perf_counter() - began
     time.sleep(1)
     taken = before - available()
-    host = tensors[0]
-    big = min(tensor_bytes, GIB)
-    gpu = torch.empty(big, dtype=torch.uint8, device="cuda")
     result = {
         "strategy": name,
         "buffers": f"{args.tensors} x {args.tensor_gib} GiB",
         "requested_gib": round(args.tensors * tensor_bytes / GIB, 3),
         "host_ram_taken_gib": round(taken / GIB, 3),
         "alloc_s": round(alloc_s, 2),
-        "h2d_gbps": gbps(big, time_copy(lambda: gpu.copy_(host[:big], non_blocking=True))),
-        "d2h_gbps": gbps(big, time_copy(lambda: host[:big].copy_(gpu, non_blocking=True))),
+        **bandwidth(tensors[0], min(tensor_bytes, GIB)),
     }
-    for block in (64 << 10, 2 << 20):
-        count = min(2048, big // block)
-        index = torch.randperm(big // block)[:count].tolist()
-        host_blocks = host[: (big // block) * block].view(-1, block)
-        gpu_blocks = gpu[: (big // block) * block].view(-1, block)
-
-        def h2d() -> None:
-            for i, j in enumerate(index):
-                gpu_blocks[i].copy_(host_blocks[j], non_blocking=True)
-
-        def d2h() -> None:
-            for i, j in enumerate(index):
-                host_blocks[j].copy_(gpu_blocks[i], non_blocking=True)
-
-        label = f"{block >> 10}KiB"
-        result[f"h2d_{label}_gbps"] = gbps(count * block, time_copy(h2d, 3))
-        result[f"d2h_{label}_gbps"] = gbps(count * block, time_copy(d2h, 3))
-    del tensors, host, gpu
+    del tensors
     if name == "registered":
         unregister_all()
     gc.collect()
@@ -135,7 +148,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("artifacts/pinned_memory.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("pinned_memory.py needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        raise SystemExit(
+            "pinned_memory.py needs an NVIDIA GPU (torch.cuda.is_available() is False)"
+        )
     strategies = {"torch_pinned": torch_pinned, "pageable": pageable, "registered": registered}
     results = [measure(name, alloc, args) for name, alloc in strategies.items()]
     keys = list(results[0])

@@ -120,7 +120,7 @@ def main() -> int:
     text = log_path.read_text(errors="replace")
     result = {
         "name": args.name,
-        "serve_args": ours + ["--", *passthrough],
+        "serve_args": [*ours, "--", *passthrough],
         "healthy_s": round(healthy_s, 2) if healthy_s is not None else None,
         "exit_code": proc.returncode,
         "host_ram_taken_gib": round((before - after) / GIB, 3),

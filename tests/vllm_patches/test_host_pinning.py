@@ -1,0 +1,129 @@
+"""The patched helper's decisions, with injected registrars (no cudaHostRegister on a CPU
+host; the CUDA path is measured on a GPU in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from vllm.utils import host_pinning as hp
+
+MIB = 1 << 20
+
+
+class Recording:
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+        self.fail_at = fail_at
+
+    def register(self, ptr: int, num_bytes: int) -> bool:
+        if self.fail_at is not None and len(self.registered) == self.fail_at:
+            return False
+        self.registered.append((ptr, num_bytes))
+        return True
+
+    def unregister(self, ptr: int) -> None:
+        self.unregistered.append(ptr)
+
+
+@pytest.fixture
+def warnings_logged() -> Iterator[list[str]]:
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("vllm.utils.host_pinning")
+    handler = Collect()
+    logger.addHandler(handler)
+    hp._warned = False
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(hp.GATE_ENV, raising=False)
+    assert hp.gate_bytes() == 256 * MIB
+    assert hp.should_register(256 * MIB, pin=True)
+    assert not hp.should_register(256 * MIB - 1, pin=True)
+    assert not hp.should_register(4096 * MIB, pin=False)  # pinning off: never register
+    monkeypatch.setenv(hp.GATE_ENV, str(MIB))
+    assert hp.should_register(MIB, pin=True)
+    monkeypatch.setenv(hp.GATE_ENV, "256M")
+    with pytest.raises(ValueError, match="VLLM_PIN_REGISTER_MIN_BYTES must be a whole number"):
+        hp.gate_bytes()
+
+
+def test_large_buffer_is_pageable_and_registered_in_row_aligned_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hp, "CHUNK_BYTES", 10 * MIB)
+    registrar = Recording()
+    row = 3 * MIB
+    tensor = hp.host_zeros((12, row), torch.int8, pin=True, row_bytes=row,
+                           registrar=registrar, gate=MIB)  # fmt: skip
+    assert tensor.shape == (12, row) and not tensor.any()
+    sizes = [n for _, n in registrar.registered]
+    assert sizes == [9 * MIB, 9 * MIB, 9 * MIB, 9 * MIB]  # whole rows per chunk
+    assert registrar.registered[0][0] == tensor.data_ptr()
+    del tensor
+    gc.collect()
+    assert len(registrar.unregistered) == 4  # released with the tensor
+
+
+def test_small_buffer_keeps_torch_allocator() -> None:
+    registrar = Recording()
+    tensor = hp.host_zeros((4, MIB), torch.int8, pin=False, registrar=registrar, gate=MIB)
+    assert registrar.registered == []
+    assert tensor.shape == (4, MIB)
+
+
+def test_failed_registration_falls_back_to_pageable_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, warnings_logged: list[str]
+) -> None:
+    monkeypatch.setattr(hp, "CHUNK_BYTES", 4 * MIB)
+    registrar = Recording(fail_at=1)
+    first = hp.host_zeros((16, MIB), torch.int8, pin=True, registrar=registrar, gate=MIB,
+                          what="the CPU KV tier")  # fmt: skip
+    second = hp.host_zeros((16, MIB), torch.int8, pin=True, registrar=Recording(fail_at=0),
+                           gate=MIB)  # fmt: skip
+    assert first.shape == second.shape == (16, MIB)
+    assert registrar.unregistered == [registrar.registered[0][0]]  # all or none
+    assert len(warnings_logged) == 1
+    assert "the CPU KV tier" in warnings_logged[0]
+    assert "4-6x slower than pinned" in warnings_logged[0]
+    assert "LimitMEMLOCK" in warnings_logged[0]
+
+
+def test_arena_places_exact_page_aligned_slices() -> None:
+    registrar = Recording()
+    arena = hp.HostArena(8 * MIB, registrar)
+    a = torch.arange(1000, dtype=torch.float32)
+    b = torch.ones(3 * MIB, dtype=torch.uint8)
+    placed_a, placed_b = arena.place(a), arena.place(b)
+    assert placed_a is not None and placed_b is not None
+    assert torch.equal(placed_a, a) and torch.equal(placed_b, b)
+    assert placed_b.data_ptr() - placed_a.data_ptr() == hp.PAGE  # 4,000 bytes -> one page
+    assert [n for _, n in registrar.registered] == [4000, 3 * MIB]  # exact sizes
+    assert arena.placed_bytes == 4000 + 3 * MIB
+    assert arena.place(torch.ones(6 * MIB, dtype=torch.uint8)) is None  # over capacity
+
+
+def test_arena_registration_failure_returns_none() -> None:
+    arena = hp.HostArena(8 * MIB, Recording(fail_at=0))
+    assert arena.place(torch.ones(MIB, dtype=torch.uint8)) is None
+    assert arena.placed_bytes == 0
+
+
+def test_arena_only_above_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hp.GATE_ENV, str(64 * MIB))
+    assert hp.make_arena(32 * MIB, pin=True) is None
+    assert hp.make_arena(8 << 30, pin=False) is None
+    arena = hp.make_arena(64 * MIB, pin=True)
+    assert isinstance(arena, hp.HostArena)
+    assert arena.capacity == 64 * MIB + hp.ARENA_SLACK_BYTES  # address space, not committed
