@@ -6,13 +6,22 @@ import argparse
 import sys
 
 from vllm_offload import __version__
-from vllm_offload.cli import config_cmd, demo_model_cmd, patch_cmd, plan_cmd, serve
+from vllm_offload.cli import (
+    config_cmd,
+    demo_model_cmd,
+    patch_cmd,
+    plan_cmd,
+    serve,
+    service_cmd,
+)
 from vllm_offload.cli._common import UsageError
 from vllm_offload.config import ConfigError
 from vllm_offload.launch import PreflightError
 from vllm_offload.model_facts import ModelFactsError
 from vllm_offload.patching import PatchError
 from vllm_offload.plan import PlanError
+from vllm_offload.service import ServiceError
+from vllm_offload.units import InstallError
 
 EXIT_USAGE = 2
 
@@ -25,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, plan_cmd, config_cmd, patch_cmd, demo_model_cmd):
+    for module in (serve, plan_cmd, config_cmd, service_cmd, patch_cmd, demo_model_cmd):
         module.add_parser(subparsers)
     return parser
 
@@ -39,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args, extra))
-    except (ConfigError, PlanError, PreflightError, ModelFactsError, UsageError, PatchError) as exc:
+    except (
+        ConfigError,
+        PlanError,
+        PreflightError,
+        ModelFactsError,
+        UsageError,
+        PatchError,
+        InstallError,
+        ServiceError,
+    ) as exc:
         print(f"vllm-offload: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

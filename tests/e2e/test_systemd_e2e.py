@@ -1,0 +1,113 @@
+"""The rendered server unit run by a real systemctl implementation
+(docker-systemctl-replacement's systemctl3, since no systemd runs here)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e.server import free_port
+from vllm_offload import units
+from vllm_offload.config import DeploymentConfig, save, with_overrides
+from vllm_offload.service import Systemd
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent
+SYSTEMCTL3 = str(BIN / "systemctl3")
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def wait_until(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def tree(pid: int) -> list[int]:
+    try:
+        parent = psutil.Process(pid)
+        return [pid, *(c.pid for c in parent.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture
+def installed(tmp_path: Path, demo_dir: Path) -> Iterator[tuple[Systemd, int, Path]]:
+    root = tmp_path / "a" / "b" / "root"
+    port = free_port()
+    config = tmp_path / "config.toml"
+    save(with_overrides(DeploymentConfig(), {
+        "model.path": str(demo_dir), "model.served_name": "demo", "server.port": port,
+        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
+    }), config)  # fmt: skip
+    state = tmp_path / "state"
+    state.mkdir()  # where the unit's WorkingDirectory points on this host
+    units.install(units.validate(units.InstallOptions(
+        root=root, user="root", config=config, config_given=True, state_dir=state,
+    )))  # fmt: skip
+    systemd = Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root)
+    yield systemd, port, root
+    subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
+
+
+def test_start_status_restart_stop(installed: tuple[Systemd, int, Path]) -> None:
+    systemd, port, _root = installed
+    systemd.start("vllm")
+    wait_until(lambda: healthy(port), 300, "the server to answer")
+    status = systemd.status("vllm")
+    assert status.active_state == "active" and status.main_pid is not None
+    first = status.main_pid
+    assert psutil.Process(first).is_running()
+    assert "vllm_offload serve" in " ".join(psutil.Process(first).cmdline())
+    assert any("Application startup complete" in line for line in systemd.logs("vllm", 400))
+
+    systemd.restart("vllm")
+    wait_until(lambda: healthy(port), 300, "the restarted server to answer")
+    second = systemd.status("vllm").main_pid
+    assert second is not None and second != first
+
+    processes = tree(second)
+    systemd.stop("vllm")
+    wait_until(lambda: not healthy(port), 60, "the port to close")
+    wait_until(lambda: not any(psutil.pid_exists(p) for p in processes), 60, "no process left")
+    assert systemd.status("vllm").active_state != "active"
+
+
+def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -> None:
+    systemd, port, root = installed
+    # systemctl3 supervises (Restart=) only as an init process.
+    init = subprocess.Popen([SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        wait_until(lambda: healthy(port), 300, "the server to answer")
+        first = systemd.status("vllm").main_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: systemd.status("vllm").main_pid not in (None, first), 60,
+                   "a new main PID")  # fmt: skip
+        wait_until(lambda: healthy(port), 300, "the restarted server to answer")
+        assert systemd.status("vllm").main_pid != first
+    finally:
+        subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
+        os.killpg(init.pid, signal.SIGTERM)
+        init.wait(timeout=60)

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_offload import units
+from vllm_offload.cli import main
+from vllm_offload.units import InstallError, InstallOptions
+
+
+def options(root: Path, **kw: object) -> InstallOptions:
+    base = InstallOptions(root=root, user="root", state_dir=root.parent / "state")
+    return units.validate(InstallOptions(**{**base.__dict__, **kw}))
+
+
+def verify(unit_file: Path) -> str:
+    """systemd-analyze verify's complaints about one unit file ('' when none)."""
+    done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit_file)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return "\n".join(
+        line for line in (done.stdout + done.stderr).splitlines()
+        # verify runs outside a booted systemd here; these lines are about the host
+        if "Failed to" not in line and "is not a symlink" not in line
+    ).strip()  # fmt: skip
+
+
+def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    written = units.install(options(root))
+    unit_dir = root / "etc/systemd/system"
+    assert sorted(p.name for p in unit_dir.iterdir()) == ["vllm-manager.service", "vllm.service"]
+    for unit in unit_dir.iterdir():
+        assert verify(unit) == ""
+    server = (unit_dir / "vllm.service").read_text()
+    for directive in ("Restart=on-failure", "StartLimitBurst=5", "TimeoutStopSec=120",
+                      "LimitMEMLOCK=infinity", "LimitNOFILE=65536", "NoNewPrivileges=yes",
+                      "ProtectSystem=strict", "PrivateTmp=yes", "StandardOutput=journal",
+                      "EnvironmentFile=-/etc/vllm-offload/env",
+                      f"ExecStart={sys.executable} -m vllm_offload serve --config "
+                      "/etc/vllm-offload/config.toml"):  # fmt: skip
+        assert directive in server
+    assert "PrivateDevices=" not in server  # the GPU lives in /dev
+    token = root / "etc/vllm-offload/manager-token"
+    assert token in written and oct(token.stat().st_mode & 0o777) == "0o600"
+    assert (root / "etc/vllm-offload/env").read_text().count("expandable_segments:True") == 1
+    rules = (root / "etc/polkit-1/rules.d/50-vllm-offload.rules").read_text()
+    assert 'action.lookup("unit") == "vllm.service"' in rules and 'subject.user == "root"' in rules
+
+
+def test_verify_catches_a_misspelt_directive(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    units.install(options(root))
+    unit = root / "etc/systemd/system/vllm.service"
+    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restrat=on-failure"))
+    assert "Unknown key" in verify(unit) and "Restrat" in verify(unit)
+
+
+def test_install_keeps_existing_config_and_token_and_uninstall_removes_what_it_added(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    (root / "etc/vllm-offload").mkdir(parents=True)
+    (root / "etc/vllm-offload/config.toml").write_text("[server]\nport = 8123\n")
+    (root / "etc/other.conf").write_text("not ours")
+    units.install(options(root))
+    token = (root / "etc/vllm-offload/manager-token").read_text()
+    units.install(options(root))  # again: idempotent, the token stays
+    assert (root / "etc/vllm-offload/manager-token").read_text() == token
+    assert (root / "etc/vllm-offload/config.toml").read_text() == "[server]\nport = 8123\n"
+    removed = units.uninstall(root, tmp_path / "a" / "b" / "state")
+    assert root / "etc/systemd/system/vllm.service" in removed
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert left == ["etc/other.conf", "etc/vllm-offload/config.toml"]
+
+
+def test_sudoers_alternative(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    units.install(options(root, sudoers=True))
+    sudoers = root / "etc/sudoers.d/vllm-offload"
+    assert oct(sudoers.stat().st_mode & 0o777) == "0o440"
+    assert "NOPASSWD:" in sudoers.read_text() and "restart vllm.service" in sudoers.read_text()
+    assert "NoNewPrivileges=no" in (root / "etc/systemd/system/vllm-manager.service").read_text()
+    assert not (root / "etc/polkit-1").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--user", "no-such-user-xyz"], "--user 'no-such-user-xyz': no such user"),
+        (["--root", "relative/dir"], "--root relative/dir: must be an absolute path"),
+        (["--unit", "vllm;rm -rf /"], "--unit: unit name 'vllm;rm -rf /'"),
+        (["--unit", "$(reboot)"], "--unit: unit name '$(reboot)'"),
+        (["--config", "/nonexistent/config.toml"], "--config /nonexistent/config.toml: no such"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    argv = ["install-service", "--user", "root", "--root", str(root),
+            "--state-dir", str(tmp_path / "state"), *args]  # fmt: skip
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not root.exists() and not (tmp_path / "state").exists()
+    assert not (Path("relative").exists())
+
+
+def test_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    assert main(["install-service", "--user", "root", "--root", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"=== {root}/etc/systemd/system/vllm.service" in out
+    assert not root.exists()
+
+
+def test_manifest_lists_relative_paths(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "c"
+    units.install(options(root))
+    state = root / str(tmp_path / "a/b/state").lstrip("/")  # --root holds the state dir too
+    manifest = json.loads((state / "installed.json").read_text())
+    assert "etc/systemd/system/vllm.service" in manifest
+    assert all(not os.path.isabs(p) for p in manifest)

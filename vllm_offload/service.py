@@ -1,0 +1,114 @@
+"""One interface over the service manager: status, start, stop, restart, logs.
+
+It runs `systemctl` and `journalctl` (or docker-systemctl-replacement's
+`systemctl3`/`journalctl3` where no systemd runs) with argv lists only, never a
+shell, and only for unit names that pass ``validate_unit``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,200}$")
+TIMEOUT_S = 120
+
+
+class ServiceError(Exception):
+    """A bad unit name or a failed systemctl call; the text says which and why."""
+
+
+def validate_unit(name: str) -> str:
+    """``name`` (without .service) if it is a plain unit name; ServiceError otherwise."""
+    if not UNIT_NAME.match(name) or name.endswith(".service"):
+        raise ServiceError(
+            f"unit name {name!r}: use letters, digits and _ . @ - only, without '.service'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    unit: str
+    active_state: str  # active, inactive, failed, activating, ...
+    sub_state: str
+    main_pid: int | None
+
+    @property
+    def running(self) -> bool:
+        return self.active_state == "active" and self.main_pid is not None
+
+
+@dataclass(frozen=True)
+class Systemd:
+    """systemctl/journalctl commands; ``root`` for docker-systemctl-replacement's --root."""
+
+    systemctl: tuple[str, ...] = ("systemctl",)
+    journalctl: tuple[str, ...] = ("journalctl",)
+    root: Path | None = None
+
+    @property
+    def _journal_format(self) -> list[str]:
+        # journalctl3 (the replacement) prints bare lines and knows no -o.
+        return [] if self.journalctl[-1].endswith("journalctl3") else ["-o", "cat"]
+
+    @classmethod
+    def detect(cls, root: Path | None = None) -> Systemd:
+        """Real systemd where it runs (and no root is given), else systemctl3/journalctl3."""
+        if root is None and Path("/run/systemd/system").is_dir():
+            return cls()
+        ctl = shutil.which("systemctl3") or shutil.which("systemctl")
+        journal = shutil.which("journalctl3") or shutil.which("journalctl")
+        if ctl is None or journal is None:
+            raise ServiceError(
+                "no systemctl found; install systemd or docker-systemctl-replacement"
+            )
+        return cls((ctl,), (journal,), root)
+
+    def _root_args(self) -> list[str]:
+        return [f"--root={self.root}"] if self.root is not None else []
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+    def _control(self, verb: str, unit: str) -> None:
+        unit = validate_unit(unit)
+        done = self._run([*self.systemctl, *self._root_args(), verb, f"{unit}.service"])
+        if done.returncode != 0:
+            raise ServiceError(
+                f"systemctl {verb} {unit}.service failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-500:]}"
+            )
+
+    def start(self, unit: str) -> None:
+        self._control("start", unit)
+
+    def stop(self, unit: str) -> None:
+        self._control("stop", unit)
+
+    def restart(self, unit: str) -> None:
+        self._control("restart", unit)
+
+    def status(self, unit: str) -> ServiceStatus:
+        unit = validate_unit(unit)
+        done = self._run([*self.systemctl, *self._root_args(), "show", f"{unit}.service",
+                          "-p", "ActiveState", "-p", "SubState", "-p", "MainPID"])  # fmt: skip
+        props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+        pid = int(props.get("MainPID") or 0)
+        return ServiceStatus(
+            unit=unit,
+            active_state=props.get("ActiveState", "unknown"),
+            sub_state=props.get("SubState", "unknown"),
+            main_pid=pid or None,
+        )
+
+    def logs(self, unit: str, lines: int = 200) -> list[str]:
+        unit = validate_unit(unit)
+        if not 1 <= lines <= 10_000:
+            raise ServiceError(f"lines {lines}: ask for 1 to 10000")
+        done = self._run([*self.journalctl, *self._root_args(), "-u", f"{unit}.service",
+                          "-n", str(lines), "--no-pager", *self._journal_format])  # fmt: skip
+        return done.stdout.splitlines()[-lines:]
