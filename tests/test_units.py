@@ -10,7 +10,7 @@ import pytest
 
 from vllm_offload import units
 from vllm_offload.cli import main
-from vllm_offload.units import InstallError, InstallOptions
+from vllm_offload.units import InstallOptions
 
 
 def options(root: Path, **kw: object) -> InstallOptions:
