@@ -27,6 +27,10 @@ $(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt $(PATCHES)
 
 $(TEST_INSTALLED): $(INSTALLED)
 	$(BIN)/pip install -q -e '.[test]'
+	@# Debian's chromium for the browser tests (Playwright's own download is unreachable)
+	@# and systemd for `systemd-analyze verify`.
+	command -v chromium >/dev/null && command -v systemd-analyze >/dev/null || \
+	  { apt-get update -q && apt-get install -y -q chromium systemd; }
 	@# Pristine sources of the other supported release, to test its patch series.
 	tools/fetch_pristine_vllm.sh 0.25.0
 	touch $@

@@ -177,6 +177,14 @@ class ServerSection(_Section):
     )
 
 
+class ManagerSection(_Section):
+    model_roots: list[str] = Field(
+        default_factory=list,
+        description="Directories the manager lists models from (and the only places a "
+        "model may be chosen from). Empty: the configured model's parent directory.",
+    )
+
+
 class DeploymentConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection)
     gpu: GpuSection = Field(default_factory=GpuSection)
@@ -184,6 +192,7 @@ class DeploymentConfig(_Section):
     weights_offload: WeightsOffloadSection = Field(default_factory=WeightsOffloadSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     server: ServerSection = Field(default_factory=ServerSection)
+    manager: ManagerSection = Field(default_factory=ManagerSection)
     extra_args: list[str] = Field(
         default_factory=list,
         description="Arguments passed to vLLM's OpenAI server as they are.",

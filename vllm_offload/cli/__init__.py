@@ -9,6 +9,7 @@ from vllm_offload import __version__
 from vllm_offload.cli import (
     config_cmd,
     demo_model_cmd,
+    manager_cmd,
     patch_cmd,
     plan_cmd,
     serve,
@@ -34,7 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, plan_cmd, config_cmd, service_cmd, patch_cmd, demo_model_cmd):
+    for module in (
+        serve,
+        plan_cmd,
+        config_cmd,
+        manager_cmd,
+        service_cmd,
+        patch_cmd,
+        demo_model_cmd,
+    ):
         module.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.manager.conftest import BEARER, TOKEN, Env, login
+from vllm_offload import config as config_mod
+from vllm_offload.manager.metrics import parse_vllm_metrics
+
+pytestmark = pytest.mark.anyio
+ORIGIN = {"Origin": "http://testserver"}
+GETS = ["/api/status", "/api/metrics", "/api/models", "/api/config", "/api/logs", "/api/detect"]
+UNSAFE = [("post", "/api/service/restart"), ("post", "/api/config/preview"),
+          ("put", "/api/config"), ("post", "/api/probe")]  # fmt: skip
+
+
+async def test_healthz_is_open(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("path", GETS)
+async def test_every_endpoint_needs_the_token(client: httpx.AsyncClient, path: str) -> None:
+    anonymous = await client.get(path)
+    assert anonymous.status_code == 401
+    assert "Authorization: Bearer" in anonymous.json()["detail"]
+    wrong = await client.get(path, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "wrong token" in wrong.json()["detail"]
+    assert (await client.get(path, headers=BEARER)).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), UNSAFE)
+async def test_unsafe_endpoints_need_the_token(client: httpx.AsyncClient, method: str,
+                                               path: str) -> None:  # fmt: skip
+    response = await client.request(method, path, json={"config": {}})
+    assert response.status_code == 401
+
+
+async def test_dashboard_redirects_to_login(client: httpx.AsyncClient) -> None:
+    response = await client.get("/")
+    assert response.status_code == 303 and response.headers["location"] == "/login"
+    assert "Paste the manager token" in (await client.get("/login")).text
+
+
+async def test_login_sets_a_strict_http_only_cookie(client: httpx.AsyncClient) -> None:
+    bad = await client.post("/login", data={"token": "wrong"}, headers=ORIGIN)
+    assert bad.status_code == 401 and "not right" in bad.text
+    cross = await client.post("/login", data={"token": TOKEN},
+                              headers={"Origin": "http://evil.example"})  # fmt: skip
+    assert cross.status_code == 403
+    good = await client.post("/login", data={"token": TOKEN}, headers=ORIGIN)
+    assert good.status_code == 303
+    cookie = good.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert (await client.get("/api/status")).status_code == 200  # the cookie works
+
+
+async def test_session_writes_need_csrf_and_origin(client: httpx.AsyncClient) -> None:
+    csrf = await login(client)
+    no_csrf = await client.post("/api/service/restart", headers=ORIGIN)
+    assert no_csrf.status_code == 403 and "X-CSRF-Token" in no_csrf.json()["detail"]
+    wrong_origin = await client.post("/api/service/restart",
+                                     headers={"X-CSRF-Token": csrf, "Origin": "http://evil"})
+    assert wrong_origin.status_code == 403 and "Origin" in wrong_origin.json()["detail"]
+    no_origin = await client.post("/api/service/restart", headers={"X-CSRF-Token": csrf})
+    assert no_origin.status_code == 403
+    ok = await client.post("/api/service/restart", headers={"X-CSRF-Token": csrf, **ORIGIN})
+    assert ok.status_code == 200
+
+
+async def test_logout_ends_the_session(client: httpx.AsyncClient) -> None:
+    csrf = await login(client)
+    await client.post("/logout", headers={"X-CSRF-Token": csrf, **ORIGIN})
+    client.cookies.clear()
+    assert (await client.get("/api/status")).status_code == 401
+
+
+async def test_start_stop_restart_through_systemctl(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/api/service/start", headers=BEARER)).status_code == 200
+    first = (await client.get("/api/status", headers=BEARER)).json()
+    assert first["active_state"] == "active" and first["pid"]
+    assert first["health"] == "starting"  # the unit runs; no server answers on its port
+    await client.post("/api/service/restart", headers=BEARER)
+    second = (await client.get("/api/status", headers=BEARER)).json()
+    assert second["pid"] and second["pid"] != first["pid"]
+    await client.post("/api/service/stop", headers=BEARER)
+    stopped = (await client.get("/api/status", headers=BEARER)).json()
+    assert stopped["health"] == "stopped" and stopped["pid"] is None
+    bad = await client.post("/api/service/reboot", headers=BEARER)
+    assert bad.status_code == 422
+
+
+async def test_status_shows_model_and_plan(client: httpx.AsyncClient) -> None:
+    status = (await client.get("/api/status", headers=BEARER)).json()
+    assert status["model"].endswith("demo-a") and status["served_name"] == "demo-a"
+    assert status["plan"]["architecture"] == "LlamaForCausalLM"
+
+
+async def test_models_are_listed_from_the_roots(client: httpx.AsyncClient, env: Env) -> None:
+    body = (await client.get("/api/models", headers=BEARER)).json()
+    assert body["roots"] == [str(env.models)]
+    assert [m["name"] for m in body["models"]] == ["demo-a", "demo-b"]
+
+
+async def put_config(client: httpx.AsyncClient, **changes: object) -> httpx.Response:
+    config = (await client.get("/api/config", headers=BEARER)).json()["config"]
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        config[section][key] = value
+    return await client.put("/api/config", json={"config": config}, headers=BEARER)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"gpu__memory_utilization": 2}, "gpu.memory_utilization", "less than or equal to 1"),
+        ({"server__port": "http"}, "server.port", "valid integer"),
+        ({"model__max_model_len": 10**9}, "model.max_model_len", "do not fit the GPU KV pool"),
+        ({"model__path": "/etc"}, "model.path", "outside the model roots"),
+        ({"kv_offload__backend": "native"}, "kv_offload.backend", "needs an NVIDIA GPU"),
+        ({"kv_offload__swap_space": 4}, "kv_offload", "kv_offload.cpu_tier_gib"),
+    ],
+)
+async def test_invalid_config_is_refused_and_nothing_is_written(
+    client: httpx.AsyncClient, env: Env, changes: dict[str, object], field: str, words: str
+) -> None:
+    before = env.config_path.read_bytes()
+    response = await put_config(client, **changes)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail["field"] == field and words in detail["message"], detail
+    assert env.config_path.read_bytes() == before
+    assert not env.config_path.with_suffix(".toml.bak").exists()
+
+
+async def test_symlink_out_of_the_roots_is_refused(
+    client: httpx.AsyncClient, env: Env, tmp_path: Path, demo_dir: Path
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (env.models / "sneaky").symlink_to(outside)
+    response = await put_config(client, model__path=str(env.models / "sneaky"))
+    assert response.status_code == 422
+    assert "outside the model roots" in response.json()["detail"]["message"]
+
+
+async def test_save_writes_atomically_keeps_a_backup_and_restarts(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    await client.post("/api/service/start", headers=BEARER)
+    pid = (await client.get("/api/status", headers=BEARER)).json()["pid"]
+    before = env.config_path.read_bytes()
+    preview = await client.post("/api/config/preview", headers=BEARER, json={
+        "config": {**config_mod.load(env.config_path).model_dump(),
+                   "model": {"path": str(env.models / "demo-b")}}})  # fmt: skip
+    assert preview.status_code == 200 and preview.json()["plan"]["model_path"].endswith("demo-b")
+    response = await put_config(client, model__path=str(env.models / "demo-b"))
+    assert response.status_code == 202
+    assert config_mod.load(env.config_path).model.path == str(env.models / "demo-b")
+    assert env.config_path.with_suffix(".toml.bak").read_bytes() == before
+    after = (await client.get("/api/status", headers=BEARER)).json()
+    assert after["pid"] and after["pid"] != pid
+
+
+async def test_huge_body_is_refused(client: httpx.AsyncClient) -> None:
+    response = await client.put("/api/config", headers=BEARER,
+                                content=b"{" + b" " * 100_000 + b"}")  # fmt: skip
+    assert response.status_code == 413
+    assert "larger than 65536 bytes" in response.json()["detail"]
+
+
+async def test_logs_bounds(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/api/logs?lines=0", headers=BEARER)).status_code == 422
+    assert (await client.get("/api/logs?lines=99999", headers=BEARER)).status_code == 422
+
+
+async def test_metrics_samples(client: httpx.AsyncClient) -> None:
+    app = client._transport.app  # type: ignore[attr-defined]
+    app.state.sampler.sample_once()
+    samples = (await client.get("/api/metrics?since=0", headers=BEARER)).json()["samples"]
+    assert len(samples) == 1
+    assert 0 <= samples[0]["cpu_percent"] <= 100 and samples[0]["ram_total_bytes"] > 0
+    later = (await client.get(f"/api/metrics?since={samples[0]['t']}", headers=BEARER)).json()
+    assert later["samples"] == []
+
+
+async def test_probe_without_server_is_a_clear_502(client: httpx.AsyncClient) -> None:
+    response = await client.post("/api/probe", headers=BEARER)
+    assert response.status_code == 502 and "did not answer" in response.json()["detail"]
+
+
+async def test_openapi_schema_lists_the_api(client: httpx.AsyncClient) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert {"/api/status", "/api/config", "/api/service/{action}", "/api/logs"} <= set(paths)
+
+
+def test_vllm_metrics_parser() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="m"} 3.0\n'
+        "# TYPE vllm:external_prefix_cache_hits counter\n"
+        'vllm:external_prefix_cache_hits_total{model_name="m"} 512.0\n'
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 3.0\n'
+    )
+    values = parse_vllm_metrics(text)
+    assert values["vllm:num_requests_running"] == 3.0
+    assert values["vllm:external_prefix_cache_hits"] == 512.0
+    assert values["vllm:time_to_first_token_seconds_sum"] == 1.5
+
+
+def test_cli_refuses_non_loopback_without_token(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_offload.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    assert main(["manager", "--host", "0.0.0.0", "--config", str(config)]) == 2
+    assert "refusing to listen beyond loopback without a token" in capsys.readouterr().err
+    short = tmp_path / "t"
+    short.write_text("abc")
+    os.chmod(short, 0o600)
+    assert main(["manager", "--token-file", str(short), "--config", str(config)]) == 2
+    assert "at least 16 characters" in capsys.readouterr().err

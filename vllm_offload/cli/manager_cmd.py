@@ -1,0 +1,81 @@
+"""`vllm-offload manager`: the dashboard and control page (default 127.0.0.1:7999)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import secrets
+import sys
+from pathlib import Path
+
+from vllm_offload import config as config_mod
+from vllm_offload.cli._common import UsageError
+from vllm_offload.service import Systemd, validate_unit
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "manager",
+        help="run the web manager (dashboard, control, settings, logs)",
+        description="Serve the manager page and its JSON API (OpenAPI at /docs). It binds "
+        "loopback unless a token file is given.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=7999)
+    parser.add_argument("--token-file", type=Path, help="file holding the access token (0600)")
+    parser.add_argument("--config", type=Path, default=config_mod.DEFAULT_CONFIG_PATH,
+                        help="deployment config the manager shows and edits")  # fmt: skip
+    parser.add_argument("--unit", default="vllm", help="server unit name (without .service)")
+    parser.add_argument(
+        "--systemd-root",
+        type=Path,
+        help="units live under this root (docker-systemctl-replacement)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"--token-file {path}: cannot read it ({exc.strerror})") from None
+    if len(token) < 16:
+        raise UsageError(f"--token-file {path}: the token must be at least 16 characters")
+    return token
+
+
+def run(args: argparse.Namespace, extra_args: list[str]) -> int:
+    import uvicorn
+
+    from vllm_offload.manager import ManagerSettings, create_app
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: must be 1-65535")
+    validate_unit(args.unit)
+    if args.token_file is None and not _is_loopback(args.host):
+        raise UsageError(
+            f"--host {args.host}: refusing to listen beyond loopback without a token; pass "
+            "--token-file (install-service writes one)"
+        )
+    config_mod.load(args.config)  # a missing or invalid config is an error now, not later
+    if args.token_file is not None:
+        token = read_token(args.token_file)
+    else:
+        token = secrets.token_urlsafe(24)
+        print(f"vllm-offload manager: no --token-file; this run's token is {token}",
+              file=sys.stderr)  # fmt: skip
+    settings = ManagerSettings(
+        config_path=args.config, token=token, unit=args.unit,
+        systemd=Systemd.detect(args.systemd_root),
+    )  # fmt: skip
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,297 @@
+"""The manager: a thin FastAPI shell over config, plan, service and the metrics sampler."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from pydantic import BaseModel
+
+from vllm_offload import config as config_mod
+from vllm_offload import hardware, launch, model_facts
+from vllm_offload.cli._common import model_dir
+from vllm_offload.manager import detect, page
+from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
+from vllm_offload.manager.metrics import Sampler
+from vllm_offload.plan import Plan, PlanError, make_plan
+from vllm_offload.service import ServiceError, Systemd
+
+MAX_BODY_BYTES = 64 * 1024
+PROBE_TIMEOUT_S = 60
+
+
+@dataclass
+class ManagerSettings:
+    config_path: Path
+    token: str
+    unit: str = "vllm"
+    systemd: Systemd = field(default_factory=Systemd)
+    sample_interval_s: float = 1.0
+
+
+class ConfigError422(HTTPException):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(422, {"field": field_name, "message": message})
+
+
+def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
+    try:
+        return config_mod.load(settings.config_path)
+    except config_mod.ConfigError as exc:
+        raise HTTPException(409, {"field": exc.field, "message": exc.message}) from None
+
+
+def model_roots(config: config_mod.DeploymentConfig) -> list[Path]:
+    if config.manager.model_roots:
+        return [Path(r) for r in config.manager.model_roots]
+    return [model_dir(config).parent]
+
+
+def resolve_model(config: config_mod.DeploymentConfig) -> Path:
+    """The model directory, resolved (symlinks too) and inside a model root; else 422."""
+    if not config.model.path:
+        return model_dir(config)
+    resolved = Path(os.path.realpath(config.model.path))
+    roots = [Path(os.path.realpath(r)) for r in model_roots(config)]
+    if not any(resolved == r or r in resolved.parents for r in roots):
+        raise ConfigError422(
+            "model.path",
+            f"{config.model.path} is outside the model roots "
+            f"({', '.join(map(str, roots))}); add its directory to manager.model_roots",
+        )
+    if not (resolved / "config.json").is_file():
+        raise ConfigError422("model.path", f"{config.model.path}: no config.json there")
+    return resolved
+
+
+def plan_for(config: config_mod.DeploymentConfig) -> Plan:
+    directory = resolve_model(config)
+    host = hardware.probe()
+    try:
+        facts = model_facts.read(directory)
+        return make_plan(config, facts, host, "cuda" if host.has_nvidia_gpu else "cpu",
+                         dict(os.environ))  # fmt: skip
+    except model_facts.ModelFactsError as exc:
+        raise ConfigError422("model.path", str(exc)) from None
+    except PlanError as exc:
+        raise ConfigError422(exc.field, exc.message) from None
+
+
+def list_models(config: config_mod.DeploymentConfig) -> list[dict[str, str]]:
+    found = []
+    for root in model_roots(config):
+        if not root.is_dir():
+            continue
+        for child in sorted(root.iterdir()):
+            if (child / "config.json").is_file():
+                found.append({"name": child.name, "path": str(child)})
+    return found
+
+
+class ConfigBody(BaseModel):
+    config: dict[str, Any]
+
+
+def create_app(settings: ManagerSettings) -> FastAPI:
+    sessions = Sessions(settings.token)
+    initial = config_mod.load(settings.config_path)
+    sampler = Sampler(
+        f"http://{_client_host(initial.server.host)}:{initial.server.port}",
+        settings.sample_interval_s,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sampler.start()
+        yield
+        sampler.stop()
+
+    app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
+    app.state.sampler = sampler
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse(
+                {"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, status_code=413
+            )
+        return await call_next(request)
+
+    def auth(request: Request) -> str:
+        return authenticate(request, sessions)
+
+    Auth = Depends(auth)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/login", response_class=HTMLResponse)
+    def login_page() -> str:
+        return page.LOGIN
+
+    @app.post("/login")
+    def login(request: Request, token: str = Form(..., max_length=512)) -> Response:
+        if not origin_matches(request):
+            raise HTTPException(403, "the Origin header is missing or names another site")
+        if not sessions.check_token(token.strip()):
+            return HTMLResponse(page.LOGIN_FAILED, status_code=401)
+        session_id, _csrf = sessions.create()
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")  # fmt: skip
+        return response
+
+    @app.post("/logout", dependencies=[Auth])
+    def logout(request: Request) -> Response:
+        sessions.drop(request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
+    @app.get("/", response_class=HTMLResponse)
+    def dashboard(request: Request) -> Response:
+        csrf = sessions.csrf_for(request.cookies.get(SESSION_COOKIE))
+        if csrf is None:
+            return RedirectResponse("/login", status_code=303)
+        return HTMLResponse(page.dashboard(csrf, settings.unit))
+
+    @app.get("/api/status", dependencies=[Auth])
+    def status() -> dict[str, Any]:
+        config = _load(settings)
+        try:
+            unit = settings.systemd.status(settings.unit)
+        except ServiceError as exc:
+            raise HTTPException(502, str(exc)) from None
+        if sampler.server_healthy:
+            health = "healthy"
+        elif unit.active_state in ("active", "activating", "reloading"):
+            health = "starting"
+        elif unit.active_state == "failed":
+            health = "failed"
+        else:
+            health = "stopped"
+        uptime = None
+        if unit.main_pid is not None:
+            with suppress(psutil.NoSuchProcess):
+                uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
+        reason = None
+        if health in ("failed", "stopped"):
+            errors = [line for line in settings.systemd.logs(settings.unit, 300)
+                      if "error" in line.lower()]  # fmt: skip
+            reason = errors[-1] if errors else None
+        try:
+            plan: dict[str, Any] | str = plan_for(config).to_json()
+        except HTTPException as exc:
+            plan = str(exc.detail)
+        return {
+            "unit": f"{settings.unit}.service",
+            "active_state": unit.active_state,
+            "sub_state": unit.sub_state,
+            "pid": unit.main_pid,
+            "uptime_s": uptime,
+            "health": health,
+            "reason": reason,
+            "model": config.model.path or "(demo model)",
+            "served_name": launch.served_name(config, model_dir(config)),
+            "plan": plan,
+        }
+
+    @app.get("/api/metrics", dependencies=[Auth])
+    def metrics(since: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
+        return {"samples": sampler.since(since)}
+
+    @app.post("/api/service/{action}", dependencies=[Auth])
+    def control(action: Literal["start", "stop", "restart"]) -> dict[str, str]:
+        try:
+            getattr(settings.systemd, action)(settings.unit)
+        except ServiceError as exc:
+            raise HTTPException(502, str(exc)) from None
+        return {"status": f"{action} requested"}
+
+    @app.get("/api/models", dependencies=[Auth])
+    def models() -> dict[str, Any]:
+        config = _load(settings)
+        return {"roots": [str(r) for r in model_roots(config)], "models": list_models(config)}
+
+    @app.get("/api/config", dependencies=[Auth])
+    def get_config() -> dict[str, Any]:
+        return {"config": _load(settings).model_dump(), "path": str(settings.config_path)}
+
+    def validated(body: ConfigBody) -> tuple[config_mod.DeploymentConfig, Plan]:
+        try:
+            config = config_mod.parse(body.config)
+        except config_mod.ConfigError as exc:
+            raise ConfigError422(exc.field, exc.message) from None
+        return config, plan_for(config)
+
+    @app.post("/api/config/preview", dependencies=[Auth])
+    def preview(body: ConfigBody) -> dict[str, Any]:
+        _config, plan = validated(body)
+        return {"plan": plan.to_json()}
+
+    @app.put("/api/config", dependencies=[Auth], status_code=202)
+    def put_config(body: ConfigBody) -> dict[str, Any]:
+        config, plan = validated(body)
+        try:
+            config_mod.save(config, settings.config_path)
+        except OSError as exc:
+            raise HTTPException(507, f"could not save {settings.config_path}: {exc.strerror}; "
+                                     "the previous config is unchanged") from None  # fmt: skip
+        try:
+            settings.systemd.restart(settings.unit)
+        except ServiceError as exc:
+            raise HTTPException(502, f"saved, but the restart failed: {exc}") from None
+        return {"status": "saved; restarting", "plan": plan.to_json()}
+
+    @app.post("/api/probe", dependencies=[Auth])
+    def probe() -> dict[str, Any]:
+        """Ask the running server one short chat question (confirms a switch worked)."""
+        config = _load(settings)
+        name = launch.served_name(config, model_dir(config))
+        body = json.dumps({"model": name, "max_tokens": 8,
+                           "messages": [{"role": "user", "content": "Say hello."}]})  # fmt: skip
+        headers = {"Content-Type": "application/json"}
+        key = launch.read_api_key(config) if config.server.api_key_file else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(sampler.server_url + "/v1/chat/completions",
+                                         body.encode(), headers)  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+                answer = json.loads(response.read())
+        except (OSError, urllib.error.HTTPError) as exc:
+            raise HTTPException(502, f"the server did not answer: {exc}") from None
+        return {"model": answer.get("model"),
+                "answer": answer["choices"][0]["message"]["content"]}  # fmt: skip
+
+    @app.get("/api/logs", dependencies=[Auth])
+    def logs(lines: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
+        try:
+            return {"lines": settings.systemd.logs(settings.unit, lines)}
+        except ServiceError as exc:
+            raise HTTPException(502, str(exc)) from None
+
+    @app.get("/api/detect", dependencies=[Auth])
+    def detect_servers() -> dict[str, Any]:
+        return {"servers": detect.find_vllm_servers()}
+
+    return app
+
+
+def _client_host(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind

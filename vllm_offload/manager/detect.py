@@ -1,0 +1,44 @@
+"""Find vLLM servers on this host, ours or not: listening processes whose command line
+mentions vLLM, confirmed by their /v1/models."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import psutil
+
+LOOKS_LIKE_VLLM = ("vllm", "vllm_offload")
+
+
+def _models(port: int) -> list[str] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+            return [m["id"] for m in json.loads(r.read())["data"]]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def find_vllm_servers() -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid is None or not conn.laddr:
+            continue
+        port = conn.laddr.port
+        if port in seen:
+            continue
+        try:
+            cmdline = " ".join(psutil.Process(conn.pid).cmdline())
+        except psutil.Error:
+            continue
+        if not any(word in cmdline for word in LOOKS_LIKE_VLLM):
+            continue
+        models = _models(port)
+        if models is None:
+            continue
+        seen.add(port)
+        found.append({"pid": conn.pid, "port": port, "models": models,
+                      "command": cmdline[:300]})  # fmt: skip
+    return found

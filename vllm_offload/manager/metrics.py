@@ -1,0 +1,167 @@
+"""A background sampler: host (psutil), GPUs (NVML) and vLLM's own /metrics, once a
+second, kept for ten minutes. Readers get copies; the sampler never blocks them."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+HISTORY_S = 600
+
+# vLLM metric -> our name; counters become per-second rates between samples.
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "gpu_kv_usage",
+    "vllm:kv_offload_cpu_cache_usage_perc": "cpu_tier_busy",
+}
+COUNTERS = {
+    "vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_per_s",
+    "vllm:prefix_cache_hits": "gpu_prefix_hit_tokens_per_s",
+    "vllm:prompt_tokens": "prompt_tokens_per_s",
+    "vllm:generation_tokens": "generation_tokens_per_s",
+    "vllm:num_preemptions": "preemptions_per_s",
+    "vllm:kv_offload_load_bytes": "offload_load_bytes_per_s",
+    "vllm:kv_offload_store_bytes": "offload_store_bytes_per_s",
+}
+TOTALS = {"vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_total"}
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """Sum every sample of the metrics we chart (all label sets together)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in GAUGES or name in COUNTERS or name in (f"{TTFT}_sum", f"{TTFT}_count"):
+                values[name] = values.get(name, 0.0) + float(sample.value)
+    return values
+
+
+def _gpus() -> list[dict[str, Any]]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no GPU: nothing to chart
+        return []
+    try:
+        rows = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            rows.append({
+                "index": i,
+                "util_percent": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                "memory_used_bytes": int(mem.used),
+                "memory_total_bytes": int(mem.total),
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, 0),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            })  # fmt: skip
+        return rows
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _disks() -> list[dict[str, Any]]:
+    rows = []
+    for part in psutil.disk_partitions(all=False):
+        try:
+            usage = psutil.disk_usage(part.mountpoint)
+        except OSError:
+            continue
+        rows.append({"mount": part.mountpoint, "used_percent": usage.percent})
+    return rows
+
+
+@dataclass
+class Sampler:
+    """Samples every ``interval_s`` in a daemon thread; ``server_url`` is vLLM's base URL."""
+
+    server_url: str
+    interval_s: float = 1.0
+    samples: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_S))
+    server_healthy: bool = False
+    _previous: dict[str, float] = field(default_factory=dict)
+    _previous_t: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        psutil.cpu_percent()  # prime: the first call has no interval to measure
+        threading.Thread(target=self._loop, name="metrics-sampler", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            with contextlib.suppress(Exception):  # a bad sample must not kill the sampler
+                self.sample_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    def _scrape(self) -> dict[str, float] | None:
+        try:
+            with urllib.request.urlopen(self.server_url + "/metrics", timeout=0.8) as response:
+                return parse_vllm_metrics(response.read().decode())
+        except OSError:
+            return None
+
+    def _health(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.server_url + "/health", timeout=0.8) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def sample_once(self) -> dict[str, Any]:
+        now = time.time()
+        vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+        sample: dict[str, Any] = {
+            "t": round(now, 3),
+            "cpu_percent": psutil.cpu_percent(),
+            "ram_used_bytes": int(vm.total - vm.available),
+            "ram_total_bytes": int(vm.total),
+            "swap_used_bytes": int(swap.used),
+            "disks": _disks(),
+            "gpus": _gpus(),
+        }
+        self.server_healthy = self._health()
+        scraped = self._scrape() if self.server_healthy else None
+        vllm: dict[str, float | None] = {}
+        if scraped is not None:
+            for source, name in GAUGES.items():
+                vllm[name] = scraped.get(source)
+            dt = now - self._previous_t if self._previous else 0.0
+            for source, name in COUNTERS.items():
+                if dt > 0 and source in scraped and source in self._previous:
+                    vllm[name] = max(0.0, (scraped[source] - self._previous[source]) / dt)
+            for source, name in TOTALS.items():
+                vllm[name] = scraped.get(source)
+            count = scraped.get(f"{TTFT}_count", 0.0) - self._previous.get(f"{TTFT}_count", 0.0)
+            if self._previous and count > 0:
+                total = scraped[f"{TTFT}_sum"] - self._previous[f"{TTFT}_sum"]
+                vllm["ttft_mean_s"] = total / count
+                hits = vllm.get("cpu_tier_hit_tokens_per_s") or 0.0
+                vllm["ttft_with_cpu_hits_s" if hits > 0 else "ttft_without_cpu_hits_s"] = (
+                    total / count
+                )
+            self._previous, self._previous_t = scraped, now
+        sample["vllm"] = vllm
+        with self._lock:
+            self.samples.append(sample)
+        return sample
+
+    def since(self, t: float) -> list[dict[str, Any]]:
+        with self._lock:
+            return [s for s in self.samples if s["t"] > t]

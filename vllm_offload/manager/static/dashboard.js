@@ -1,0 +1,187 @@
+const CSRF = document.querySelector('meta[name=csrf]').content;
+const WINDOW_S = 600;
+let samples = [], last = 0, currentConfig = null;
+const GIB = 1073741824;
+async function api(path, opts = {}) {
+  opts.headers = Object.assign({'X-CSRF-Token': CSRF, 'Content-Type': 'application/json'},
+                               opts.headers || {});
+  opts.credentials = 'same-origin';
+  const r = await fetch(path, opts);
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw body.detail || body;
+  return body;
+}
+const fmt = (v, d = 1) => v == null ? '–' : Number(v).toLocaleString(undefined,
+  {maximumFractionDigits: d});
+function row(k, v) { return `<tr><td>${k}</td><td>${v}</td></tr>`; }
+const CHARTS = [
+  ['GPU utilisation (%)', s => (s.gpus || []).map(g => g.util_percent), 100],
+  ['GPU memory (GiB)', s => (s.gpus || []).map(g => g.memory_used_bytes / GIB)],
+  ['GPU temperature (°C)', s => (s.gpus || []).map(g => g.temperature_c)],
+  ['GPU power (W)', s => (s.gpus || []).map(g => g.power_w)],
+  ['CPU (%)', s => [s.cpu_percent], 100],
+  ['RAM and swap used (GiB)', s => [s.ram_used_bytes / GIB, s.swap_used_bytes / GIB]],
+  ['Requests running / waiting', s => [s.vllm.running, s.vllm.waiting]],
+  ['KV usage: GPU pool / CPU tier busy (%)', s => [pct(s.vllm.gpu_kv_usage), pct(s.vllm.cpu_tier_busy)], 100],
+  ['Prompt tokens/s: from CPU tier / GPU prefix cache / all', s => [s.vllm.cpu_tier_hit_tokens_per_s, s.vllm.gpu_prefix_hit_tokens_per_s, s.vllm.prompt_tokens_per_s]],
+  ['Offload GB/s: load (CPU→GPU) / store', s => [gb(s.vllm.offload_load_bytes_per_s), gb(s.vllm.offload_store_bytes_per_s)]],
+  ['Generation tokens/s', s => [s.vllm.generation_tokens_per_s]],
+  ['TTFT ms: mean / with CPU hits / without', s => [ms(s.vllm.ttft_mean_s), ms(s.vllm.ttft_with_cpu_hits_s), ms(s.vllm.ttft_without_cpu_hits_s)]],
+  ['Preemptions/s', s => [s.vllm.preemptions_per_s]],
+];
+function pct(v) { return v == null ? null : v * 100; }
+function gb(v) { return v == null ? null : v / 1e9; }
+function ms(v) { return v == null ? null : v * 1000; }
+const COLORS = ['#1565c0', '#c62828', '#2e7d32', '#6a1b9a'];
+function setupCharts() {
+  document.getElementById('charts').innerHTML = CHARTS.map((c, i) =>
+    `<div class="chart"><h3>${c[0]}</h3><canvas id="c${i}" width="560" height="220"></canvas>
+     <div class="legend" id="l${i}"></div></div>`).join('');
+}
+function drawCharts() {
+  const now = Date.now() / 1000;
+  CHARTS.forEach(([title, get, fixedMax], i) => {
+    const cv = document.getElementById('c' + i), ctx = cv.getContext('2d');
+    ctx.clearRect(0, 0, cv.width, cv.height);
+    const series = [];
+    samples.forEach(s => (get(s) || []).forEach((v, j) => {
+      (series[j] = series[j] || []).push([s.t, v]); }));
+    let max = fixedMax || 0;
+    series.forEach(pts => pts.forEach(([, v]) => { if (v != null && v > max) max = v; }));
+    max = max || 1;
+    ctx.strokeStyle = '#dde'; ctx.beginPath(); ctx.moveTo(0, cv.height - 1);
+    ctx.lineTo(cv.width, cv.height - 1); ctx.stroke();
+    series.forEach((pts, j) => {
+      ctx.strokeStyle = COLORS[j % COLORS.length]; ctx.lineWidth = 2; ctx.beginPath();
+      let started = false;
+      pts.forEach(([t, v]) => {
+        if (v == null) { started = false; return; }
+        const x = cv.width * (1 - (now - t) / WINDOW_S), y = cv.height - 4 - (cv.height - 8) * v / max;
+        started ? ctx.lineTo(x, y) : ctx.moveTo(x, y); started = true;
+      });
+      ctx.stroke();
+    });
+    const latest = series.map(p => p.length ? p[p.length - 1][1] : null);
+    document.getElementById('l' + i).textContent =
+      'now: ' + latest.map(v => fmt(v, 2)).join(' / ') + ' · max ' + fmt(max, 2);
+  });
+}
+async function pollMetrics() {
+  try {
+    const r = await api('/api/metrics?since=' + last);
+    if (r.samples.length) { samples = samples.concat(r.samples); last = r.samples[r.samples.length - 1].t; }
+    const cutoff = Date.now() / 1000 - WINDOW_S;
+    samples = samples.filter(s => s.t >= cutoff);
+    drawCharts();
+    const s = samples[samples.length - 1];
+    if (s) {
+      document.getElementById('disks').innerHTML = (s.disks || []).map(d => row(d.mount, fmt(d.used_percent) + ' % used')).join('');
+      document.getElementById('buying').innerHTML =
+        row('Prompt tokens served from the CPU tier (total)', fmt(s.vllm.cpu_tier_hit_tokens_total, 0)) +
+        row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms') +
+        row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms');
+    }
+  } catch (e) { console.log(e); }
+}
+function lastOf(key) {
+  for (let i = samples.length - 1; i >= 0; i--) if (samples[i].vllm[key] != null) return samples[i].vllm[key];
+  return null;
+}
+async function pollStatus() {
+  try {
+    const s = await api('/api/status');
+    const badge = document.getElementById('state');
+    badge.textContent = s.health; badge.className = 'badge ' + s.health;
+    document.getElementById('server').innerHTML = row('Unit', s.unit) +
+      row('State', `${s.active_state} (${s.sub_state})`) + row('Health', s.health) +
+      row('PID', s.pid || '–') + row('Uptime', s.uptime_s == null ? '–' : fmt(s.uptime_s, 0) + ' s') +
+      row('Model', s.model) + row('Answers to', s.served_name) +
+      (s.reason ? row('Why', `<span class="error">${escapeHtml(s.reason)}</span>`) : '');
+    document.getElementById('plan').innerHTML = typeof s.plan === 'string'
+      ? `<tr><td colspan=2 class="error">${escapeHtml(s.plan)}</td></tr>` : planRows(s.plan);
+  } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
+}
+function planRows(p) {
+  return row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`) +
+    row('Longest request (must fit the GPU pool)', fmt(p.longest_request_tokens, 0) + ' tokens') +
+    row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`) +
+    row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`) +
+    row('Weights on GPU / offloaded', `${fmt(p.weights_gpu_bytes / GIB, 2)} / ${fmt(p.weights_offloaded_bytes / GIB, 2)} GiB`) +
+    (p.warnings || []).map(w => row('Warning', `<span class="error">${escapeHtml(w)}</span>`)).join('');
+}
+function escapeHtml(t) { const d = document.createElement('div'); d.textContent = String(t); return d.innerHTML; }
+async function control(action) {
+  const msg = document.getElementById('control-msg');
+  msg.textContent = action + '…';
+  try { await api('/api/service/' + action, {method: 'POST'}); msg.textContent = action + ' requested; watching…'; }
+  catch (e) { msg.innerHTML = `<span class="error">${escapeHtml(JSON.stringify(e))}</span>`; }
+}
+async function loadConfig() {
+  const [c, m] = await Promise.all([api('/api/config'), api('/api/models')]);
+  currentConfig = c.config;
+  const sel = document.getElementById('f-model');
+  sel.innerHTML = m.models.map(x => `<option value="${escapeHtml(x.path)}">${escapeHtml(x.name)}</option>`).join('');
+  if (currentConfig.model.path) sel.value = currentConfig.model.path;
+  document.getElementById('f-len').value = currentConfig.model.max_model_len;
+  document.getElementById('f-util').value = currentConfig.gpu.memory_utilization;
+  document.getElementById('f-backend').value = currentConfig.kv_offload.backend;
+  document.getElementById('f-tier').value = currentConfig.kv_offload.cpu_tier_gib;
+}
+function formConfig() {
+  const c = JSON.parse(JSON.stringify(currentConfig));
+  const num = v => (v === 'auto' || v === '' || isNaN(Number(v))) ? v : Number(v);
+  c.model.path = document.getElementById('f-model').value;
+  c.model.served_name = '';
+  c.model.max_model_len = num(document.getElementById('f-len').value);
+  c.gpu.memory_utilization = num(document.getElementById('f-util').value);
+  c.kv_offload.backend = document.getElementById('f-backend').value;
+  c.kv_offload.cpu_tier_gib = num(document.getElementById('f-tier').value);
+  return {config: c};
+}
+function showError(e) {
+  const d = e.field ? `${e.field}: ${e.message}` : JSON.stringify(e);
+  document.getElementById('form-msg').innerHTML = `<span class="error" id="form-error">${escapeHtml(d)}</span>`;
+}
+async function previewPlan(ev) {
+  ev && ev.preventDefault();
+  try {
+    const r = await api('/api/config/preview', {method: 'POST', body: JSON.stringify(formConfig())});
+    document.getElementById('form-msg').innerHTML = '<table>' + planRows(r.plan) + '</table>';
+  } catch (e) { showError(e); }
+}
+async function saveConfig() {
+  try {
+    await api('/api/config', {method: 'PUT', body: JSON.stringify(formConfig())});
+    document.getElementById('form-msg').innerHTML = '<span class="ok">Saved. Restarting; waiting for the new model to answer…</span>';
+    await loadConfig();
+    for (let i = 0; i < 150; i++) {
+      await new Promise(r => setTimeout(r, 2000));
+      try {
+        const p = await api('/api/probe', {method: 'POST'});
+        document.getElementById('form-msg').innerHTML =
+          `<span class="ok" id="switched">${escapeHtml(p.model)} answers: “${escapeHtml(p.answer)}”</span>`;
+        return;
+      } catch (e) { /* still starting */ }
+    }
+    showError({message: 'the server did not answer within 5 minutes; see the logs'});
+  } catch (e) { showError(e); }
+}
+async function pollLogs() {
+  try {
+    const n = document.getElementById('log-lines').value;
+    const r = await api('/api/logs?lines=' + n);
+    const pre = document.getElementById('logs'), atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 5;
+    pre.textContent = r.lines.join('\n');
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  } catch (e) {}
+}
+async function pollDetect() {
+  try {
+    const r = await api('/api/detect');
+    document.getElementById('detect').innerHTML = r.servers.length ? r.servers.map(s =>
+      row(`port ${s.port} (pid ${s.pid})`, escapeHtml(s.models.join(', ')))).join('') : row('none found', '');
+  } catch (e) {}
+}
+setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
+setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
+setInterval(pollDetect, 15000);
