@@ -7,9 +7,11 @@ shell, and only for unit names that pass ``validate_unit``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +62,17 @@ class Systemd:
         """Real systemd where it runs (and no root is given), else systemctl3/journalctl3."""
         if root is None and Path("/run/systemd/system").is_dir():
             return cls()
-        ctl = shutil.which("systemctl3") or shutil.which("systemctl")
-        journal = shutil.which("journalctl3") or shutil.which("journalctl")
+        # The replacement is a pip package: look beside this interpreter too (a venv's bin).
+        search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        ctl = shutil.which("systemctl3", path=search)
+        journal = shutil.which("journalctl3", path=search)
+        if ctl is None or journal is None:
+            if root is not None:  # systemd's own systemctl cannot start units under --root
+                raise ServiceError(
+                    "--systemd-root needs docker-systemctl-replacement "
+                    "(pip install docker-systemctl-replacement)"
+                )
+            ctl, journal = shutil.which("systemctl"), shutil.which("journalctl")
         if ctl is None or journal is None:
             raise ServiceError(
                 "no systemctl found; install systemd or docker-systemctl-replacement"

@@ -61,8 +61,9 @@ async def test_session_writes_need_csrf_and_origin(client: httpx.AsyncClient) ->
     csrf = await login(client)
     no_csrf = await client.post("/api/service/restart", headers=ORIGIN)
     assert no_csrf.status_code == 403 and "X-CSRF-Token" in no_csrf.json()["detail"]
-    wrong_origin = await client.post("/api/service/restart",
-                                     headers={"X-CSRF-Token": csrf, "Origin": "http://evil"})
+    wrong_origin = await client.post(
+        "/api/service/restart", headers={"X-CSRF-Token": csrf, "Origin": "http://evil"}
+    )
     assert wrong_origin.status_code == 403 and "Origin" in wrong_origin.json()["detail"]
     no_origin = await client.post("/api/service/restart", headers={"X-CSRF-Token": csrf})
     assert no_origin.status_code == 403
@@ -212,8 +213,9 @@ def test_vllm_metrics_parser() -> None:
     assert values["vllm:time_to_first_token_seconds_sum"] == 1.5
 
 
-def test_cli_refuses_non_loopback_without_token(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_non_loopback_without_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from vllm_offload.cli import main
 
     config = tmp_path / "c.toml"

@@ -62,8 +62,9 @@ function drawCharts() {
       ctx.stroke();
     });
     const latest = series.map(p => p.length ? p[p.length - 1][1] : null);
-    document.getElementById('l' + i).textContent =
-      'now: ' + latest.map(v => fmt(v, 2)).join(' / ') + ' · max ' + fmt(max, 2);
+    document.getElementById('l' + i).textContent = series.length
+      ? 'now: ' + latest.map(v => fmt(v, 2)).join(' / ') + ' · max ' + fmt(max, 2)
+      : (title.startsWith('GPU') ? 'no NVIDIA GPU found on this host' : 'no data yet');
   });
 }
 async function pollMetrics() {

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""50 dashboard pollers against the manager for 60 s: errors, /api/metrics latency
+percentiles and the manager's own CPU use.
+
+    .venv/bin/python benchmarks/manager_load.py [--pollers 50] [--seconds 60] [--out FILE]
+
+Each poller does what the page does: GET /api/metrics?since=<last> once a second with
+the bearer token. Goals: 0 errors, p99 < 100 ms, manager CPU < 10 % of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from vllm_offload import demo_model
+from vllm_offload.config import DeploymentConfig, save, with_overrides
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def poller(base: str, token: str, until: float, latencies: list[float], errors: list[str],
+           lock: threading.Lock) -> None:  # fmt: skip
+    since = 0.0
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                      timeout=10) as client:  # fmt: skip
+        while time.monotonic() < until:
+            began = time.perf_counter()
+            try:
+                response = client.get("/api/metrics", params={"since": since})
+                elapsed = time.perf_counter() - began
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}")
+                samples = response.json()["samples"]
+                if samples:
+                    since = samples[-1]["t"]
+                with lock:
+                    latencies.append(elapsed)
+            except Exception as exc:
+                with lock:
+                    errors.append(repr(exc))
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - began)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pollers", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--out", type=Path, default=Path("artifacts/manager_load.json"))
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="manager-load-"))
+    model = demo_model.write(scratch / "models" / "demo")
+    config = scratch / "config.toml"
+    save(with_overrides(DeploymentConfig(), {"model.path": str(model)}), config)
+    token = secrets.token_urlsafe(24)
+    (scratch / "token").write_text(token)
+    port = free_port()
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),
+         "--token-file", str(scratch / "token"), "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(base + "/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        time.sleep(3)  # let the sampler fill a few samples
+        process = psutil.Process(manager.pid)
+        rss_before = process.memory_info().rss
+        cpu_before = process.cpu_times()
+        began = time.monotonic()
+        latencies: list[float] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+        threads = [threading.Thread(target=poller,
+                                    args=(base, token, began + args.seconds, latencies, errors,
+                                          lock)) for _ in range(args.pollers)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - began
+        cpu_after = process.cpu_times()
+        cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+        rss_after = process.memory_info().rss
+    finally:
+        manager.terminate()
+        manager.wait(timeout=30)
+    quantiles = statistics.quantiles(latencies, n=100)
+    result = {
+        "pollers": args.pollers,
+        "seconds": round(wall, 1),
+        "requests": len(latencies),
+        "errors": len(errors),
+        "first_errors": errors[:5],
+        "p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "p99_ms": round(quantiles[98] * 1000, 2),
+        "max_ms": round(max(latencies) * 1000, 2),
+        "manager_cpu_percent_of_one_core": round(100 * cpu_s / wall, 1),
+        "manager_rss_mib_before_after": [rss_before >> 20, rss_after >> 20],
+        "goals": {"errors": 0, "p99_ms_below": 100, "cpu_percent_below": 10},
+    }
+    print(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
