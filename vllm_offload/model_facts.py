@@ -78,6 +78,7 @@ class ModelFacts:
     layers: tuple[LayerKind, ...]
     weight_bytes: int
     weight_bytes_source: Literal["safetensors", "parameter count"]
+    vocab_size: int = 0
     unknown: tuple[str, ...] = ()  # what could not be read, in words
 
     @property
@@ -240,5 +241,6 @@ def read(model_dir: Path) -> ModelFacts:
         layers=layers,
         weight_bytes=weight_bytes,
         weight_bytes_source=source,
+        vocab_size=int(cfg.get("vocab_size") or 0),
         unknown=tuple(unknown),
     )

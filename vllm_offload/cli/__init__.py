@@ -7,6 +7,7 @@ import sys
 
 from vllm_offload import __version__
 from vllm_offload.cli import (
+    bench_cmd,
     config_cmd,
     demo_model_cmd,
     manager_cmd,
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         manager_cmd,
         service_cmd,
         patch_cmd,
+        bench_cmd,
         demo_model_cmd,
     ):
         module.add_parser(subparsers)

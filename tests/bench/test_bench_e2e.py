@@ -1,0 +1,54 @@
+"""`vllm-offload bench` end to end on the CPU demo server (baseline arm, tiny sizes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server import server_env
+
+pytestmark = pytest.mark.e2e
+
+
+def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
+            "--arms", "baseline", "--repeats", "1", "--docs", "3", "--doc-tokens", "300",
+            "--conversations", "2", "--turns", "2", "--turn-tokens", "100",
+            "--rates", "sync,2", "--rate-seconds", "3", "--prompt-tokens", "64",
+            "--output-tokens", "8", "--pool-bytes", str(64 << 20), "--token-ids",
+            "--out", str(out), "--", "--enforce-eager"]  # fmt: skip
+    done = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    baseline = results["arms"]["baseline"]
+    assert baseline["memory"]["kv_cache_tokens"] == 32768
+    (run,) = baseline["runs"]
+    assert run["reuse"]["errors"] == 0 and all(t > 0 for t in run["reuse"]["ttft_pass_s"])
+    assert run["chat"]["errors"] == 0 and len(run["chat"]["ttft_by_turn_s"]) == 2
+    assert [row["rate_rps"] for row in run["sweep"]] == [None, 2.0]
+    assert all(row["errors"] == 0 and row["output_tok_per_s"] > 0 for row in run["sweep"])
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s"} <= {r["metric"] for r in rows}
+    assert "| baseline | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
+    import matplotlib.image
+
+    for name in ("ttft_by_pass.png", "sweep.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "vllm_offload", "bench", "--model",
+                           str(tmp_path), "--arms", "baseline,disk"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "choose from baseline, native, lmcache" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "vllm_offload", "bench", "--model",
+                           str(tmp_path)], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "no config.json there" in done.stderr

@@ -1,0 +1,1 @@
+"""`vllm-offload bench`: baseline vs CPU KV tier (vs LMCache), measured the same way."""

@@ -1,0 +1,73 @@
+"""Streaming completions over HTTP, timed: TTFT, TPOT, output tokens, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    ttft_s: float | None
+    latency_s: float
+    output_tokens: int
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "tpot_s": self.tpot_s}
+
+
+def complete(
+    client: httpx.Client, base_url: str, prompt: Prompt, max_tokens: int, timeout_s: float = 300
+) -> RequestResult:
+    """One streamed completion with a fixed output length (ignore_eos)."""
+    body = {
+        "model": "m",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    began = time.perf_counter()
+    ttft = None
+    tokens = 0
+    try:
+        with client.stream(
+            "POST", base_url + "/v1/completions", json=body, timeout=timeout_s
+        ) as response:
+            if response.status_code != 200:
+                detail = response.read().decode(errors="replace")[:300]
+                return RequestResult(
+                    False,
+                    None,
+                    time.perf_counter() - began,
+                    0,
+                    f"HTTP {response.status_code}: {detail}",
+                )
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and ttft is None:
+                    ttft = time.perf_counter() - began
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        return RequestResult(False, ttft, time.perf_counter() - began, tokens, repr(exc))
+    return RequestResult(True, ttft, time.perf_counter() - began, tokens)

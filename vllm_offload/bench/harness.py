@@ -1,0 +1,174 @@
+"""Arms x workloads x repeats: servers started through the launcher, runs interleaved."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_offload import model_facts
+from vllm_offload.bench import workloads
+from vllm_offload.bench.runner import GIB, ServerProcess
+from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
+
+ARMS = ("baseline", "native", "lmcache")
+WORKLOADS = ("reuse", "chat", "sweep", "memory")
+
+
+@dataclass
+class BenchOptions:
+    model: Path
+    out: Path
+    arms: list[str] = field(default_factory=lambda: ["baseline", "native"])
+    workloads: list[str] = field(default_factory=lambda: ["reuse", "chat", "sweep", "memory"])
+    repeats: int = 3
+    docs: int = 8
+    doc_tokens: int = 8000
+    conversations: int = 4
+    turns: int = 4
+    turn_tokens: int = 1000
+    rates: list[float | None] = field(default_factory=lambda: [None, 8.0, 32.0])
+    rate_seconds: float = 10.0
+    prompt_tokens: int = 512
+    output_tokens: int = 64
+    tier_gib: float = 16.0
+    pool_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    token_ids: bool = False
+    h2d_gbps: float | None = None
+    vllm_args: list[str] = field(default_factory=list)
+
+
+def arm_args(options: BenchOptions, arm: str) -> list[str]:
+    args = ["--model", str(options.model)]
+    if arm == "baseline":
+        args += ["--kv-offload-backend", "none"]
+    else:
+        args += ["--kv-offload-backend", arm, "--kv-offload-cpu-tier-gib", str(options.tier_gib)]
+    if options.pool_bytes is not None:
+        args += ["--gpu-kv-cache-memory-bytes", str(options.pool_bytes)]
+    if options.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+    return [*args, "--", *options.vllm_args]
+
+
+def available_arms(arms: list[str]) -> tuple[list[str], dict[str, str]]:
+    skipped = {}
+    if "lmcache" in arms and importlib.util.find_spec("lmcache") is None:
+        skipped["lmcache"] = "LMCache is not installed (pip install lmcache)"
+    return [a for a in arms if a not in skipped], skipped
+
+
+def _progress_bar(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="bench", unit="step")
+    except ImportError:  # a plain counter where tqdm is missing
+        return None
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    options.out.mkdir(parents=True, exist_ok=True)
+    arms, skipped = available_arms(options.arms)
+    facts = model_facts.read(options.model)
+    per_token = kv_bytes_per_token(facts, compute_dtype_bytes(facts, "auto"))
+    maker = workloads.PromptMaker(options.token_ids, facts.vocab_size or workloads.TOKEN_HIGH)
+    steps_per_arm = (
+        ("reuse" in options.workloads) * 2 * options.docs
+        + ("chat" in options.workloads) * options.conversations * options.turns
+        + ("sweep" in options.workloads) * len(options.rates)
+    )
+    bar = _progress_bar(options.repeats * len(arms) * steps_per_arm)
+
+    def tick() -> None:
+        if bar is not None:
+            bar.update(1)
+
+    servers = {
+        arm: ServerProcess(arm_args(options, arm), options.out / f"{arm}.log") for arm in arms
+    }
+    results: dict[str, Any] = {
+        "options": _jsonable(options),
+        "skipped_arms": skipped,
+        "kv_bytes_per_token": per_token,
+        "arms": {},
+    }
+    try:
+        for server in servers.values():  # started together: one start-up wait for all
+            server.start()
+        for arm, server in servers.items():
+            server.wait_healthy()
+            results["arms"][arm] = {
+                "memory": {
+                    "healthy_s": round(server.healthy_s or 0.0, 2),
+                    "host_ram_gib": round(server.host_ram_bytes() / GIB, 3),
+                    **server.log_facts(),
+                },
+                "runs": [],
+            }
+        for repeat in range(options.repeats):
+            order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]  # interleaved
+            for arm in order:
+                url = servers[arm].base_url
+                run_result: dict[str, Any] = {"repeat": repeat, "started": time.time()}
+                if "reuse" in options.workloads:
+                    run_result["reuse"] = workloads.reuse(
+                        url, maker, options.docs, options.doc_tokens, repeat, tick
+                    )
+                if "chat" in options.workloads:
+                    run_result["chat"] = workloads.chat(
+                        url,
+                        maker,
+                        options.conversations,
+                        options.turns,
+                        options.turn_tokens,
+                        options.output_tokens,
+                        repeat,
+                        tick,
+                    )
+                if "sweep" in options.workloads:
+                    run_result["sweep"] = workloads.sweep(
+                        url,
+                        maker,
+                        options.rates,
+                        options.rate_seconds,
+                        options.prompt_tokens,
+                        options.output_tokens,
+                        repeat,
+                        tick,
+                    )
+                results["arms"][arm]["runs"].append(run_result)
+    finally:
+        for server in servers.values():
+            server.stop()
+        if bar is not None:
+            bar.close()
+    results["floor"] = cpu_hit_floor(results, per_token, options)
+    return results
+
+
+def cpu_hit_floor(results: dict[str, Any], per_token: int, options: BenchOptions) -> dict[str, Any]:
+    """TTFT a CPU-tier hit cannot beat: the GPU-hit TTFT plus moving the document's KV
+    over the host->GPU link at the measured bandwidth."""
+    doc_bytes = per_token * options.doc_tokens
+    floor: dict[str, Any] = {"doc_kv_bytes": doc_bytes, "h2d_gbps": options.h2d_gbps}
+    gpu_hits = [
+        run["reuse"]["gpu_hit_ttft_s"]
+        for arm in results["arms"].values()
+        for run in arm["runs"]
+        if "reuse" in run and run["reuse"]["gpu_hit_ttft_s"]
+    ]
+    if gpu_hits:
+        floor["gpu_hit_ttft_s"] = min(gpu_hits)
+        if options.h2d_gbps:
+            floor["transfer_s"] = doc_bytes / (options.h2d_gbps * 1e9)
+            floor["cpu_hit_floor_s"] = floor["gpu_hit_ttft_s"] + floor["transfer_s"]
+    return floor
+
+
+def _jsonable(options: BenchOptions) -> dict[str, Any]:
+    data = asdict(options)
+    return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}

@@ -1,0 +1,181 @@
+"""Bench results as JSON (everything), CSV and Markdown (summaries) and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def _spread(values: list[float | None]) -> dict[str, float | None]:
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": statistics.mean(present), "min": min(present), "max": max(present)}
+
+
+def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm and metric, across repeats: mean, min, max (the spread)."""
+    rows: list[dict[str, Any]] = []
+    for arm, data in results["arms"].items():
+        runs = data["runs"]
+        memory = data["memory"]
+        for key in ("healthy_s", "host_ram_gib", "tier_registered_s", "kv_cache_tokens"):
+            if memory.get(key) is not None:
+                rows.append(
+                    {"arm": arm, "metric": f"memory.{key}", "unit": "", **_spread([memory[key]])}
+                )
+        if runs and "reuse" in runs[0]:
+            for i in range(2):
+                rows.append(
+                    {
+                        "arm": arm,
+                        "metric": f"reuse.ttft_pass{i + 1}",
+                        "unit": "s",
+                        **_spread([r["reuse"]["ttft_pass_s"][i] for r in runs]),
+                    }
+                )
+            hits = [r["reuse"]["gpu_hit_ttft_s"] for r in runs if r["reuse"]["gpu_hit_ttft_s"]]
+            rows.append({"arm": arm, "metric": "reuse.gpu_hit_ttft", "unit": "s", **_spread(hits)})
+        if runs and "chat" in runs[0]:
+            turns = len(runs[0]["chat"]["ttft_by_turn_s"])
+            for t in range(turns):
+                rows.append(
+                    {
+                        "arm": arm,
+                        "metric": f"chat.ttft_turn{t + 1}",
+                        "unit": "s",
+                        **_spread([r["chat"]["ttft_by_turn_s"][t] for r in runs]),
+                    }
+                )
+        if runs and "sweep" in runs[0]:
+            for i, row in enumerate(runs[0]["sweep"]):
+                label = "sync" if row["rate_rps"] is None else f"{row['rate_rps']:g}rps"
+                for key, unit in (
+                    ("output_tok_per_s", "tok/s"),
+                    ("ttft_p50_s", "s"),
+                    ("ttft_p99_s", "s"),
+                    ("tpot_p50_s", "s"),
+                    ("tpot_p99_s", "s"),
+                    ("errors", ""),
+                ):
+                    values = [r["sweep"][i][key] for r in runs if r["sweep"][i][key] is not None]
+                    rows.append(
+                        {
+                            "arm": arm,
+                            "metric": f"sweep.{label}.{key}",
+                            "unit": unit,
+                            **_spread(values),
+                        }
+                    )
+    return rows
+
+
+def markdown(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.4g}"
+
+    lines = [
+        "# vllm-offload bench",
+        "",
+        f"Arms: {', '.join(results['arms'])}; repeats: {results['options']['repeats']}.",
+        "",
+    ]
+    if results["skipped_arms"]:
+        lines += [f"Skipped: {arm} ({why})" for arm, why in results["skipped_arms"].items()]
+        lines.append("")
+    lines += ["| arm | metric | unit | mean | min | max |", "|---|---|---|---|---|---|"]
+    lines += [
+        f"| {r['arm']} | {r['metric']} | {r['unit']} | {num(r['mean'])} | {num(r['min'])} "
+        f"| {num(r['max'])} |"
+        for r in rows
+    ]
+    floor = results.get("floor", {})
+    if floor.get("cpu_hit_floor_s"):
+        lines += [
+            "",
+            f"CPU-hit floor: GPU-hit TTFT {floor['gpu_hit_ttft_s'] * 1000:.1f} ms + "
+            f"{floor['doc_kv_bytes'] / 2**30:.2f} GiB at {floor['h2d_gbps']} GB/s "
+            f"({floor['transfer_s'] * 1000:.1f} ms) = {floor['cpu_hit_floor_s'] * 1000:.1f} ms",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    arms = results["arms"]
+    if any(a["runs"] and "reuse" in a["runs"][0] for a in arms.values()):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / max(1, len(arms))
+        for i, (arm, data) in enumerate(arms.items()):
+            for p in range(2):
+                values = [
+                    v * 1000
+                    for r in data["runs"]
+                    if (v := r["reuse"]["ttft_pass_s"][p]) is not None
+                ]
+                if not values:
+                    continue
+                mean = statistics.mean(values)
+                ax.bar(
+                    p + i * width,
+                    mean,
+                    width,
+                    label=arm if p == 0 else None,
+                    color=f"C{i}",
+                    yerr=[[mean - min(values)], [max(values) - mean]],
+                )
+        floor = results.get("floor", {})
+        if floor.get("cpu_hit_floor_s"):
+            ax.axhline(floor["cpu_hit_floor_s"] * 1000, color="k", ls="--", label="CPU-hit floor")
+        ax.set_xticks([x + width * (len(arms) - 1) / 2 for x in range(2)], ["pass 1", "pass 2"])
+        ax.set_ylabel("TTFT per document (ms)")
+        ax.set_title("Reuse beyond the GPU pool: TTFT by pass (bars: mean, whiskers: spread)")
+        ax.legend()
+        path = out / "ttft_by_pass.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if any(a["runs"] and "sweep" in a["runs"][0] for a in arms.values()):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for i, (arm, data) in enumerate(arms.items()):
+            sweep = data["runs"][0]["sweep"]
+            labels = ["sync" if r["rate_rps"] is None else f"{r['rate_rps']:g}" for r in sweep]
+            tput = [
+                statistics.mean(run["sweep"][k]["output_tok_per_s"] for run in data["runs"])
+                for k in range(len(sweep))
+            ]
+            ttft = [
+                statistics.mean((run["sweep"][k]["ttft_p50_s"] or 0) * 1000 for run in data["runs"])
+                for k in range(len(sweep))
+            ]
+            left.plot(labels, tput, marker="o", label=arm, color=f"C{i}")
+            right.plot(labels, ttft, marker="o", label=arm, color=f"C{i}")
+        left.set(xlabel="request rate (req/s)", ylabel="output tokens/s", title="Throughput")
+        right.set(xlabel="request rate (req/s)", ylabel="TTFT p50 (ms)", title="Latency")
+        left.legend()
+        fig.tight_layout()
+        path = out / "sweep.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write(results: dict[str, Any], out: Path) -> list[Path]:
+    rows = summarize(results)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    with (out / "summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["arm", "metric", "unit", "mean", "min", "max"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "summary.md").write_text(markdown(results, rows))
+    return [out / "results.json", out / "summary.csv", out / "summary.md", *plots(results, out)]

@@ -1,0 +1,127 @@
+"""A server under test: `vllm-offload serve` in its own session, measured and stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+GIB = 1 << 30
+LOG_PATTERNS = {
+    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
+    "arena_gib": r"registered host arena: ([\d.]+) GiB",
+    "offloaded_gib": r"Total CPU offloaded parameters: ([\d.]+) GiB",
+}
+# `python -m`, so it also runs where the package is on PYTHONPATH but not installed.
+VLLM_OFFLOAD = [sys.executable, "-m", "vllm_offload"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scan_log(text: str) -> dict[str, float | None]:
+    """What vLLM (patched or not) logged about the KV pool, the CPU tier and offload."""
+    found: dict[str, float | None] = {}
+    for key, pattern in LOG_PATTERNS.items():
+        match = re.search(pattern, text)
+        found[key] = float(match.group(1).replace(",", "")) if match else None
+    registered = re.findall(r"Registered the CPU KV tier: .* in ([\d.]+) s", text)
+    found["tier_registered_s"] = round(sum(map(float, registered)), 2) if registered else None
+    # Unpatched vLLM 0.25 logs each pinned tier tensor at DEBUG level.
+    pinned = re.findall(r"torch\.zeros pinned tensor .*: ([\d.]+) s", text)
+    found["tier_pinned_s"] = round(sum(map(float, pinned)), 3) if pinned else None
+    return found
+
+
+@dataclass
+class ServerProcess:
+    serve_args: list[str]  # vllm-offload serve flags, then "--", then vLLM's own
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    healthy_s: float | None = None
+    started_at: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        ours, sep, theirs = _split(self.serve_args)
+        argv = [
+            *VLLM_OFFLOAD,
+            "serve",
+            *ours,
+            "--port",
+            str(self.port),
+            "--model-served-name",
+            "m",
+            *sep,
+            *theirs,
+        ]
+        self.started_at = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_healthy(self, timeout_s: float = 600) -> float:
+        assert self.proc is not None
+        while time.monotonic() - self.started_at < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2):
+                    self.healthy_s = time.monotonic() - self.started_at
+                    return self.healthy_s
+            except OSError:
+                time.sleep(0.25)
+        raise TimeoutError(f"server not healthy in {timeout_s}s; see {self.log_path}")
+
+    def host_ram_bytes(self) -> int:
+        """Resident memory of the server's whole process tree (pinned pages included)."""
+        assert self.proc is not None
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def log_facts(self) -> dict[str, float | None]:
+        return scan_log(self.log_path.read_text(errors="replace"))
+
+    def stop(self, timeout_s: float = 90) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _split(args: list[str]) -> tuple[list[str], list[str], list[str]]:
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], ["--"], args[cut + 1 :]
+    return args, [], []

@@ -1,0 +1,191 @@
+"""The workloads: reuse beyond the GPU pool, multi-turn chat, a rate sweep."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from vllm_offload.bench.client import Prompt, RequestResult, complete
+
+# Token ids well inside any real vocabulary and clear of special tokens.
+TOKEN_LOW, TOKEN_HIGH = 1000, 30000
+WORDS = (
+    "the", "cache", "holds", "blocks", "of", "tokens", "in", "host", "memory", "for",
+    "later", "reuse", "by", "the", "server",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PromptMaker:
+    token_ids: bool
+    vocab_high: int = TOKEN_HIGH
+
+    def make(self, rng: random.Random, tokens: int) -> Prompt:
+        """About ``tokens`` tokens: exact ids, or words (~1 token each)."""
+        if self.token_ids:
+            high = min(self.vocab_high, TOKEN_HIGH)
+            return [rng.randrange(min(TOKEN_LOW, high // 2), high) for _ in range(tokens)]
+        return " ".join(rng.choice(WORDS) for _ in range(tokens))
+
+    def join(self, a: Prompt, b: Prompt) -> Prompt:
+        if isinstance(a, list) and isinstance(b, list):
+            return a + b
+        return f"{a} {b}"
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.mean(present) if present else None
+
+
+def _first_error(results: list[dict[str, Any]]) -> str | None:
+    return next((r["error"] for r in results if r["error"]), None)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def reuse(
+    base_url: str,
+    maker: PromptMaker,
+    docs: int,
+    doc_tokens: int,
+    seed: int,
+    progress: Callable[[], None],
+) -> dict[str, Any]:
+    """D documents, two passes; the GPU pool holds only a few. Also the GPU-hit floor:
+    the same document sent twice in a row (the second hits the GPU prefix cache)."""
+    rng = random.Random(seed)
+    documents = [maker.make(rng, doc_tokens) for _ in range(docs)]
+    passes: list[list[dict[str, Any]]] = []
+    with httpx.Client() as client:
+        for _ in range(2):
+            results = []
+            for doc in documents:
+                results.append(complete(client, base_url, doc, 1).to_json())
+                progress()
+            passes.append(results)
+        probe = maker.make(rng, doc_tokens)
+        cold = complete(client, base_url, probe, 1)
+        warm = complete(client, base_url, probe, 1)
+    return {
+        "docs": docs,
+        "doc_tokens": doc_tokens,
+        "passes": passes,
+        "ttft_pass_s": [mean_or_none([r["ttft_s"] for r in p]) for p in passes],
+        "gpu_hit_ttft_s": warm.ttft_s,
+        "cold_ttft_s": cold.ttft_s,
+        "errors": sum(not r["ok"] for p in passes for r in p),
+        "first_error": _first_error([r for p in passes for r in p]),
+    }
+
+
+def chat(
+    base_url: str,
+    maker: PromptMaker,
+    conversations: int,
+    turns: int,
+    turn_tokens: int,
+    output_tokens: int,
+    seed: int,
+    progress: Callable[[], None],
+) -> dict[str, Any]:
+    """Conversations taking turns; each turn's prompt is the whole history so far. The
+    assistant's words are stood in for by random tokens of the same length."""
+    rng = random.Random(seed)
+    history: list[Prompt] = [maker.make(rng, turn_tokens) for _ in range(conversations)]
+    per_turn: list[list[float | None]] = []
+    errors = 0
+    with httpx.Client() as client:
+        for _turn in range(turns):
+            ttfts: list[float | None] = []
+            for c in range(conversations):
+                result = complete(client, base_url, history[c], output_tokens)
+                errors += not result.ok
+                ttfts.append(result.ttft_s)
+                history[c] = maker.join(
+                    maker.join(history[c], maker.make(rng, output_tokens)),
+                    maker.make(rng, turn_tokens),
+                )
+                progress()
+            per_turn.append(ttfts)
+    means = [mean_or_none(ttfts) for ttfts in per_turn]
+    return {
+        "conversations": conversations,
+        "turns": turns,
+        "turn_tokens": turn_tokens,
+        "ttft_by_turn_s": means,
+        "errors": errors,
+    }
+
+
+def sweep(
+    base_url: str,
+    maker: PromptMaker,
+    rates: list[float | None],
+    seconds: float,
+    prompt_tokens: int,
+    output_tokens: int,
+    seed: int,
+    progress: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """No reuse: fresh prompts at each rate (None: one request at a time, back to back)."""
+    rng = random.Random(seed)
+    rows = []
+    for rate in rates:
+        results: list[RequestResult] = []
+        lock = threading.Lock()
+        began = time.perf_counter()
+
+        def run(
+            prompt: Prompt, results: list[RequestResult] = results, lock: threading.Lock = lock
+        ) -> None:
+            with httpx.Client() as client:
+                result = complete(client, base_url, prompt, output_tokens)
+            with lock:
+                results.append(result)
+
+        if rate is None:
+            while time.perf_counter() - began < seconds:
+                run(maker.make(rng, prompt_tokens))
+        else:
+            with ThreadPoolExecutor(max_workers=256) as pool:
+                at = 0.0
+                while at < seconds:
+                    delay = began + at - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    pool.submit(run, maker.make(rng, prompt_tokens))
+                    at += rng.expovariate(rate)
+        wall = time.perf_counter() - began
+        ok = [r for r in results if r.ok]
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        tpots = [t for r in ok if (t := r.tpot_s) is not None]
+        rows.append(
+            {
+                "rate_rps": rate,
+                "requests": len(results),
+                "errors": len(results) - len(ok),
+                "output_tok_per_s": sum(r.output_tokens for r in ok) / wall,
+                "ttft_p50_s": percentile(ttfts, 50),
+                "ttft_p99_s": percentile(ttfts, 99),
+                "tpot_p50_s": percentile(tpots, 50),
+                "tpot_p99_s": percentile(tpots, 99),
+                "first_error": next((r.error for r in results if not r.ok), None),
+            }
+        )
+        progress()
+    return rows

@@ -1,0 +1,137 @@
+"""`vllm-offload bench`: baseline vs CPU KV tier (vs LMCache) on this host, one command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from vllm_offload.bench import harness, report
+from vllm_offload.cli._common import UsageError
+
+
+def _rates(text: str) -> list[float | None]:
+    rates: list[float | None] = []
+    for item in text.split(","):
+        if item == "sync":
+            rates.append(None)
+            continue
+        try:
+            rate = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: a rate is 'sync' or req/s > 0") from None
+        if rate <= 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: a rate must be > 0")
+        rates.append(rate)
+    return rates
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="measure baseline vs CPU KV tier: reuse, chat, rate sweep, memory",
+        description="Start one server per arm through the launcher (same model, same GPU "
+        "pool), run the workloads interleaved and repeated, write results.json, "
+        "summary.csv, summary.md and PNG plots. Arguments after `--` go to vLLM.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="HF model directory")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument(
+        "--arms",
+        type=_names(harness.ARMS),
+        default=["baseline", "native"],
+        help="comma list of baseline,native,lmcache",
+    )
+    p.add_argument(
+        "--workloads",
+        type=_names(harness.WORKLOADS),
+        default=list(harness.WORKLOADS),
+        help="comma list of reuse,chat,sweep,memory",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--docs", type=int, default=8, help="reuse: documents")
+    p.add_argument("--doc-tokens", type=int, default=8000, help="reuse: tokens per document")
+    p.add_argument("--conversations", type=int, default=4, help="chat: conversations")
+    p.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
+    p.add_argument("--turn-tokens", type=int, default=1000, help="chat: user tokens per turn")
+    p.add_argument(
+        "--rates",
+        type=_rates,
+        default=[None, 8.0, 32.0],
+        help="sweep: comma list of 'sync' and req/s",
+    )
+    p.add_argument("--rate-seconds", type=float, default=10.0, help="sweep: seconds per rate")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="sweep: prompt tokens")
+    p.add_argument("--output-tokens", type=int, default=64, help="fixed output (ignore_eos)")
+    p.add_argument("--tier-gib", type=float, default=16.0, help="CPU tier of the offload arms")
+    p.add_argument("--pool-bytes", type=int, help="cap the GPU KV pool (same for every arm)")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, help="per server (arms run side by side on one GPU)"
+    )
+    p.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="send token-id prompts (models served with --skip-tokenizer-init)",
+    )
+    p.add_argument(
+        "--h2d-gbps",
+        type=float,
+        help="host->GPU bandwidth for the CPU-hit floor (benchmarks/pinned_memory.py)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, extra_args: list[str]) -> int:
+    for name in (
+        "repeats",
+        "docs",
+        "doc_tokens",
+        "conversations",
+        "turns",
+        "turn_tokens",
+        "output_tokens",
+        "prompt_tokens",
+    ):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: must be at least 1")
+    if not (args.model / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: no config.json there")
+    options = harness.BenchOptions(
+        model=args.model.absolute(),
+        out=args.out,
+        arms=args.arms,
+        workloads=args.workloads,
+        repeats=args.repeats,
+        docs=args.docs,
+        doc_tokens=args.doc_tokens,
+        conversations=args.conversations,
+        turns=args.turns,
+        turn_tokens=args.turn_tokens,
+        rates=args.rates,
+        rate_seconds=args.rate_seconds,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        tier_gib=args.tier_gib,
+        pool_bytes=args.pool_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        token_ids=args.token_ids,
+        h2d_gbps=args.h2d_gbps,
+        vllm_args=extra_args,
+    )
+    results = harness.run(options)
+    for path in report.write(results, args.out):
+        print(f"wrote {path}")
+    print(json.dumps(results.get("floor", {})))
+    return 0
