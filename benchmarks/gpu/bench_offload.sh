@@ -16,5 +16,4 @@ timeout 520 python3 -m vllm_offload bench --model benchmarks/models/llama-3-8b \
   --tier-gib 16 --pool-bytes $((4 << 30)) --gpu-memory-utilization 0.4 \
   --token-ids --h2d-gbps 55.4 --out "$out/bench" \
   -- --load-format dummy --skip-tokenizer-init --enforce-eager
-cp "$out"/bench/summary.md "$out"/bench/*.png "$out"/ 2>/dev/null
 for f in "$out"/bench/*.log; do grep -E "Error|error:" "$f" | grep -v "Tokenizer not available" | head -3; done
