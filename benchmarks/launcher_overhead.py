@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,13 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from vllm_offload.bench.runner import free_port
+
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def time_to_healthy(argv: list[str], env: dict[str, str], port: int, log: Path) -> float:

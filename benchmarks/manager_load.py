@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,13 +25,8 @@ import httpx
 import psutil
 
 from vllm_offload import demo_model
+from vllm_offload.bench.runner import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def poller(base: str, token: str, until: float, latencies: list[float], errors: list[str],

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,39 +25,7 @@ from pathlib import Path
 
 import psutil
 
-# `python -m`, so it runs where the package is on PYTHONPATH but not installed (GPU host).
-VLLM_OFFLOAD = [sys.executable, "-m", "vllm_offload"]
-GIB = 1 << 30
-PATTERNS = {
-    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
-    "tier_registered_s": r"Registered the CPU KV tier: .* in ([\d.]+) s",
-    "arena_gib": r"registered host arena: ([\d.]+) GiB",
-    "offloaded_gib": r"Total CPU offloaded parameters: ([\d.]+) GiB",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def split_args(serve_args: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in serve_args:
-        cut = serve_args.index("--")
-        return serve_args[:cut], serve_args[cut + 1 :]
-    return serve_args, []
-
-
-def scan_log(text: str) -> dict[str, float | None]:
-    found: dict[str, float | None] = {}
-    for key, pattern in PATTERNS.items():
-        match = re.search(pattern, text)
-        found[key] = float(match.group(1).replace(",", "")) if match else None
-    # Unpatched vLLM 0.25 logs each pinned tier tensor at DEBUG level.
-    pinned = re.findall(r"torch\.zeros pinned tensor .*: ([\d.]+) s", text)
-    found["tier_pinned_s"] = round(sum(map(float, pinned)), 3) if pinned else None
-    return found
+from vllm_offload.bench.runner import GIB, VLLM_OFFLOAD, free_port, scan_log, split_serve_args
 
 
 def smoke_request(port: int) -> int:
@@ -79,7 +45,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("serve_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    ours, passthrough = split_args(args.serve_args[1:] if args.serve_args[:1] == ["--"]
+    ours, _sep, passthrough = split_serve_args(args.serve_args[1:] if args.serve_args[:1] == ["--"]
                                    else args.serve_args)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import psutil
 
@@ -41,20 +44,33 @@ class HostFacts:
         return bool(self.gpus)
 
 
-def probe_gpus() -> tuple[GpuFacts, ...]:
-    """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU."""
+@contextmanager
+def nvml_devices() -> Iterator[list[Any]]:
+    """NVML device handles, or [] where there is no driver or no GPU; NVML is shut
+    down on exit."""
     try:
         import pynvml
     except ImportError:
-        return ()
+        yield []
+        return
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return ()
+        yield []
+        return
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        yield [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def probe_gpus() -> tuple[GpuFacts, ...]:
+    """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU."""
+    gpus = []
+    with nvml_devices() as handles:
+        import pynvml  # nvidia-ml-py is a dependency; NVML itself may be absent
+
+        for i, handle in enumerate(handles):
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
             gpus.append(
@@ -65,9 +81,7 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
                     free_bytes=int(mem.free),
                 )
             )
-        return tuple(gpus)
-    finally:
-        pynvml.nvmlShutdown()
+    return tuple(gpus)
 
 
 def _memlock_limit() -> int | None:

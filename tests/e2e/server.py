@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,10 @@ from pathlib import Path
 
 import psutil
 
+from vllm_offload.bench.runner import free_port
+
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
 START_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(scratch: Path) -> dict[str, str]:

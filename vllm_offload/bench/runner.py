@@ -59,7 +59,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        ours, sep, theirs = _split(self.serve_args)
+        ours, sep, theirs = split_serve_args(self.serve_args)
         argv = [
             *VLLM_OFFLOAD,
             "serve",
@@ -120,7 +120,7 @@ class ServerProcess:
             self.proc.wait()
 
 
-def _split(args: list[str]) -> tuple[list[str], list[str], list[str]]:
+def split_serve_args(args: list[str]) -> tuple[list[str], list[str], list[str]]:
     if "--" in args:
         cut = args.index("--")
         return args[:cut], ["--"], args[cut + 1 :]

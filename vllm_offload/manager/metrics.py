@@ -14,6 +14,8 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_offload.hardware import nvml_devices
+
 HISTORY_S = 600
 
 # vLLM metric -> our name; counters become per-second rates between samples.
@@ -48,16 +50,11 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
 
 
 def _gpus() -> list[dict[str, Any]]:
-    try:
-        import pynvml
+    rows = []
+    with nvml_devices() as handles:
+        import pynvml  # nvidia-ml-py is a dependency; NVML itself may be absent
 
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no GPU: nothing to chart
-        return []
-    try:
-        rows = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i, handle in enumerate(handles):
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             rows.append({
                 "index": i,
@@ -67,9 +64,7 @@ def _gpus() -> list[dict[str, Any]]:
                 "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, 0),
                 "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
             })  # fmt: skip
-        return rows
-    finally:
-        pynvml.nvmlShutdown()
+    return rows
 
 
 def _disks() -> list[dict[str, Any]]:
