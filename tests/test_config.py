@@ -103,3 +103,31 @@ def test_overrides_are_validated() -> None:
     with pytest.raises(ConfigError) as info:
         config_mod.with_overrides(DeploymentConfig(), {"server.port": "http"})
     assert info.value.field == "server.port"
+
+
+def test_a_failed_write_leaves_the_old_config_intact(tmp_path: Path) -> None:
+    """The write fails for real (RLIMIT_FSIZE: the kernel refuses bytes past the limit, as
+    on a full disk); the old file and its backup stay as they were, no temp file is left."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.toml"
+    config_mod.save(DeploymentConfig(), path)
+    before = path.read_bytes()
+    script = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from vllm_offload import config as c\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
+        "big = c.with_overrides(c.DeploymentConfig(), {'extra_args': ['--x'] * 500})\n"
+        "try:\n"
+        "    c.save(big, Path(sys.argv[1]))\n"
+        "except OSError as exc:\n"
+        "    print('failed', exc.errno)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.stdout.startswith("failed 27"), done.stdout + done.stderr  # EFBIG
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]

@@ -187,9 +187,9 @@ async def test_metrics_samples(client: httpx.AsyncClient) -> None:
     assert later["samples"] == []
 
 
-async def test_probe_without_server_is_a_clear_502(client: httpx.AsyncClient) -> None:
+async def test_probe_without_server_says_start_it(client: httpx.AsyncClient) -> None:
     response = await client.post("/api/probe", headers=BEARER)
-    assert response.status_code == 502 and "did not answer" in response.json()["detail"]
+    assert response.status_code == 409 and "not running or not healthy" in response.json()["detail"]
 
 
 async def test_openapi_schema_lists_the_api(client: httpx.AsyncClient) -> None:
@@ -227,3 +227,32 @@ def test_cli_refuses_non_loopback_without_token(
     os.chmod(short, 0o600)
     assert main(["manager", "--token-file", str(short), "--config", str(config)]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "field", "words"),
+    [
+        ("[gpu]\nmemory_utilization = 7\n", "gpu.memory_utilization", "less than or equal"),
+        ("[model\n", "config.toml", "not valid TOML"),
+    ],
+)
+async def test_invalid_config_file_refuses_to_start_the_server(
+    client: httpx.AsyncClient, env: Env, content: str, field: str, words: str
+) -> None:
+    env.config_path.write_text(content)
+    response = await client.post("/api/service/start", headers=BEARER)
+    assert response.status_code == 409
+    detail = response.json()["detail"]
+    assert detail["field"].endswith(field) and words in detail["message"]
+    assert detail["refused"] == "not starting the server"
+    status = await client.get("/api/status", headers=BEARER)
+    assert status.status_code == 409  # the page shows why, too
+    assert env.systemd.status("vllm").active_state != "active"
+
+
+async def test_unreadable_config_refuses_to_start(client: httpx.AsyncClient, env: Env) -> None:
+    env.config_path.unlink()
+    env.config_path.mkdir()  # a directory where the file should be: reading it fails
+    response = await client.post("/api/service/restart", headers=BEARER)
+    assert response.status_code == 409
+    assert "cannot read the config file" in response.json()["detail"]["message"]

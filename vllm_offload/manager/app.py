@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
-from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Form, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
 
@@ -131,10 +131,17 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             )
         return await call_next(request)
 
-    def auth(request: Request) -> str:
-        return authenticate(request, sessions)
-
-    Auth = Depends(auth)
+    @app.middleware("http")
+    async def require_token(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # Before anything reads the body: an anonymous caller learns nothing, not even a 422.
+        if request.url.path.startswith("/api/") or request.url.path == "/logout":
+            try:
+                authenticate(request, sessions)
+            except HTTPException as exc:
+                return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        return await call_next(request)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -156,7 +163,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                             secure=request.url.scheme == "https")  # fmt: skip
         return response
 
-    @app.post("/logout", dependencies=[Auth])
+    @app.post("/logout")
     def logout(request: Request) -> Response:
         sessions.drop(request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse("/login", status_code=303)
@@ -170,7 +177,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             return RedirectResponse("/login", status_code=303)
         return HTMLResponse(page.dashboard(csrf, settings.unit))
 
-    @app.get("/api/status", dependencies=[Auth])
+    @app.get("/api/status")
     def status() -> dict[str, Any]:
         config = _load(settings)
         try:
@@ -211,24 +218,33 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "plan": plan,
         }
 
-    @app.get("/api/metrics", dependencies=[Auth])
+    @app.get("/api/metrics")
     def metrics(since: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
         return {"samples": sampler.since(since)}
 
-    @app.post("/api/service/{action}", dependencies=[Auth])
+    @app.post("/api/service/{action}")
     def control(action: Literal["start", "stop", "restart"]) -> dict[str, str]:
+        if action != "stop":
+            # Starting on a config that cannot be served only makes a crash loop: say why now.
+            try:
+                plan_for(_load(settings))
+            except HTTPException as exc:
+                detail = exc.detail if isinstance(exc.detail, dict) else {"message": exc.detail}
+                raise HTTPException(
+                    409, {**detail, "refused": f"not {action}ing the server"}
+                ) from None
         try:
             getattr(settings.systemd, action)(settings.unit)
         except ServiceError as exc:
             raise HTTPException(502, str(exc)) from None
         return {"status": f"{action} requested"}
 
-    @app.get("/api/models", dependencies=[Auth])
+    @app.get("/api/models")
     def models() -> dict[str, Any]:
         config = _load(settings)
         return {"roots": [str(r) for r in model_roots(config)], "models": list_models(config)}
 
-    @app.get("/api/config", dependencies=[Auth])
+    @app.get("/api/config")
     def get_config() -> dict[str, Any]:
         return {"config": _load(settings).model_dump(), "path": str(settings.config_path)}
 
@@ -239,12 +255,12 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             raise ConfigError422(exc.field, exc.message) from None
         return config, plan_for(config)
 
-    @app.post("/api/config/preview", dependencies=[Auth])
+    @app.post("/api/config/preview")
     def preview(body: ConfigBody) -> dict[str, Any]:
         _config, plan = validated(body)
         return {"plan": plan.to_json()}
 
-    @app.put("/api/config", dependencies=[Auth], status_code=202)
+    @app.put("/api/config", status_code=202)
     def put_config(body: ConfigBody) -> dict[str, Any]:
         config, plan = validated(body)
         try:
@@ -258,9 +274,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             raise HTTPException(502, f"saved, but the restart failed: {exc}") from None
         return {"status": "saved; restarting", "plan": plan.to_json()}
 
-    @app.post("/api/probe", dependencies=[Auth])
+    @app.post("/api/probe")
     def probe() -> dict[str, Any]:
         """Ask the running server one short chat question (confirms a switch worked)."""
+        if not sampler.server_healthy and not sampler.probe_health():
+            raise HTTPException(
+                409,
+                "the server is not running or not healthy yet; start it "
+                "(POST /api/service/start) and wait for health",
+            )
         config = _load(settings)
         name = launch.served_name(config, model_dir(config))
         body = json.dumps({"model": name, "max_tokens": 8,
@@ -279,14 +301,14 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         return {"model": answer.get("model"),
                 "answer": answer["choices"][0]["message"]["content"]}  # fmt: skip
 
-    @app.get("/api/logs", dependencies=[Auth])
+    @app.get("/api/logs")
     def logs(lines: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
         try:
             return {"lines": settings.systemd.logs(settings.unit, lines)}
         except ServiceError as exc:
             raise HTTPException(502, str(exc)) from None
 
-    @app.get("/api/detect", dependencies=[Auth])
+    @app.get("/api/detect")
     def detect_servers() -> dict[str, Any]:
         return {"servers": detect.find_vllm_servers()}
 

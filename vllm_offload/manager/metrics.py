@@ -112,7 +112,7 @@ class Sampler:
         except OSError:
             return None
 
-    def _health(self) -> bool:
+    def probe_health(self) -> bool:
         try:
             with urllib.request.urlopen(self.server_url + "/health", timeout=0.8) as response:
                 return bool(response.status == 200)
@@ -131,7 +131,7 @@ class Sampler:
             "disks": _disks(),
             "gpus": _gpus(),
         }
-        self.server_healthy = self._health()
+        self.server_healthy = self.probe_health()
         scraped = self._scrape() if self.server_healthy else None
         vllm: dict[str, float | None] = {}
         if scraped is not None:
