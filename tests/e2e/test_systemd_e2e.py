@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import psutil
 import pytest
 
@@ -102,7 +104,29 @@ def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -
         wait_until(lambda: healthy(port), 300, "the server to answer")
         first = systemd.status("vllm").main_pid
         assert first is not None
+        # Requests in flight when the server dies get an error, not a hang.
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                               timeout=30, max_retries=0)  # fmt: skip
+        outcomes: list[str] = []
+
+        def stream() -> None:
+            try:
+                for _ in client.completions.create(model="demo", prompt="hello", stream=True,
+                                                   max_tokens=2000,
+                                                   extra_body={"ignore_eos": True}):  # fmt: skip
+                    pass
+                outcomes.append("finished")
+            except openai.APIError as exc:
+                outcomes.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=stream) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
         os.kill(first, signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=60)
+        assert len(outcomes) == 4 and "finished" not in outcomes, outcomes
         wait_until(lambda: systemd.status("vllm").main_pid not in (None, first), 60,
                    "a new main PID")  # fmt: skip
         wait_until(lambda: healthy(port), 300, "the restarted server to answer")
