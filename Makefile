@@ -10,7 +10,7 @@ TEST_INSTALLED := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install serve test lint unit e2e clean
+.PHONY: install serve test test-slow lint clean
 
 install: $(INSTALLED)
 
@@ -45,6 +45,11 @@ lint: $(TEST_INSTALLED)
 
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Minutes-long load runs (issue #8), run before resolving; numbers land in artifacts/.
+test-slow: $(TEST_INSTALLED)
+	$(BIN)/python benchmarks/manager_load.py --out artifacts/manager_load.json
+	$(BIN)/python benchmarks/manager_load.py --openai-clients 16 --out artifacts/soak.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,16 +3,22 @@
 percentiles and the manager's own CPU use.
 
     .venv/bin/python benchmarks/manager_load.py [--pollers 50] [--seconds 60] [--out FILE]
+    .venv/bin/python benchmarks/manager_load.py --openai-clients 16   # soak, issue #8
 
 Each poller does what the page does: GET /api/metrics?since=<last> once a second with
 the bearer token. Goals: 0 errors, p99 < 100 ms, manager CPU < 10 % of one core.
+With --openai-clients N it also serves the demo model (vLLM on CPU) and runs N official
+openai clients against it (half streaming) for the same time; goals: 0 failed requests
+and no growth of the manager's memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +33,18 @@ import psutil
 from vllm_offload import demo_model
 from vllm_offload.bench.runner import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
+
+
+def wait_for(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(url, timeout=1).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def poller(base: str, token: str, until: float, latencies: list[float], errors: list[str],
@@ -52,16 +70,58 @@ def poller(base: str, token: str, until: float, latencies: list[float], errors: 
             time.sleep(max(0.0, 1.0 - (time.perf_counter() - began)))
 
 
+def openai_client(base: str, streaming: bool, until: float, counts: dict[str, int],
+                  lock: threading.Lock) -> None:  # fmt: skip
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
+    while time.monotonic() < until:
+        try:
+            if streaming:
+                chunks = list(
+                    client.completions.create(
+                        model="m", prompt="hello world", max_tokens=16, stream=True
+                    )
+                )
+                ok = len(chunks) > 0
+            else:
+                ok = (
+                    client.completions.create(model="m", prompt="hello world", max_tokens=16).usage
+                    is not None
+                )
+            key = "ok" if ok else "failed"
+        except openai.APIError:
+            key = "failed"
+        with lock:
+            counts[key] = counts.get(key, 0) + 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pollers", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--out", type=Path, default=Path("artifacts/manager_load.json"))
+    parser.add_argument(
+        "--openai-clients",
+        type=int,
+        default=0,
+        help="also serve the demo model and run this many openai clients",
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="manager-load-"))
     model = demo_model.write(scratch / "models" / "demo")
     config = scratch / "config.toml"
-    save(with_overrides(DeploymentConfig(), {"model.path": str(model)}), config)
+    server_port = free_port()
+    save(with_overrides(DeploymentConfig(), {
+        "model.path": str(model), "model.served_name": "m", "server.port": server_port,
+        "gpu.kv_cache_memory_bytes": 256 << 20, "extra_args": ["--enforce-eager"],
+    }), config)  # fmt: skip
+    server = None
+    if args.openai_clients:
+        server = subprocess.Popen([sys.executable, "-m", "vllm_offload", "serve", "--config",
+                                   str(config)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        wait_for(f"http://127.0.0.1:{server_port}/health", 300)
     token = secrets.token_urlsafe(24)
     (scratch / "token").write_text(token)
     port = free_port()
@@ -72,15 +132,7 @@ def main() -> int:
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(base + "/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_for(base + "/healthz", 60)
         time.sleep(3)  # let the sampler fill a few samples
         process = psutil.Process(manager.pid)
         rss_before = process.memory_info().rss
@@ -92,6 +144,11 @@ def main() -> int:
         threads = [threading.Thread(target=poller,
                                     args=(base, token, began + args.seconds, latencies, errors,
                                           lock)) for _ in range(args.pollers)]  # fmt: skip
+        counts: dict[str, int] = {}
+        threads += [threading.Thread(target=openai_client,
+                                     args=(f"http://127.0.0.1:{server_port}", i % 2 == 0,
+                                           began + args.seconds, counts, lock))
+                    for i in range(args.openai_clients)]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
@@ -103,6 +160,9 @@ def main() -> int:
     finally:
         manager.terminate()
         manager.wait(timeout=30)
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
     quantiles = statistics.quantiles(latencies, n=100)
     result = {
         "pollers": args.pollers,
@@ -115,6 +175,9 @@ def main() -> int:
         "max_ms": round(max(latencies) * 1000, 2),
         "manager_cpu_percent_of_one_core": round(100 * cpu_s / wall, 1),
         "manager_rss_mib_before_after": [rss_before >> 20, rss_after >> 20],
+        "openai_clients": args.openai_clients,
+        "openai_requests_ok": counts.get("ok", 0),
+        "openai_requests_failed": counts.get("failed", 0),
         "goals": {"errors": 0, "p99_ms_below": 100, "cpu_percent_below": 10},
     }
     print(json.dumps(result, indent=2))

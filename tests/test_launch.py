@@ -101,6 +101,11 @@ def test_common_flags(demo_dir: Path) -> None:
     assert spec.args[-1] == "--enforce-eager"
 
 
+def test_kv_cache_dtype_flag(demo_dir: Path) -> None:
+    assert flag(spec_for(demo_dir, {"model.kv_cache_dtype": "fp8"}), "--kv-cache-dtype") == "fp8"
+    assert "--kv-cache-dtype" not in spec_for(demo_dir, {}).args
+
+
 def test_cpu_platform_sizes_the_pool_explicitly(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {"gpu.kv_cache_memory_bytes": 64 << 20}, gpu_gib=None)
     assert flag(spec, "--kv-cache-memory-bytes") == str(64 << 20)

@@ -161,3 +161,24 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
         "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "tensor_parallel_size",
         "warnings", "unplanned",
     ])  # fmt: skip
+
+
+def test_fp8_kv_cache_halves_the_bytes(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, LLAMA3_8B)
+    facts = model_facts.read(model)
+    auto = make_plan(config_for(model), facts, make_host(24), "cuda")
+    fp8 = make_plan(config_for(model, **{"model.kv_cache_dtype": "fp8"}), facts,
+                    make_host(24), "cuda")  # fmt: skip
+    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token == 131072
+    assert fp8.gpu_kv_pool_blocks == pytest.approx(2 * auto.gpu_kv_pool_blocks, abs=1)
+
+
+def test_fp8_matches_vllm_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    facts = model_facts.read(write_shape(tmp_path, LLAMA3_8B))
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
+                             dtype=torch.float8_e4m3fn)  # fmt: skip
+    assert kv_bytes_per_token(facts, 1) * 16 == 32 * spec.page_size_bytes

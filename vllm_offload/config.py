@@ -64,6 +64,11 @@ class ModelSection(_Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight and activation dtype."
     )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="KV cache element type: 'auto' (the model's dtype) or 'fp8' "
+        "(half the bytes per token, so twice the tokens in both tiers).",
+    )
 
     @model_validator(mode="after")
     def _positive_len(self) -> ModelSection:

@@ -93,6 +93,8 @@ def build(
     ]  # fmt: skip
     if config.model.dtype != "auto":
         args += ["--dtype", config.model.dtype]
+    if config.model.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", config.model.kv_cache_dtype]
     if plan.platform == "cuda":
         args += ["--gpu-memory-utilization", str(config.gpu.memory_utilization)]
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":

@@ -172,7 +172,7 @@ def make_plan(
     block = config.kv_offload.block_size
     if block == "auto":
         block = DEFAULT_BLOCK_SIZE[platform]
-    dtype_b = kv_dtype_bytes(model, config.model.dtype)
+    dtype_b = kv_dtype_bytes(model, config.model.dtype, config.model.kv_cache_dtype)
     per_token = kv_bytes_per_token(model, dtype_b, tp)
     per_block = per_token * block
     backend, backend_reason = resolve_kv_backend(config, host, platform)
