@@ -4,12 +4,13 @@ host; the CUDA path is measured on a GPU in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Iterator
 
 import pytest
 import torch
 from vllm.utils import host_pinning as hp
+
+from tests.vllm_patches.conftest import collect_logs
 
 MIB = 1 << 20
 
@@ -32,18 +33,9 @@ class Recording:
 
 @pytest.fixture
 def warnings_logged() -> Iterator[list[str]]:
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("vllm.utils.host_pinning")
-    handler = Collect()
-    logger.addHandler(handler)
     hp._warned = False
-    yield records
-    logger.removeHandler(handler)
+    with collect_logs("vllm.utils.host_pinning") as records:
+        yield records
 
 
 def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.vllm_patches.conftest import collect_logs
 
 GIB = 1 << 30
 BYTES_PER_BLOCK = 2 * 2 * 4 * 64 * 2 * 16  # demo model: layers x K,V x heads x dims x bf16 x 16
@@ -20,21 +21,8 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def table_log() -> Iterator[list[str]]:
-    """What the patch logs (vLLM's loggers do not propagate to pytest's caplog)."""
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("vllm.v1.core.kv_offload_capacity")
-    handler = Collect()
-    level = logger.level
-    logger.setLevel(logging.INFO)  # a server sets this up; a bare import does not
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with collect_logs("vllm.v1.core.kv_offload_capacity") as records:
+        yield records
 
 
 def vllm_config(demo_dir: Path, max_model_len: int, extra: dict[str, Any] | None) -> Any:
