@@ -7,12 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
-from vllm_offload.bench.runner import free_port
+from vllm_offload.bench.runner import ServerProcess, free_port
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
 START_TIMEOUT_S = 300
@@ -35,7 +34,8 @@ def server_env(scratch: Path) -> dict[str, str]:
 
 
 class Server:
-    """`vllm-offload serve ...` in its own session; stop() checks nothing is left behind."""
+    """`vllm-offload serve ...` (the console script) in its own session, through the bench
+    runner; stop() also waits until no process of its session is left."""
 
     def __init__(
         self,
@@ -44,37 +44,42 @@ class Server:
         port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.port = port or free_port()
         self.env = {**server_env(scratch), **(env or {})}
-        self.log_path = scratch / f"server-{self.port}.log"
-        self.argv = [VLLM_OFFLOAD, "serve", "--port", str(self.port), *args]
-        self.scratch = scratch
-        self.proc: subprocess.Popen[bytes] | None = None
+        port = port or free_port()
+        served_name, args = _take_served_name(args)
+        self.process = ServerProcess(
+            serve_args=args,
+            log_path=scratch / f"server-{port}.log",
+            port=port,
+            served_name=served_name,
+            env=self.env,
+            command=[VLLM_OFFLOAD],
+        )
+
+    @property
+    def port(self) -> int:
+        return self.process.port
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.process.base_url
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> float:
         """Start and wait for /health; returns seconds to healthy."""
-        began = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
-        while time.monotonic() - began < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - began
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"server not healthy in {timeout_s}s:\n{self.log()}")
+        self.process.start()
+        try:
+            return self.process.wait_healthy(timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}:\n{self.log()}") from None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-8000:]
@@ -91,18 +96,30 @@ class Server:
                 continue
         return found
 
-    def stop(self, timeout_s: float = 60) -> int:
-        """SIGTERM the server (as systemd and Ctrl-C do) and wait; return its exit code."""
-        assert self.proc is not None
+    def stop(self, timeout_s: float = 60) -> int | None:
+        """SIGTERM to the main process only (as systemd's KillMode=mixed does): vLLM must
+        take its own children down. Then wait for the whole session to be gone."""
+        if self.proc is None:
+            return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                raise
+        code = self.proc.returncode
         deadline = time.monotonic() + 15
-        while self.session_processes() and time.monotonic() < deadline:
+        while self.proc is not None and self.session_processes() and time.monotonic() < deadline:
             time.sleep(0.2)
         return code
+
+
+def _take_served_name(args: list[str]) -> tuple[str, list[str]]:
+    """The --model-served-name value (ServerProcess passes it) and the other args."""
+    flag = "--model-served-name"
+    if flag not in args:
+        return "m", args
+    i = args.index(flag)
+    return args[i + 1], args[:i] + args[i + 2 :]

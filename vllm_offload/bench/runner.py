@@ -50,6 +50,9 @@ class ServerProcess:
     serve_args: list[str]  # vllm-offload serve flags, then "--", then vLLM's own
     log_path: Path
     port: int = field(default_factory=free_port)
+    served_name: str = "m"
+    env: dict[str, str] | None = None  # None: this process's environment
+    command: list[str] = field(default_factory=lambda: list(VLLM_OFFLOAD))
     proc: subprocess.Popen[bytes] | None = None
     healthy_s: float | None = None
     started_at: float = 0.0
@@ -61,20 +64,20 @@ class ServerProcess:
     def start(self) -> None:
         ours, sep, theirs = split_serve_args(self.serve_args)
         argv = [
-            *VLLM_OFFLOAD,
+            *self.command,
             "serve",
             *ours,
             "--port",
             str(self.port),
             "--model-served-name",
-            "m",
+            self.served_name,
             *sep,
             *theirs,
         ]
         self.started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
 
     def wait_healthy(self, timeout_s: float = 600) -> float:
@@ -109,15 +112,18 @@ class ServerProcess:
     def log_facts(self) -> dict[str, float | None]:
         return scan_log(self.log_path.read_text(errors="replace"))
 
-    def stop(self, timeout_s: float = 90) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+    def stop(self, timeout_s: float = 90) -> int | None:
+        """SIGTERM the server (as systemd and Ctrl-C do), wait; its exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
 
 
 def split_serve_args(args: list[str]) -> tuple[list[str], list[str], list[str]]:
