@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, write_shape
+from vllm_offload.cli import main
+
+
+def test_unknown_architecture_is_planned_from_its_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = dict(LLAMA3_8B, architectures=["FooForCausalLM"], model_type="foo", num_hidden_layers=2,
+               layer_types=["full_attention", "hyper_attention"])  # fmt: skip
+    model = write_shape(tmp_path / "foo", odd)
+    assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["architecture"] == "FooForCausalLM"
+    assert plan["kv_bytes_per_token"] == 2 * 2 * 8 * 128 * 2
+    assert plan["unplanned"] == ["layer type 'hyper_attention' (planned as full attention)"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{oops", "not valid JSON"), ('{"hidden_size": 4}', "'num_hidden_layers' is missing")],
+)
+def test_garbled_config_json_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    (tmp_path / "config.json").write_text(content)
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_declared_gpu_smaller_than_the_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_shape(tmp_path / "qwen", QWEN3_30B_A3B)
+    assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24"]) == 2
+    err = capsys.readouterr().err
+    assert "weights_offload.cpu_gib" in err and "do not fit" in err
+    assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128",
+                 "--weights-offload-cpu-gib", "auto"]) == 0  # fmt: skip
+    assert "on GPU / offloaded" in capsys.readouterr().out
