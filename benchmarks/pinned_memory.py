@@ -81,7 +81,9 @@ def time_copy(fn: Callable[[], None], repeat: int = 5) -> float:
     return start.elapsed_time(end) / 1000 / repeat
 
 
-def block_bandwidth(host: torch.Tensor, gpu: torch.Tensor, block: int) -> dict[str, float]:
+def block_bandwidth(
+    host: torch.Tensor, gpu: torch.Tensor, block: int, capturable: bool
+) -> dict[str, float | None]:
     """Scattered copies of ``block`` bytes, one copy_ per block, as KV offload issues them."""
     blocks = gpu.numel() // block
     count = min(2048, blocks)
@@ -101,17 +103,32 @@ def block_bandwidth(host: torch.Tensor, gpu: torch.Tensor, block: int) -> dict[s
     return {
         f"h2d_{label}_gbps": gbps(count * block, time_copy(h2d, 3)),
         f"d2h_{label}_gbps": gbps(count * block, time_copy(d2h, 3)),
+        # The same copies replayed from a CUDA graph: no Python or launch cost, so what is
+        # left is the DMA itself. Pageable memory cannot be captured (None).
+        f"h2d_{label}_graph_gbps": graph_gbps(h2d, count * block) if capturable else None,
+        f"d2h_{label}_graph_gbps": graph_gbps(d2h, count * block) if capturable else None,
     }
 
 
-def bandwidth(host: torch.Tensor, num_bytes: int) -> dict[str, float]:
+def graph_gbps(copies: Callable[[], None], num_bytes: int) -> float:
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        copies()  # warm up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        copies()
+    return gbps(num_bytes, time_copy(graph.replay, 5))
+
+
+def bandwidth(host: torch.Tensor, num_bytes: int, capturable: bool) -> dict[str, float | None]:
     gpu = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     result = {
         "h2d_gbps": gbps(num_bytes, time_copy(lambda: gpu.copy_(host[:num_bytes], True))),
         "d2h_gbps": gbps(num_bytes, time_copy(lambda: host[:num_bytes].copy_(gpu, True))),
     }
     for block in (64 << 10, 2 << 20):
-        result |= block_bandwidth(host, gpu, block)
+        result |= block_bandwidth(host, gpu, block, capturable)
     return result
 
 
@@ -130,7 +147,8 @@ def measure(name: str, alloc: Callable[[int], torch.Tensor], args: argparse.Name
         "requested_gib": round(args.tensors * tensor_bytes / GIB, 3),
         "host_ram_taken_gib": round(taken / GIB, 3),
         "alloc_s": round(alloc_s, 2),
-        **bandwidth(tensors[0], min(tensor_bytes, GIB)),
+        # Pageable memory cannot be captured in a CUDA graph.
+        **bandwidth(tensors[0], min(tensor_bytes, GIB), capturable=name != "pageable"),
     }
     del tensors
     if name == "registered":
@@ -158,7 +176,7 @@ def main() -> None:
     for row in results:
         print(" | ".join(str(row[k]) for k in keys), flush=True)
     pinned, reg = results[0], results[2]
-    ratio = {k: round(reg[k] / pinned[k], 3) for k in keys if k.endswith("gbps")}
+    ratio = {k: round(reg[k] / pinned[k], 3) for k in keys if k.endswith("gbps") and pinned[k]}
     print("registered / torch_pinned bandwidth:", json.dumps(ratio))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "results": results,

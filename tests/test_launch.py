@@ -42,6 +42,15 @@ def test_native_backend_builds_offloading_connector(demo_dir: Path) -> None:
     assert "num_cpu_blocks" not in json.dumps(kv)
 
 
+def test_cpu_chunk_tokens(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 256})
+    assert spec.kv_transfer_config is not None
+    assert spec.kv_transfer_config["kv_connector_extra_config"]["block_size"] == 256
+    with pytest.raises(PlanError) as info:
+        spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 100})
+    assert info.value.field == "kv_offload.cpu_chunk_tokens" and "use 112" in info.value.message
+
+
 def test_auto_backend_is_native_with_gpu_and_none_without(demo_dir: Path) -> None:
     with_gpu = spec_for(demo_dir, {})
     assert with_gpu.kv_transfer_config is not None

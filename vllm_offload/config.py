@@ -115,6 +115,11 @@ class KvOffloadSection(_Section):
         description="Tokens per GPU KV block (vLLM --block-size); the CPU tier stores whole "
         "blocks. 'auto': 16 on NVIDIA GPUs, 128 on the CPU backend (it needs a multiple of 32).",
     )
+    cpu_chunk_tokens: int | Auto = Field(
+        "auto",
+        description="Tokens the CPU tier moves as one chunk (a multiple of block_size); "
+        "bigger chunks mean fewer, larger copies. 'auto': one GPU block.",
+    )
     eviction_policy: Literal["lru", "arc"] = Field(
         "lru", description="Which CPU-tier blocks to drop when the tier is full."
     )
@@ -129,6 +134,8 @@ class KvOffloadSection(_Section):
     def _positive_tier(self) -> KvOffloadSection:
         if isinstance(self.cpu_tier_gib, float) and self.cpu_tier_gib < 0:
             raise ValueError("cpu_tier_gib must be >= 0 or 'auto'")
+        if isinstance(self.cpu_chunk_tokens, int) and not 1 <= self.cpu_chunk_tokens <= 65536:
+            raise ValueError("cpu_chunk_tokens must be 1-65536 tokens or 'auto'")
         if isinstance(self.block_size, int) and (
             self.block_size < 1 or self.block_size > 4096 or self.block_size & (self.block_size - 1)
         ):

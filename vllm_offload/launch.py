@@ -58,13 +58,16 @@ class LaunchSpec:
 
 def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] | None:
     if plan.kv_offload_backend == "native":
+        extra: dict[str, Any] = {
+            "cpu_bytes_to_use": plan.cpu_tier_bytes,
+            "eviction_policy": config.kv_offload.eviction_policy,
+        }
+        if config.kv_offload.cpu_chunk_tokens != "auto":
+            extra["block_size"] = config.kv_offload.cpu_chunk_tokens  # tokens per CPU chunk
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {
-                "cpu_bytes_to_use": plan.cpu_tier_bytes,
-                "eviction_policy": config.kv_offload.eviction_policy,
-            },
+            "kv_connector_extra_config": extra,
         }
     if plan.kv_offload_backend == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}

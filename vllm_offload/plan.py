@@ -176,6 +176,13 @@ def make_plan(
     per_token = kv_bytes_per_token(model, dtype_b, tp)
     per_block = per_token * block
     backend, backend_reason = resolve_kv_backend(config, host, platform)
+    chunk = config.kv_offload.cpu_chunk_tokens
+    if chunk != "auto" and chunk % block:
+        raise PlanError(
+            "kv_offload.cpu_chunk_tokens",
+            f"{chunk} is not a multiple of the block size ({block} tokens); use "
+            f"{-(-chunk // block) * block}",
+        )
 
     weight_bytes = (
         int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes)

@@ -38,6 +38,7 @@ class BenchOptions:
     gpu_memory_utilization: float | None = None
     token_ids: bool = False
     h2d_gbps: float | None = None
+    serve_flags: list[str] = field(default_factory=list)  # more vllm-offload serve flags
     vllm_args: list[str] = field(default_factory=list)
 
 
@@ -51,7 +52,7 @@ def arm_args(options: BenchOptions, arm: str) -> list[str]:
         args += ["--gpu-kv-cache-memory-bytes", str(options.pool_bytes)]
     if options.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
-    return [*args, "--", *options.vllm_args]
+    return [*args, *options.serve_flags, "--", *options.vllm_args]
 
 
 def available_arms(arms: list[str]) -> tuple[list[str], dict[str, str]]:

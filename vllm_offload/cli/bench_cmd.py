@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,6 +91,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         help="host->GPU bandwidth for the CPU-hit floor (benchmarks/pinned_memory.py)",
     )
+    p.add_argument(
+        "--serve-flags",
+        default="",
+        help="more `vllm-offload serve` flags for every arm, e.g. "
+        "'--kv-offload-cpu-chunk-tokens 256'",
+    )
     p.set_defaults(handler=run)
 
 
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         token_ids=args.token_ids,
         h2d_gbps=args.h2d_gbps,
+        serve_flags=shlex.split(args.serve_flags),
         vllm_args=extra_args,
     )
     results = harness.run(options)
