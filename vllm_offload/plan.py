@@ -184,6 +184,8 @@ def make_plan(
             f"{-(-chunk // block) * block}",
         )
 
+    # The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served in
+    # 16 bits); quantised weights stay as stored.
     weight_bytes = (
         int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes)
         if model.quantization is None
@@ -203,13 +205,13 @@ def make_plan(
         overhead = gpu_overhead_bytes(model)
         offload = config.weights_offload.cpu_gib
         if offload == "auto":
-            # Offload what does not fit, leaving room for at least one full-length request.
+            # Offload what does not fit, leaving room for one 4,096-token request (or one
+            # at the model's limit, if shorter); rounded up to 0.1 GiB, the figure shown.
             room_for_kv = request_kv_bytes(
                 model, dtype_b, min(model.max_position_embeddings or 4096, 4096), block, tp
             )
             need = weights_per_rank + overhead + room_for_kv - budget
-            offloaded = max(0, math.ceil(need / GIB * 10) / 10 * GIB) if need > 0 else 0
-            offloaded = int(offloaded)
+            offloaded = int(math.ceil(need / GIB * 10) / 10 * GIB) if need > 0 else 0
         else:
             offloaded = min(int(offload * GIB), weights_per_rank)
         weights_gpu = weights_per_rank - offloaded
