@@ -89,6 +89,10 @@ async def test_start_stop_restart_through_systemctl(client: httpx.AsyncClient) -
     await client.post("/api/service/stop", headers=BEARER)
     stopped = (await client.get("/api/status", headers=BEARER)).json()
     assert stopped["health"] == "stopped" and stopped["pid"] is None
+    events = [e["text"] for e in stopped["events"]]
+    assert f"new server process: pid {first['pid']} -> {second['pid']}" in events
+    assert f"server process {second['pid']} is gone" in events
+    assert "starting -> stopped" in events
     bad = await client.post("/api/service/reboot", headers=BEARER)
     assert bad.status_code == 422
 

@@ -7,6 +7,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -38,6 +39,26 @@ class ManagerSettings:
     unit: str = "vllm"
     systemd: Systemd = field(default_factory=Systemd)
     sample_interval_s: float = 1.0
+
+
+@dataclass
+class ServiceWatch:
+    """Changes seen between status polls (the page polls every 2 s): restarts, processes
+    gone, health moving. What lets the page show a crash and the recovery after it."""
+
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    _pid: int | None = None
+    _health: str | None = None
+
+    def observe(self, pid: int | None, health: str) -> None:
+        now = round(time.time(), 1)
+        if self._pid is not None and pid is not None and pid != self._pid:
+            self.events.append({"t": now, "text": f"new server process: pid {self._pid} -> {pid}"})
+        elif self._pid is not None and pid is None:
+            self.events.append({"t": now, "text": f"server process {self._pid} is gone"})
+        if self._health is not None and health != self._health:
+            self.events.append({"t": now, "text": f"{self._health} -> {health}"})
+        self._pid, self._health = pid, health
 
 
 class ConfigError422(HTTPException):
@@ -119,6 +140,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
 
     app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
     app.state.sampler = sampler
+    watch = ServiceWatch()
 
     @app.middleware("http")
     async def limit_body(
@@ -196,6 +218,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         if unit.main_pid is not None:
             with suppress(psutil.NoSuchProcess):
                 uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
+        watch.observe(unit.main_pid, health)
         reason = None
         if health in ("failed", "stopped"):
             errors = [line for line in settings.systemd.logs(settings.unit, 300)
@@ -216,6 +239,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "model": config.model.path or "(demo model)",
             "served_name": launch.served_name(config, model_dir(config)),
             "plan": plan,
+            "events": list(watch.events),
         }
 
     @app.get("/api/metrics")

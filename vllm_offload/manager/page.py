@@ -42,7 +42,9 @@ def dashboard(csrf: str, unit: str) -> str:
 <p id="control-msg" class="hint"></p>
 <div class="cards">
  <div class="card"><h2>Server</h2><p class="hint">The vLLM OpenAI server this page controls.</p>
-  <table id="server"></table></div>
+  <table id="server"></table>
+  <h2 style="margin-top:10px">Events</h2><p class="hint">Restarts, crashes and recoveries
+  seen while this page is open.</p><table id="events"></table></div>
  <div class="card"><h2>What fits</h2><p class="hint">One request must fit the GPU KV pool;
   the CPU tier in host RAM keeps blocks for reuse (repeated prompts) and preemption.</p>
   <table id="plan"></table></div>

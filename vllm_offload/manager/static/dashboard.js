@@ -98,6 +98,9 @@ async function pollStatus() {
       row('PID', s.pid || '–') + row('Uptime', s.uptime_s == null ? '–' : fmt(s.uptime_s, 0) + ' s') +
       row('Model', s.model) + row('Answers to', s.served_name) +
       (s.reason ? row('Why', `<span class="error">${escapeHtml(s.reason)}</span>`) : '');
+    document.getElementById('events').innerHTML = s.events.length ? s.events.slice(-8).reverse()
+      .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), escapeHtml(e.text))).join('')
+      : row('nothing yet', '');
     document.getElementById('plan').innerHTML = typeof s.plan === 'string'
       ? `<tr><td colspan=2 class="error">${escapeHtml(s.plan)}</td></tr>` : planRows(s.plan);
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
