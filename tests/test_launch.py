@@ -136,6 +136,44 @@ def test_weight_offload_on_025_disables_v2_runner(demo_dir: Path) -> None:
     assert "VLLM_USE_V2_MODEL_RUNNER" not in on_032.env
 
 
+def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> None:
+    from vllm.config.offload import OffloadConfig, PrefetchOffloadConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from tests.shapes import LLAMA3_8B, write_shape
+
+    model = write_shape(tmp_path, LLAMA3_8B)
+    spec = spec_for(
+        model,
+        {"weights_offload.cpu_gib": 8.0, "weights_offload.backend": "prefetch",
+         "weights_offload.prefetch_step": 2, "weights_offload.params": ["mlp"]},
+    )  # fmt: skip
+    assert "--cpu-offload-gb" not in spec.args  # the prefetch backend ignores it
+    parser = make_arg_parser(FlexibleArgumentParser())  # the server's own parser
+    engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
+    assert engine.offload_backend == "prefetch" and engine.cpu_offload_gb == 0
+    prefetch = PrefetchOffloadConfig(
+        offload_group_size=engine.offload_group_size,
+        offload_num_in_group=engine.offload_num_in_group,
+        offload_prefetch_step=engine.offload_prefetch_step,
+        offload_params=engine.offload_params,
+    )
+    OffloadConfig(offload_backend="prefetch", prefetch=prefetch)  # vLLM's own checks
+    assert (prefetch.offload_group_size, prefetch.offload_num_in_group) == (6, 4)
+    assert prefetch.offload_prefetch_step == 2 and prefetch.offload_params == {"mlp"}
+
+
+def test_store_threshold_reaches_the_connector(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.store_threshold": 2})
+    assert spec.kv_transfer_config is not None
+    assert spec.kv_transfer_config["kv_connector_extra_config"]["store_threshold"] == 2
+    default = spec_for(demo_dir, {"kv_offload.backend": "native"})
+    assert default.kv_transfer_config is not None
+    assert "store_threshold" not in default.kv_transfer_config["kv_connector_extra_config"]
+
+
 def test_api_key_goes_to_env_not_argv(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {}, api_key="s3cret-key")
     assert spec.env["VLLM_API_KEY"] == "s3cret-key"

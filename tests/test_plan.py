@@ -10,7 +10,13 @@ from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, SHAPES, write_shape
 from vllm_offload import model_facts
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
-from vllm_offload.plan import PlanError, kv_bytes_per_token, make_plan, render
+from vllm_offload.plan import (
+    PlanError,
+    kv_bytes_per_token,
+    make_plan,
+    prefetch_layout,
+    render,
+)
 
 
 def config_for(model_dir: Path, **overrides: Any) -> DeploymentConfig:
@@ -154,7 +160,8 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
         "platform", "model_path", "architecture", "kv_offload_backend",
         "kv_offload_backend_reason", "block_size_tokens", "kv_dtype_bytes", "kv_bytes_per_token",
         "kv_bytes_per_block", "weight_bytes", "weight_bytes_source", "weights_gpu_bytes",
-        "weights_offloaded_bytes", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
+        "weights_offloaded_bytes", "prefetch_group_size", "prefetch_num_in_group",
+        "weights_offloaded_layers", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
         "gpu_kv_pool_blocks", "gpu_kv_pool_tokens", "longest_request_tokens", "model_max_tokens",
         "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
         "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
@@ -182,3 +189,40 @@ def test_fp8_matches_vllm_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
                              dtype=torch.float8_e4m3fn)  # fmt: skip
     assert kv_bytes_per_token(facts, 1) * 16 == 32 * spec.page_size_bytes
+
+
+@pytest.mark.parametrize(
+    ("layers", "needed", "layout"),
+    [(32, 20, (6, 4, 20)), (32, 16, (2, 1, 16)), (32, 1, (17, 1, 1)), (32, 32, (1, 1, 32)),
+     (32, 18, (5, 3, 18)), (28, 14, (2, 1, 14))],
+)  # fmt: skip
+def test_prefetch_layout_covers_the_layers_needed(
+    layers: int, needed: int, layout: tuple[int, int, int]
+) -> None:
+    group, in_group, count = prefetch_layout(layers, needed)
+    assert (group, in_group, count) == layout
+    # vLLM offloads layer i when i % group >= group - in_group
+    assert count == sum(1 for i in range(layers) if i % group >= group - in_group) >= needed
+
+
+def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, LLAMA3_8B)
+    facts = model_facts.read(model)
+    uva = make_plan(config_for(model, **{"weights_offload.cpu_gib": 8.0}), facts,
+                    make_host(24), "cuda")  # fmt: skip
+    prefetch = make_plan(
+        config_for(model, **{"weights_offload.cpu_gib": 8.0,
+                             "weights_offload.backend": "prefetch"}),
+        facts, make_host(24), "cuda",
+    )  # fmt: skip
+    assert uva.weights_offloaded_bytes == 8 * GIB and uva.weights_offloaded_layers == 0
+    # 8 GiB of ~0.41 GiB decoder layers: 20 layers, the last 4 of every 6
+    assert (prefetch.prefetch_group_size, prefetch.prefetch_num_in_group) == (6, 4)
+    assert prefetch.weights_offloaded_layers == 20
+    assert 8 * GIB <= prefetch.weights_offloaded_bytes < 8.5 * GIB
+    # one layer's GPU buffer for the copy in flight comes out of the pool
+    layer = prefetch.weights_offloaded_bytes // 20
+    freed = prefetch.weights_offloaded_bytes - uva.weights_offloaded_bytes
+    assert prefetch.gpu_kv_pool_bytes - uva.gpu_kv_pool_bytes == pytest.approx(freed - layer,
+                                                                                abs=1 << 20)
+    assert "20 layers: the last 4 of every 6, prefetched" in render(prefetch)

@@ -123,6 +123,14 @@ class KvOffloadSection(_Section):
     eviction_policy: Literal["lru", "arc"] = Field(
         "lru", description="Which CPU-tier blocks to drop when the tier is full."
     )
+    store_threshold: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Copy a chunk to the CPU tier only once it has been looked up this "
+        "many times (0 or 1: store every chunk). 2 skips prompts never seen again, at "
+        "the price of missing the first reuse.",
+    )
     num_cpu_blocks: int | None = Field(
         None,
         ge=1,
@@ -157,7 +165,14 @@ class WeightsOffloadSection(_Section):
     backend: Literal["uva", "prefetch"] = Field(
         "uva",
         description="'uva': the GPU reads pinned host memory directly; "
-        "'prefetch': copies layers ahead of use.",
+        "'prefetch': whole decoder layers live in host RAM and are copied in ahead of use "
+        "(cpu_gib is rounded up to whole layers, spread evenly over the model).",
+    )
+    prefetch_step: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="prefetch backend: layers copied ahead; each costs one layer of GPU memory.",
     )
 
     @model_validator(mode="after")

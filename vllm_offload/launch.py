@@ -64,6 +64,8 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
         }
         if config.kv_offload.cpu_chunk_tokens != "auto":
             extra["block_size"] = config.kv_offload.cpu_chunk_tokens  # tokens per CPU chunk
+        if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
+            extra["store_threshold"] = config.kv_offload.store_threshold
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
@@ -114,10 +116,20 @@ def build(
     notes: list[str] = [f"KV offload backend: {plan.kv_offload_backend} "
                         f"({plan.kv_offload_backend_reason})"]  # fmt: skip
     if plan.weights_offloaded_bytes > 0:
+        params = config.weights_offload.params
         args += ["--offload-backend", config.weights_offload.backend]
-        args += ["--cpu-offload-gb", f"{plan.weights_offloaded_bytes / GIB:.3f}"]
-        if config.weights_offload.params:
-            args += ["--cpu-offload-params", *config.weights_offload.params]
+        if plan.weights_offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
+            args += [
+                "--offload-group-size", str(plan.prefetch_group_size),
+                "--offload-num-in-group", str(plan.prefetch_num_in_group),
+                "--offload-prefetch-step", str(config.weights_offload.prefetch_step),
+            ]  # fmt: skip
+            if params:
+                args += ["--offload-params", *params]
+        else:
+            args += ["--cpu-offload-gb", f"{plan.weights_offloaded_bytes / GIB:.3f}"]
+            if params:
+                args += ["--cpu-offload-params", *params]
         if v2_runner_ignores_cpu_offload(vllm_version):
             env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
             notes.append(

@@ -79,6 +79,7 @@ class ModelFacts:
     weight_bytes: int
     weight_bytes_source: Literal["safetensors", "parameter count"]
     vocab_size: int = 0
+    tie_word_embeddings: bool = False
     unknown: tuple[str, ...] = ()  # what could not be read, in words
 
     @property
@@ -242,5 +243,6 @@ def read(model_dir: Path) -> ModelFacts:
         weight_bytes=weight_bytes,
         weight_bytes_source=source,
         vocab_size=int(cfg.get("vocab_size") or 0),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         unknown=tuple(unknown),
     )

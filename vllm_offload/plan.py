@@ -108,6 +108,11 @@ class Plan:
     weight_bytes_source: str
     weights_gpu_bytes: int  # per rank
     weights_offloaded_bytes: int  # per rank (vLLM --cpu-offload-gb is per rank)
+    # prefetch backend: every prefetch_group_size layers, the last prefetch_num_in_group
+    # live in host RAM (vLLM's --offload-group-size / --offload-num-in-group); 0 otherwise.
+    prefetch_group_size: int
+    prefetch_num_in_group: int
+    weights_offloaded_layers: int
     gpu_total_bytes: int
     gpu_budget_bytes: int
     gpu_kv_pool_bytes: int
@@ -157,6 +162,27 @@ def gpu_overhead_bytes(model: ModelFacts) -> int:
     return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
 
 
+def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) -> int:
+    """Weight bytes of one decoder layer: all weights less the embeddings (and an untied
+    LM head), shared evenly; the unit the prefetch backend moves."""
+    embeddings = model.vocab_size * model.hidden_size * dtype_bytes
+    embeddings *= 1 if model.tie_word_embeddings else 2
+    return max(1, (weight_bytes - embeddings) // max(1, model.num_layers))
+
+
+def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]:
+    """(group size, layers offloaded per group, layers offloaded): the fewest layers that
+    cover ``layers_needed``, in the smallest groups (spread evenly, so each copy has
+    resident layers' compute to hide behind). vLLM offloads the last ``k`` of every ``g``."""
+    best = (num_layers, num_layers, num_layers + 1)  # worse than any answer
+    for group in range(1, num_layers + 1):
+        for in_group in range(1, group + 1):
+            count = sum(1 for i in range(num_layers) if i % group >= group - in_group)
+            if layers_needed <= count < best[2]:
+                best = (group, in_group, count)
+    return best
+
+
 def make_plan(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -194,6 +220,7 @@ def make_plan(
     weights_per_rank = weight_bytes // (tp * pp)
 
     # --- GPU side: weights, then the KV pool -----------------------------------------
+    group_size = num_in_group = offloaded_layers = 0  # prefetch layout, when it applies
     if platform == "cuda":
         if not host.gpus:
             raise PlanError(
@@ -204,6 +231,12 @@ def make_plan(
         budget = int(gpu_total * config.gpu.memory_utilization)
         overhead = gpu_overhead_bytes(model)
         offload = config.weights_offload.cpu_gib
+        prefetch = config.weights_offload.backend == "prefetch" and offload != 0.0
+        layer_bytes = decoder_layer_bytes(
+            model, weights_per_rank * tp, compute_dtype_bytes(model, config.model.dtype)
+        ) // tp
+        if prefetch:  # the GPU buffers offloaded layers are copied into
+            overhead += config.weights_offload.prefetch_step * layer_bytes
         if offload == "auto":
             # Offload what does not fit, leaving room for one 4,096-token request (or one
             # at the model's limit, if shorter); rounded up to 0.1 GiB, the figure shown.
@@ -214,6 +247,12 @@ def make_plan(
             offloaded = int(math.ceil(need / GIB * 10) / 10 * GIB) if need > 0 else 0
         else:
             offloaded = min(int(offload * GIB), weights_per_rank)
+        if prefetch and offloaded > 0:
+            needed = min(model.num_layers, math.ceil(offloaded / layer_bytes))
+            group_size, num_in_group, offloaded_layers = prefetch_layout(
+                model.num_layers, needed
+            )
+            offloaded = offloaded_layers * layer_bytes
         weights_gpu = weights_per_rank - offloaded
         if config.gpu.kv_cache_memory_bytes != "auto":
             pool = config.gpu.kv_cache_memory_bytes
@@ -326,6 +365,9 @@ def make_plan(
         weight_bytes_source=model.weight_bytes_source,
         weights_gpu_bytes=weights_gpu,
         weights_offloaded_bytes=offloaded,
+        prefetch_group_size=group_size,
+        prefetch_num_in_group=num_in_group,
+        weights_offloaded_layers=offloaded_layers,
         gpu_total_bytes=gpu_total,
         gpu_budget_bytes=budget,
         gpu_kv_pool_bytes=pool,
@@ -361,7 +403,13 @@ def render(plan: Plan) -> str:
         ("weights", f"{_gib(plan.weight_bytes)} ({plan.weight_bytes_source})"),
         (
             "  on GPU / offloaded",
-            f"{_gib(plan.weights_gpu_bytes)} / {_gib(plan.weights_offloaded_bytes)} per GPU",
+            f"{_gib(plan.weights_gpu_bytes)} / {_gib(plan.weights_offloaded_bytes)} per GPU"
+            + (
+                f" ({plan.weights_offloaded_layers} layers: the last {plan.prefetch_num_in_group}"
+                f" of every {plan.prefetch_group_size}, prefetched)"
+                if plan.weights_offloaded_layers
+                else ""
+            ),
         ),
         ("KV per token", f"{plan.kv_bytes_per_token:,} bytes"),
         ("KV per block", f"{plan.kv_bytes_per_block:,} bytes ({plan.block_size_tokens} tokens)"),
