@@ -223,6 +223,7 @@ def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
     # one layer's GPU buffer for the copy in flight comes out of the pool
     layer = prefetch.weights_offloaded_bytes // 20
     freed = prefetch.weights_offloaded_bytes - uva.weights_offloaded_bytes
-    assert prefetch.gpu_kv_pool_bytes - uva.gpu_kv_pool_bytes == pytest.approx(freed - layer,
-                                                                                abs=1 << 20)
+    assert prefetch.gpu_kv_pool_bytes - uva.gpu_kv_pool_bytes == pytest.approx(
+        freed - layer, abs=1 << 20
+    )
     assert "20 layers: the last 4 of every 6, prefetched" in render(prefetch)

@@ -232,9 +232,12 @@ def make_plan(
         overhead = gpu_overhead_bytes(model)
         offload = config.weights_offload.cpu_gib
         prefetch = config.weights_offload.backend == "prefetch" and offload != 0.0
-        layer_bytes = decoder_layer_bytes(
-            model, weights_per_rank * tp, compute_dtype_bytes(model, config.model.dtype)
-        ) // tp
+        layer_bytes = (
+            decoder_layer_bytes(
+                model, weights_per_rank * tp, compute_dtype_bytes(model, config.model.dtype)
+            )
+            // tp
+        )
         if prefetch:  # the GPU buffers offloaded layers are copied into
             overhead += config.weights_offload.prefetch_step * layer_bytes
         if offload == "auto":
@@ -249,9 +252,7 @@ def make_plan(
             offloaded = min(int(offload * GIB), weights_per_rank)
         if prefetch and offloaded > 0:
             needed = min(model.num_layers, math.ceil(offloaded / layer_bytes))
-            group_size, num_in_group, offloaded_layers = prefetch_layout(
-                model.num_layers, needed
-            )
+            group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
             offloaded = offloaded_layers * layer_bytes
         weights_gpu = weights_per_rank - offloaded
         if config.gpu.kv_cache_memory_bytes != "auto":

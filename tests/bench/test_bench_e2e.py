@@ -18,28 +18,41 @@ pytestmark = pytest.mark.e2e
 def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
-            "--arms", "baseline", "--repeats", "1", "--docs", "3", "--doc-tokens", "300",
+            "--arm", "base=baseline -- --max-num-seqs 8", "--repeats", "1", "--docs", "3",
+            "--doc-tokens", "300", "--settle-seconds", "0.1",
             "--conversations", "2", "--turns", "2", "--turn-tokens", "100",
-            "--rates", "sync,2", "--rate-seconds", "3", "--prompt-tokens", "64",
+            "--workloads", "reuse,chat,sweep,decode,memory",
+            "--rates", "sync,2,max", "--rate-seconds", "3", "--max-concurrency", "4",
+            "--decode-batch", "3", "--prompt-tokens", "64",
             "--output-tokens", "8", "--pool-bytes", str(64 << 20), "--token-ids",
             "--out", str(out), "--", "--enforce-eager"]  # fmt: skip
     done = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    baseline = results["arms"]["baseline"]
+    assert results["options"]["arms"] == [
+        {"label": "base", "kind": "baseline", "flags": ["--", "--max-num-seqs", "8"]}
+    ]
+    baseline = results["arms"]["base"]
     assert baseline["memory"]["kv_cache_tokens"] == 32768
+    assert "'max_num_seqs': 8" in (out / "base.log").read_text()  # the arm's own vLLM flag
     (run,) = baseline["runs"]
     assert run["reuse"]["errors"] == 0 and all(t > 0 for t in run["reuse"]["ttft_pass_s"])
     assert run["chat"]["errors"] == 0 and len(run["chat"]["ttft_by_turn_s"]) == 2
-    assert [row["rate_rps"] for row in run["sweep"]] == [None, 2.0]
+    assert run["reuse"]["settle_s"] == 0.1
+    assert [row["rate_rps"] for row in run["sweep"]] == [None, 2.0, "max"]
     assert all(row["errors"] == 0 and row["output_tok_per_s"] > 0 for row in run["sweep"])
+    sync, _, saturated = run["sweep"]
+    assert saturated["requests"] > sync["requests"]  # 4 clients at once beat one at a time
+    assert run["decode"]["errors"] == 0 and run["decode"]["decode_tok_per_s"] > 0
+    assert results["decode_floor"] == {}  # no weights offloaded, no ceiling
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    assert {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s"} <= {r["metric"] for r in rows}
-    assert "| baseline | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
+    assert {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s", "sweep.max.output_tok_per_s",
+            "decode.decode_tok_per_s"} <= {r["metric"] for r in rows}  # fmt: skip
+    assert "| base | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
     import matplotlib.image
 
-    for name in ("ttft_by_pass.png", "sweep.png"):
+    for name in ("ttft_by_pass.png", "sweep.png", "decode.png"):
         image = matplotlib.image.imread(out / name)
         assert image.shape[0] > 200 and image.shape[1] > 400
 
@@ -52,3 +65,20 @@ def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "vllm_offload", "bench", "--model",
                            str(tmp_path)], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and "no config.json there" in done.stderr
+    bench = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(tmp_path)]
+    for arm, message in (("x=disk", "KIND one of baseline, native, lmcache"),
+                         ("a b=native", "the label may hold")):  # fmt: skip
+        done = subprocess.run([*bench, "--arm", arm], capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = subprocess.run([*bench, "--arms", "native", "--arm", "native=native --max-num-seqs 2"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "labels must differ" in done.stderr
+
+
+def test_arm_parse() -> None:
+    from vllm_offload.bench.harness import Arm
+
+    assert Arm.parse("native") == Arm("native", "native")
+    assert Arm.parse("c256=native --kv-offload-cpu-chunk-tokens 256") == Arm(
+        "c256", "native", ("--kv-offload-cpu-chunk-tokens", "256")
+    )

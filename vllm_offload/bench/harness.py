@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -10,29 +12,59 @@ from typing import Any
 
 from vllm_offload import model_facts
 from vllm_offload.bench import workloads
-from vllm_offload.bench.runner import GIB, ServerProcess
+from vllm_offload.bench.runner import GIB, ServerProcess, split_serve_args
+from vllm_offload.bench.workloads import Rate
 from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
 
-ARMS = ("baseline", "native", "lmcache")
-WORKLOADS = ("reuse", "chat", "sweep", "memory")
+ARM_KINDS = ("baseline", "native", "lmcache")
+WORKLOADS = ("reuse", "chat", "sweep", "decode", "memory")
+DEFAULT_WORKLOADS = ["reuse", "chat", "sweep", "memory"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One server under test: a label, its KV tier kind and more `serve` flags (after
+    a `--` among them: more vLLM arguments)."""
+
+    label: str
+    kind: str  # one of ARM_KINDS
+    flags: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        """'native' or 'LABEL=KIND [serve flags]', e.g. 'c256=native
+        --kv-offload-cpu-chunk-tokens 256'; ValueError says what is wrong."""
+        label, sep, rest = text.partition("=")
+        words = shlex.split(rest if sep else text)
+        if not words or words[0] not in ARM_KINDS:
+            raise ValueError(f"{text!r}: an arm is KIND or LABEL=KIND [flags], KIND one of "
+                             f"{', '.join(ARM_KINDS)}")  # fmt: skip
+        label = label.strip() if sep else words[0]
+        if not label.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"{text!r}: the label may hold letters, digits, '-' and '_'")
+        return cls(label, words[0], tuple(words[1:]))
 
 
 @dataclass
 class BenchOptions:
     model: Path
     out: Path
-    arms: list[str] = field(default_factory=lambda: ["baseline", "native"])
-    workloads: list[str] = field(default_factory=lambda: ["reuse", "chat", "sweep", "memory"])
+    arms: list[Arm] = field(default_factory=lambda: [Arm("baseline", "baseline"),
+                                                     Arm("native", "native")])  # fmt: skip
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     repeats: int = 3
     docs: int = 8
     doc_tokens: int = 8000
+    settle_s: float = 0.5
     conversations: int = 4
     turns: int = 4
     turn_tokens: int = 1000
-    rates: list[float | None] = field(default_factory=lambda: [None, 8.0, 32.0])
+    rates: list[Rate] = field(default_factory=lambda: [None, 8.0, 32.0])
     rate_seconds: float = 10.0
+    max_concurrency: int = 64
     prompt_tokens: int = 512
     output_tokens: int = 64
+    decode_batch: int = 16
     tier_gib: float = 16.0
     pool_bytes: int | None = None
     gpu_memory_utilization: float | None = None
@@ -42,24 +74,28 @@ class BenchOptions:
     vllm_args: list[str] = field(default_factory=list)
 
 
-def arm_args(options: BenchOptions, arm: str) -> list[str]:
+def arm_args(options: BenchOptions, arm: Arm) -> list[str]:
     args = ["--model", str(options.model)]
-    if arm == "baseline":
+    if arm.kind == "baseline":
         args += ["--kv-offload-backend", "none"]
     else:
-        args += ["--kv-offload-backend", arm, "--kv-offload-cpu-tier-gib", str(options.tier_gib)]
+        args += ["--kv-offload-backend", arm.kind, "--kv-offload-cpu-tier-gib",
+                 str(options.tier_gib)]  # fmt: skip
     if options.pool_bytes is not None:
         args += ["--gpu-kv-cache-memory-bytes", str(options.pool_bytes)]
     if options.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
-    return [*args, *options.serve_flags, "--", *options.vllm_args]
+    ours, _, theirs = split_serve_args(list(arm.flags))
+    return [*args, *options.serve_flags, *ours, "--", *options.vllm_args, *theirs]
 
 
-def available_arms(arms: list[str]) -> tuple[list[str], dict[str, str]]:
+def available_arms(arms: list[Arm]) -> tuple[list[Arm], dict[str, str]]:
     skipped = {}
-    if "lmcache" in arms and importlib.util.find_spec("lmcache") is None:
-        skipped["lmcache"] = "LMCache is not installed (pip install lmcache)"
-    return [a for a in arms if a not in skipped], skipped
+    if importlib.util.find_spec("lmcache") is None:
+        for arm in arms:
+            if arm.kind == "lmcache":
+                skipped[arm.label] = "LMCache is not installed (pip install lmcache)"
+    return [a for a in arms if a.label not in skipped], skipped
 
 
 def _progress_bar(total: int) -> Any:
@@ -81,6 +117,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         ("reuse" in options.workloads) * 2 * options.docs
         + ("chat" in options.workloads) * options.conversations * options.turns
         + ("sweep" in options.workloads) * len(options.rates)
+        + ("decode" in options.workloads)
     )
     bar = _progress_bar(options.repeats * len(arms) * steps_per_arm)
 
@@ -89,7 +126,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
             bar.update(1)
 
     servers = {
-        arm: ServerProcess(arm_args(options, arm), options.out / f"{arm}.log") for arm in arms
+        arm.label: ServerProcess(arm_args(options, arm), options.out / f"{arm.label}.log")
+        for arm in arms
     }
     results: dict[str, Any] = {
         "options": _jsonable(options),
@@ -110,15 +148,17 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 },
                 "runs": [],
             }
+        labels = list(servers)
         for repeat in range(options.repeats):
-            order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]  # interleaved
+            order = labels[repeat % len(labels) :] + labels[: repeat % len(labels)]  # interleaved
             for arm in order:
                 url = servers[arm].base_url
                 run_result: dict[str, Any] = {"repeat": repeat, "started": time.time()}
                 if "reuse" in options.workloads:
                     run_result["reuse"] = workloads.reuse(
-                        url, maker, options.docs, options.doc_tokens, repeat, tick
-                    )
+                        url, maker, options.docs, options.doc_tokens, repeat, tick,
+                        options.settle_s,
+                    )  # fmt: skip
                 if "chat" in options.workloads:
                     run_result["chat"] = workloads.chat(
                         url,
@@ -140,15 +180,42 @@ def run(options: BenchOptions) -> dict[str, Any]:
                         options.output_tokens,
                         repeat,
                         tick,
+                        options.max_concurrency,
                     )
+                if "decode" in options.workloads:
+                    run_result["decode"] = workloads.decode(
+                        url, maker, options.decode_batch, options.prompt_tokens,
+                        options.output_tokens, repeat, tick,
+                    )  # fmt: skip
                 results["arms"][arm]["runs"].append(run_result)
+            # What is measured so far survives a run cut short (a GPU call's time limit).
+            (options.out / "results.partial.json").write_text(json.dumps(results, indent=1))
     finally:
         for server in servers.values():
             server.stop()
         if bar is not None:
             bar.close()
     results["floor"] = cpu_hit_floor(results, per_token, options)
+    results["decode_floor"] = decode_floor(results, options)
     return results
+
+
+def decode_floor(results: dict[str, Any], options: BenchOptions) -> dict[str, Any]:
+    """Per arm with offloaded weights: the decode speed it cannot beat, when every step
+    moves all offloaded bytes over the host->GPU link once (batch x bandwidth / bytes)."""
+    floors: dict[str, Any] = {}
+    for arm, data in results["arms"].items():
+        memory = data["memory"]
+        gib = memory.get("offloaded_gib")
+        gb = memory.get("prefetch_offloaded_gb")
+        offloaded = gib * GIB if gib else gb * 1e9 if gb else None
+        if offloaded and options.h2d_gbps:
+            floors[arm] = {
+                "offloaded_bytes": offloaded,
+                "step_transfer_s": offloaded / (options.h2d_gbps * 1e9),
+                "ceiling_tok_per_s": options.decode_batch * options.h2d_gbps * 1e9 / offloaded,
+            }
+    return floors
 
 
 def cpu_hit_floor(results: dict[str, Any], per_token: int, options: BenchOptions) -> dict[str, Any]:
@@ -172,4 +239,6 @@ def cpu_hit_floor(results: dict[str, Any], per_token: int, options: BenchOptions
 
 def _jsonable(options: BenchOptions) -> dict[str, Any]:
     data = asdict(options)
+    data["arms"] = [{"label": a.label, "kind": a.kind, "flags": list(a.flags)}
+                    for a in options.arms]  # fmt: skip
     return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}

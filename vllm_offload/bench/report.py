@@ -16,6 +16,12 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": statistics.mean(present), "min": min(present), "max": max(present)}
 
 
+def rate_label(rate: float | str | None) -> str:
+    if rate is None:
+        return "sync"
+    return rate if isinstance(rate, str) else f"{rate:g}rps"
+
+
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per arm and metric, across repeats: mean, min, max (the spread)."""
     rows: list[dict[str, Any]] = []
@@ -52,7 +58,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 )
         if runs and "sweep" in runs[0]:
             for i, row in enumerate(runs[0]["sweep"]):
-                label = "sync" if row["rate_rps"] is None else f"{row['rate_rps']:g}rps"
+                label = rate_label(row["rate_rps"])
                 for key, unit in (
                     ("output_tok_per_s", "tok/s"),
                     ("ttft_p50_s", "s"),
@@ -70,6 +76,18 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                             **_spread(values),
                         }
                     )
+        if runs and "decode" in runs[0]:
+            for key, unit in (("decode_tok_per_s", "tok/s"), ("tpot_p50_s", "s")):
+                values = [r["decode"][key] for r in runs if r["decode"][key] is not None]
+                rows.append(
+                    {"arm": arm, "metric": f"decode.{key}", "unit": unit, **_spread(values)}
+                )
+            ceiling = results.get("decode_floor", {}).get(arm, {}).get("ceiling_tok_per_s")
+            if ceiling:
+                rows.append(
+                    {"arm": arm, "metric": "decode.ceiling_tok_per_s", "unit": "tok/s",
+                     **_spread([ceiling])}
+                )  # fmt: skip
     return rows
 
 
@@ -100,6 +118,13 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{floor['doc_kv_bytes'] / 2**30:.2f} GiB at {floor['h2d_gbps']} GB/s "
             f"({floor['transfer_s'] * 1000:.1f} ms) = {floor['cpu_hit_floor_s'] * 1000:.1f} ms",
         ]
+    for arm, floor in results.get("decode_floor", {}).items():
+        lines.append(
+            f"Decode ceiling, {arm}: {floor['offloaded_bytes'] / 2**30:.2f} GiB of weights per "
+            f"step at {results['options']['h2d_gbps']} GB/s = "
+            f"{floor['step_transfer_s'] * 1000:.1f} ms, so at most "
+            f"{floor['ceiling_tok_per_s']:.0f} tok/s at batch {results['options']['decode_batch']}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -148,7 +173,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
         for i, (arm, data) in enumerate(arms.items()):
             sweep = data["runs"][0]["sweep"]
-            labels = ["sync" if r["rate_rps"] is None else f"{r['rate_rps']:g}" for r in sweep]
+            labels = [rate_label(r["rate_rps"]).removesuffix("rps") for r in sweep]
             tput = [
                 statistics.mean(run["sweep"][k]["output_tok_per_s"] for run in data["runs"])
                 for k in range(len(sweep))
@@ -164,6 +189,24 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         left.legend()
         fig.tight_layout()
         path = out / "sweep.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if any(a["runs"] and "decode" in a["runs"][0] for a in arms.values()):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, (arm, data) in enumerate(arms.items()):
+            values = [r["decode"]["decode_tok_per_s"] for r in data["runs"]]
+            mean = statistics.mean(values)
+            ax.bar(i, mean, 0.6, color=f"C{i}", yerr=[[mean - min(values)], [max(values) - mean]])
+            ceiling = results.get("decode_floor", {}).get(arm, {}).get("ceiling_tok_per_s")
+            if ceiling:
+                ax.plot([i - 0.3, i + 0.3], [ceiling] * 2, "k--")
+        ax.set_xticks(range(len(arms)), list(arms))
+        ax.set_ylabel("decode tokens/s (batch)")
+        ax.set_title("Decode speed; dashed: the host->GPU ceiling of the offloaded weights")
+        ax.set_yscale("log")
+        path = out / "decode.png"
+        fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import httpx
 
@@ -65,22 +65,30 @@ def reuse(
     doc_tokens: int,
     seed: int,
     progress: Callable[[], None],
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     """D documents, two passes; the GPU pool holds only a few. Also the GPU-hit floor:
-    the same document sent twice in a row (the second hits the GPU prefix cache)."""
+    the same document sent twice (the second hits the GPU prefix cache). ``settle_s``
+    before each request lets the last one's copies to the CPU tier finish, so a TTFT
+    times one request alone."""
     rng = random.Random(seed)
     documents = [maker.make(rng, doc_tokens) for _ in range(docs)]
     passes: list[list[dict[str, Any]]] = []
+
+    def one(client: httpx.Client, prompt: Prompt) -> RequestResult:
+        time.sleep(settle_s)
+        return complete(client, base_url, prompt, 1)
+
     with httpx.Client() as client:
         for _ in range(2):
             results = []
             for doc in documents:
-                results.append(complete(client, base_url, doc, 1).to_json())
+                results.append(one(client, doc).to_json())
                 progress()
             passes.append(results)
         probe = maker.make(rng, doc_tokens)
-        cold = complete(client, base_url, probe, 1)
-        warm = complete(client, base_url, probe, 1)
+        cold = one(client, probe)
+        warm = one(client, probe)
     return {
         "docs": docs,
         "doc_tokens": doc_tokens,
@@ -88,6 +96,7 @@ def reuse(
         "ttft_pass_s": [mean_or_none([r["ttft_s"] for r in p]) for p in passes],
         "gpu_hit_ttft_s": warm.ttft_s,
         "cold_ttft_s": cold.ttft_s,
+        "settle_s": settle_s,
         "errors": sum(not r["ok"] for p in passes for r in p),
         "first_error": _first_error([r for p in passes for r in p]),
     }
@@ -132,19 +141,32 @@ def chat(
     }
 
 
+Rate: TypeAlias = float | str | None  # req/s; None: one at a time; MAX_RATE: closed loop, saturated
+MAX_RATE = "max"
+
+
 def sweep(
     base_url: str,
     maker: PromptMaker,
-    rates: list[float | None],
+    rates: list[Rate],
     seconds: float,
     prompt_tokens: int,
     output_tokens: int,
     seed: int,
     progress: Callable[[], None],
+    max_concurrency: int = 64,
 ) -> list[dict[str, Any]]:
-    """No reuse: fresh prompts at each rate (None: one request at a time, back to back)."""
+    """No reuse: fresh prompts at each rate. None: one request at a time, back to back;
+    a number: Poisson arrivals (throughput then follows the offered load); MAX_RATE:
+    ``max_concurrency`` clients back to back, the server's saturated throughput."""
     rng = random.Random(seed)
+    rng_lock = threading.Lock()
     rows = []
+
+    def prompt() -> Prompt:
+        with rng_lock:
+            return maker.make(rng, prompt_tokens)
+
     for rate in rates:
         results: list[RequestResult] = []
         lock = threading.Lock()
@@ -158,9 +180,16 @@ def sweep(
             with lock:
                 results.append(result)
 
-        if rate is None:
+        def closed_loop(began: float = began) -> None:
             while time.perf_counter() - began < seconds:
-                run(maker.make(rng, prompt_tokens))
+                run(prompt())
+
+        if rate is None:
+            closed_loop()
+        elif rate == MAX_RATE:
+            with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
+                for _ in range(max_concurrency):
+                    pool.submit(closed_loop)
         else:
             with ThreadPoolExecutor(max_workers=256) as pool:
                 at = 0.0
@@ -168,8 +197,8 @@ def sweep(
                     delay = began + at - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
-                    pool.submit(run, maker.make(rng, prompt_tokens))
-                    at += rng.expovariate(rate)
+                    pool.submit(run, prompt())
+                    at += rng.expovariate(float(rate))
         wall = time.perf_counter() - began
         ok = [r for r in results if r.ok]
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -189,3 +218,41 @@ def sweep(
         )
         progress()
     return rows
+
+
+def decode(
+    base_url: str,
+    maker: PromptMaker,
+    batch: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    seed: int,
+    progress: Callable[[], None],
+) -> dict[str, Any]:
+    """``batch`` requests at once, decoding ``output_tokens`` each: the decode speed that
+    weight offload costs (every step reads the offloaded weights once)."""
+    rng = random.Random(seed)
+    prompts = [maker.make(rng, prompt_tokens) for _ in range(batch)]
+
+    def run(prompt: Prompt) -> RequestResult:
+        with httpx.Client() as client:
+            return complete(client, base_url, prompt, output_tokens)
+
+    with ThreadPoolExecutor(max_workers=batch) as pool:
+        results = list(pool.map(run, prompts))
+    progress()
+    ok = [r for r in results if r.ok]
+    # Requests decode side by side, so the batch's speed is the sum of their speeds.
+    rate = sum(
+        (r.output_tokens - 1) / (r.latency_s - r.ttft_s)
+        for r in ok
+        if r.ttft_s is not None and r.output_tokens > 1 and r.latency_s > r.ttft_s
+    )
+    return {
+        "batch": batch,
+        "output_tokens": output_tokens,
+        "decode_tok_per_s": rate,
+        "tpot_p50_s": percentile([t for r in ok if (t := r.tpot_s) is not None], 50),
+        "errors": len(results) - len(ok),
+        "first_error": _first_error([r.to_json() for r in results]),
+    }

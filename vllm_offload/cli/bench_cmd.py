@@ -8,20 +8,25 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_offload.bench import harness, report
+from vllm_offload.bench import harness, report, workloads
 from vllm_offload.cli._common import UsageError
 
 
-def _rates(text: str) -> list[float | None]:
-    rates: list[float | None] = []
+def _rates(text: str) -> list[workloads.Rate]:
+    rates: list[workloads.Rate] = []
     for item in text.split(","):
         if item == "sync":
             rates.append(None)
             continue
+        if item == workloads.MAX_RATE:
+            rates.append(item)
+            continue
         try:
             rate = float(item)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r}: a rate is 'sync' or req/s > 0") from None
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: a rate is 'sync', 'max' or req/s > 0"
+            ) from None
         if rate <= 0:
             raise argparse.ArgumentTypeError(f"{item!r}: a rate must be > 0")
         rates.append(rate)
@@ -39,6 +44,13 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
+def _arm(text: str) -> harness.Arm:
+    try:
+        return harness.Arm.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench",
@@ -51,19 +63,35 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument(
         "--arms",
-        type=_names(harness.ARMS),
-        default=["baseline", "native"],
-        help="comma list of baseline,native,lmcache",
+        type=_names(harness.ARM_KINDS),
+        help="comma list of baseline,native,lmcache (default: baseline,native unless --arm)",
+    )
+    p.add_argument(
+        "--arm",
+        type=_arm,
+        action="append",
+        default=[],
+        metavar="LABEL=KIND [FLAGS]",
+        help="a further arm with its own serve flags (then `--` and vLLM arguments), e.g. "
+        "'c256=native --kv-offload-cpu-chunk-tokens 256' or "
+        "'uva8=baseline --weights-offload-cpu-gib 8'; repeatable",
     )
     p.add_argument(
         "--workloads",
         type=_names(harness.WORKLOADS),
-        default=list(harness.WORKLOADS),
-        help="comma list of reuse,chat,sweep,memory",
+        default=list(harness.DEFAULT_WORKLOADS),
+        help="comma list of reuse,chat,sweep,decode,memory (default: all but decode)",
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--docs", type=int, default=8, help="reuse: documents")
     p.add_argument("--doc-tokens", type=int, default=8000, help="reuse: tokens per document")
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=0.5,
+        help="reuse: pause before each request, so the last one's copies to the CPU tier "
+        "have finished",
+    )
     p.add_argument("--conversations", type=int, default=4, help="chat: conversations")
     p.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
     p.add_argument("--turn-tokens", type=int, default=1000, help="chat: user tokens per turn")
@@ -71,9 +99,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--rates",
         type=_rates,
         default=[None, 8.0, 32.0],
-        help="sweep: comma list of 'sync' and req/s",
+        help="sweep: comma list of 'sync', req/s (Poisson) and 'max' (closed loop)",
     )
     p.add_argument("--rate-seconds", type=float, default=10.0, help="sweep: seconds per rate")
+    p.add_argument("--max-concurrency", type=int, default=64, help="sweep: clients at rate 'max'")
+    p.add_argument(
+        "--decode-batch", type=int, default=16, help="decode: requests decoding side by side"
+    )
     p.add_argument("--prompt-tokens", type=int, default=512, help="sweep: prompt tokens")
     p.add_argument("--output-tokens", type=int, default=64, help="fixed output (ignore_eos)")
     p.add_argument("--tier-gib", type=float, default=16.0, help="CPU tier of the offload arms")
@@ -110,24 +142,39 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         "turn_tokens",
         "output_tokens",
         "prompt_tokens",
+        "max_concurrency",
+        "decode_batch",
     ):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: must be at least 1")
+    if args.settle_seconds < 0:
+        raise UsageError("--settle-seconds: must be >= 0")
+    arms = [
+        harness.Arm(kind, kind)
+        for kind in args.arms or ([] if args.arm else ["baseline", "native"])
+    ]
+    arms += args.arm
+    labels = [a.label for a in arms]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"--arm: labels must differ, got {', '.join(labels)}")
     if not (args.model / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there")
     options = harness.BenchOptions(
         model=args.model.absolute(),
         out=args.out,
-        arms=args.arms,
+        arms=arms,
         workloads=args.workloads,
         repeats=args.repeats,
         docs=args.docs,
         doc_tokens=args.doc_tokens,
+        settle_s=args.settle_seconds,
         conversations=args.conversations,
         turns=args.turns,
         turn_tokens=args.turn_tokens,
         rates=args.rates,
         rate_seconds=args.rate_seconds,
+        max_concurrency=args.max_concurrency,
+        decode_batch=args.decode_batch,
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
         tier_gib=args.tier_gib,
@@ -141,5 +188,5 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     results = harness.run(options)
     for path in report.write(results, args.out):
         print(f"wrote {path}")
-    print(json.dumps(results.get("floor", {})))
+    print(json.dumps({"floor": results["floor"], "decode_floor": results["decode_floor"]}))
     return 0
