@@ -5,6 +5,8 @@
 #                             # threshold 2), reuse with a settle pause, saturated + 16 req/s
 #   session3.sh weights       # decode speed with 8 GiB of weights offloaded: UVA vs prefetch
 #   session3.sh kv-unpatched  # the same KV arms on unpatched vLLM (torch-pinned tier)
+#   session3.sh breakdown     # reuse with the server's own timings (queue, prefill, load
+#                             # bytes and time) for 16/256/1024-token chunks, and chat
 # Llama-3-8B shape, dummy weights; the arms run side by side on the one GPU, each with a
 # 4 GiB GPU KV pool; 55.4 GB/s is the registered-buffer H2D figure of pinned_memory.py.
 set -uo pipefail
@@ -19,7 +21,7 @@ bench() {
 }
 kv_workloads=(--workloads reuse,sweep,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5
   --rates max,16 --rate-seconds 7 --max-concurrency 48 --prompt-tokens 512 --output-tokens 64)
-case "${1:?kv-patched|weights|kv-unpatched}" in
+case "${1:?kv-patched|weights|kv-unpatched|breakdown}" in
 kv-patched)
   python3 -m vllm_offload patch apply --site /root/site
   bench 470 kv-patched --arms baseline,native \
@@ -37,8 +39,16 @@ weights)
   ;;
 kv-unpatched)
   python3 -m vllm_offload patch revert --site /root/site
-  bench 500 kv-unpatched --serve-flags "--allow-unpatched" --arms baseline,native \
+  bench 500 kv-unpatched --serve-flags=--allow-unpatched --arms baseline,native \
     --arm "c256=native --kv-offload-cpu-chunk-tokens 256" "${kv_workloads[@]}"
+  ;;
+breakdown)
+  python3 -m vllm_offload patch apply --site /root/site
+  bench 500 breakdown --arms baseline,native \
+    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" \
+    --arm "c1024=native --kv-offload-cpu-chunk-tokens 1024" \
+    --workloads reuse,chat,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5 \
+    --conversations 8 --turns 3 --turn-tokens 1500 --output-tokens 16
   ;;
 esac
 # At most 8 files come back: the results, the summary, the plots, the servers' key lines.

@@ -40,6 +40,9 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     assert run["reuse"]["errors"] == 0 and all(t > 0 for t in run["reuse"]["ttft_pass_s"])
     assert run["chat"]["errors"] == 0 and len(run["chat"]["ttft_by_turn_s"]) == 2
     assert run["reuse"]["settle_s"] == 0.1
+    pass2 = run["reuse"]["server_per_doc"][1]  # the server's own timing of each document
+    assert 0 < pass2["vllm:time_to_first_token_seconds_sum"] < run["reuse"]["ttft_pass_s"][1]
+    assert pass2["vllm:request_prefill_time_seconds_sum"] > 0
     assert [row["rate_rps"] for row in run["sweep"]] == [None, 2.0, "max"]
     assert all(row["errors"] == 0 and row["output_tok_per_s"] > 0 for row in run["sweep"])
     sync, _, saturated = run["sweep"]
@@ -47,8 +50,9 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     assert run["decode"]["errors"] == 0 and run["decode"]["decode_tok_per_s"] > 0
     assert results["decode_floor"] == {}  # no weights offloaded, no ceiling
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    assert {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s", "sweep.max.output_tok_per_s",
-            "decode.decode_tok_per_s"} <= {r["metric"] for r in rows}  # fmt: skip
+    expected = {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s", "sweep.max.output_tok_per_s",
+                "decode.decode_tok_per_s", "reuse.pass2.server.time_to_first_token"}  # fmt: skip
+    assert expected <= {r["metric"] for r in rows}
     assert "| base | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
     import matplotlib.image
 

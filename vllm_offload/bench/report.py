@@ -43,6 +43,15 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                         **_spread([r["reuse"]["ttft_pass_s"][i] for r in runs]),
                     }
                 )
+            for i in range(2):  # the server's side of each pass, per document
+                for name in runs[0]["reuse"].get("server_per_doc", [{}, {}])[i]:
+                    short = name.removeprefix("vllm:").removesuffix("_seconds_sum")
+                    unit = "bytes" if name.endswith("_bytes") else "s"
+                    values = [r["reuse"]["server_per_doc"][i].get(name) for r in runs]
+                    rows.append(
+                        {"arm": arm, "metric": f"reuse.pass{i + 1}.server.{short}", "unit": unit,
+                         **_spread(values)}
+                    )  # fmt: skip
             hits = [r["reuse"]["gpu_hit_ttft_s"] for r in runs if r["reuse"]["gpu_hit_ttft_s"]]
             rows.append({"arm": arm, "metric": "reuse.gpu_hit_ttft", "unit": "s", **_spread(hits)})
         if runs and "chat" in runs[0]:

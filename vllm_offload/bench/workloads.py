@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 import httpx
 
 from vllm_offload.bench.client import Prompt, RequestResult, complete
+from vllm_offload.prometheus import sum_samples
 
 # Token ids well inside any real vocabulary and clear of special tokens.
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000
@@ -21,6 +22,24 @@ WORDS = (
     "the", "cache", "holds", "blocks", "of", "tokens", "in", "host", "memory", "for",
     "later", "reuse", "by", "the", "server",
 )  # fmt: skip
+
+
+# Where a reused document's TTFT goes, from the server's side (sums over a pass).
+PASS_METRICS = (
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:kv_offload_load_bytes",
+    "vllm:kv_offload_load_time",
+    "vllm:kv_offload_store_bytes",
+    "vllm:kv_offload_store_time",
+)
+
+
+def server_totals(client: httpx.Client, base_url: str) -> dict[str, float]:
+    response = client.get(base_url + "/metrics", timeout=30)
+    response.raise_for_status()
+    return sum_samples(response.text, PASS_METRICS)
 
 
 @dataclass(frozen=True)
@@ -79,12 +98,17 @@ def reuse(
         time.sleep(settle_s)
         return complete(client, base_url, prompt, 1)
 
+    server_side: list[dict[str, float]] = []
     with httpx.Client() as client:
         for _ in range(2):
             results = []
+            before = server_totals(client, base_url)
             for doc in documents:
                 results.append(one(client, doc).to_json())
                 progress()
+            time.sleep(settle_s)  # the last document's stores land in this pass
+            after = server_totals(client, base_url)
+            server_side.append({k: (after[k] - before.get(k, 0.0)) / docs for k in after})
             passes.append(results)
         probe = maker.make(rng, doc_tokens)
         cold = one(client, probe)
@@ -94,6 +118,7 @@ def reuse(
         "doc_tokens": doc_tokens,
         "passes": passes,
         "ttft_pass_s": [mean_or_none([r["ttft_s"] for r in p]) for p in passes],
+        "server_per_doc": server_side,  # PASS_METRICS per document, by pass
         "gpu_hit_ttft_s": warm.ttft_s,
         "cold_ttft_s": cold.ttft_s,
         "settle_s": settle_s,

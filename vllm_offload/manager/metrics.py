@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_offload.hardware import nvml_devices
+from vllm_offload.prometheus import sum_samples
 
 HISTORY_S = 600
 
@@ -39,14 +39,8 @@ TTFT = "vllm:time_to_first_token_seconds"
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
-    """Sum every sample of the metrics we chart (all label sets together)."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name in GAUGES or name in COUNTERS or name in (f"{TTFT}_sum", f"{TTFT}_count"):
-                values[name] = values.get(name, 0.0) + float(sample.value)
-    return values
+    """The metrics we chart."""
+    return sum_samples(text, {*GAUGES, *COUNTERS, f"{TTFT}_sum", f"{TTFT}_count"})
 
 
 def _gpus() -> list[dict[str, Any]]:
