@@ -7,6 +7,7 @@
 #   session3.sh kv-unpatched  # the same KV arms on unpatched vLLM (torch-pinned tier)
 #   session3.sh breakdown     # reuse with the server's own timings (queue, prefill, load
 #                             # bytes and time) for 16/256/1024-token chunks, and chat
+#   session3.sh blocks        # GPU block size 16/64/128 tokens under 256-token CPU chunks
 # Llama-3-8B shape, dummy weights; the arms run side by side on the one GPU, each with a
 # 4 GiB GPU KV pool; 55.4 GB/s is the registered-buffer H2D figure of pinned_memory.py.
 set -uo pipefail
@@ -21,7 +22,7 @@ bench() {
 }
 kv_workloads=(--workloads reuse,sweep,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5
   --rates max,16 --rate-seconds 7 --max-concurrency 48 --prompt-tokens 512 --output-tokens 64)
-case "${1:?kv-patched|weights|kv-unpatched|breakdown}" in
+case "${1:?kv-patched|weights|kv-unpatched|breakdown|blocks}" in
 kv-patched)
   python3 -m vllm_offload patch apply --site /root/site
   bench 470 kv-patched --arms baseline,native \
@@ -49,6 +50,15 @@ breakdown)
     --arm "c1024=native --kv-offload-cpu-chunk-tokens 1024" \
     --workloads reuse,chat,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5 \
     --conversations 8 --turns 3 --turn-tokens 1500 --output-tokens 16
+  ;;
+blocks)
+  python3 -m vllm_offload patch apply --site /root/site
+  bench 480 blocks --arms baseline \
+    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" \
+    --arm "b64=native --kv-offload-block-size 64 --kv-offload-cpu-chunk-tokens 256" \
+    --arm "b128=native --kv-offload-block-size 128 --kv-offload-cpu-chunk-tokens 256" \
+    --workloads reuse,sweep,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5 \
+    --rates max --rate-seconds 6 --max-concurrency 48 --prompt-tokens 512 --output-tokens 64
   ;;
 esac
 # At most 8 files come back: the results, the summary, the plots, the servers' key lines.
