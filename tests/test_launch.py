@@ -38,7 +38,9 @@ def test_native_backend_builds_offloading_connector(demo_dir: Path) -> None:
     assert kv["kv_connector_extra_config"] == {
         "cpu_bytes_to_use": 4 * GIB,
         "eviction_policy": "lru",
+        "block_size": 256,  # 'auto' CPU chunk with the native tier: two 128-token blocks
     }
+    assert flag(spec, "--block-size") == "128"
     assert "num_cpu_blocks" not in json.dumps(kv)
 
 
@@ -47,8 +49,13 @@ def test_cpu_chunk_tokens(demo_dir: Path) -> None:
     assert spec.kv_transfer_config is not None
     assert spec.kv_transfer_config["kv_connector_extra_config"]["block_size"] == 256
     with pytest.raises(PlanError) as info:
-        spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 100})
+        spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 100,
+                            "kv_offload.block_size": 16})  # fmt: skip
     assert info.value.field == "kv_offload.cpu_chunk_tokens" and "use 112" in info.value.message
+    one_block = spec_for(demo_dir, {"kv_offload.backend": "native",
+                                    "kv_offload.cpu_chunk_tokens": 128})  # fmt: skip
+    assert one_block.kv_transfer_config is not None  # vLLM's default needs no key
+    assert "block_size" not in one_block.kv_transfer_config["kv_connector_extra_config"]
 
 
 def test_auto_backend_is_native_with_gpu_and_none_without(demo_dir: Path) -> None:
@@ -81,13 +88,14 @@ def test_legacy_num_cpu_blocks_is_translated(demo_dir: Path) -> None:
     )
     facts = model_facts.read(demo_dir)
     plan = make_plan(config, facts, make_host(24), "cuda")
-    # demo model: 2 layers x (K+V) x 4 heads x 64 dims x 2 bytes x 16 tokens
-    assert plan.kv_bytes_per_block == 2 * 2 * 4 * 64 * 2 * 16
-    assert plan.cpu_tier_bytes == 1000 * plan.kv_bytes_per_block
+    # demo model: 2 layers x (K+V) x 4 heads x 64 dims x 2 bytes; the seed's blocks held
+    # vLLM's default 16 tokens, whatever block size is planned now
+    assert plan.kv_bytes_per_token == 2 * 2 * 4 * 64 * 2
+    assert plan.cpu_tier_bytes == 1000 * plan.kv_bytes_per_token * 16
     assert any("num_cpu_blocks is deprecated" in w for w in plan.warnings)
     kv = launch.kv_transfer_config(config, plan)
     assert kv is not None
-    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == 1000 * plan.kv_bytes_per_block
+    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == plan.cpu_tier_bytes
 
 
 def test_common_flags(demo_dir: Path) -> None:

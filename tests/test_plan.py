@@ -97,7 +97,9 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
     assert plan.longest_request_tokens > 8192
     # vLLM maps the tier from /dev/shm, by default half the RAM: that bounds it here.
     assert plan.cpu_tier_bytes == 64 * GIB
-    assert plan.cpu_tier_tokens == plan.cpu_tier_bytes // plan.kv_bytes_per_block * 16
+    # with the native tier on plain attention: 128-token blocks, 256-token CPU chunks
+    assert (plan.block_size_tokens, plan.cpu_chunk_tokens) == (128, 256)
+    assert plan.cpu_tier_tokens == plan.cpu_tier_bytes // plan.kv_bytes_per_block * 128
     big_shm = make_plan(config_for(model), model_facts.read(model),
                         make_host(24, ram_gib=128, shm_gib=128), "cuda")  # fmt: skip
     assert big_shm.cpu_tier_bytes == 115 * GIB  # RAM minus the 10 % reserve, whole GiB
@@ -109,14 +111,16 @@ def test_max_model_len_beyond_the_pool_is_refused(tmp_path: Path) -> None:
     model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
     facts = model_facts.read(model)
     config = config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
-                                  "model.max_model_len": 65536})  # fmt: skip
+                                  "model.max_model_len": 65536,
+                                  "kv_offload.block_size": 16})  # fmt: skip
     with pytest.raises(PlanError) as info:
         make_plan(config, facts, make_host(24), "cuda")
     assert info.value.field == "model.max_model_len"
     # 2 GiB / 2 MiB per block = 1024 blocks, one held back -> 1023 x 16 tokens
     assert "holds 16368 tokens" in info.value.message
     assert "CPU tier does not extend one request" in info.value.message
-    auto = make_plan(config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB}), facts,
+    auto = make_plan(config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
+                                          "kv_offload.block_size": 16}), facts,
                      make_host(24), "cuda")  # fmt: skip
     assert auto.max_model_len == 16368
 
@@ -158,7 +162,8 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
     plan = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(24), "cuda")
     assert sorted(plan.to_json()) == sorted([
         "platform", "model_path", "architecture", "kv_offload_backend",
-        "kv_offload_backend_reason", "block_size_tokens", "kv_dtype_bytes", "kv_bytes_per_token",
+        "kv_offload_backend_reason", "block_size_tokens", "cpu_chunk_tokens", "kv_dtype_bytes",
+        "kv_bytes_per_token",
         "kv_bytes_per_block", "weight_bytes", "weight_bytes_source", "weights_gpu_bytes",
         "weights_offloaded_bytes", "prefetch_group_size", "prefetch_num_in_group",
         "weights_offloaded_layers", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
@@ -227,3 +232,21 @@ def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
         freed - layer, abs=1 << 20
     )
     assert "20 layers: the last 4 of every 6, prefetched" in render(prefetch)
+
+
+def test_block_size_auto_follows_the_cpu_tier(tmp_path: Path, demo_dir: Path) -> None:
+    model = write_shape(tmp_path, LLAMA3_8B)
+    facts = model_facts.read(model)
+    native = make_plan(config_for(model), facts, make_host(24), "cuda")
+    assert (native.block_size_tokens, native.cpu_chunk_tokens) == (128, 256)
+    none = make_plan(config_for(model, **{"kv_offload.backend": "none"}), facts,
+                     make_host(24), "cuda")  # fmt: skip
+    assert (none.block_size_tokens, none.cpu_chunk_tokens) == (16, 16)
+    pinned = make_plan(config_for(model, **{"kv_offload.block_size": 32}), facts,
+                       make_host(24), "cuda")  # fmt: skip
+    assert (pinned.block_size_tokens, pinned.cpu_chunk_tokens) == (32, 256)
+    mla_dir = write_shape(tmp_path / "mla", SHAPES["deepseek-v2-lite"])
+    mla = make_plan(config_for(mla_dir), model_facts.read(mla_dir), make_host(80), "cuda")
+    assert mla.kv_offload_backend == "native" and mla.block_size_tokens == 16
+    cpu = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(None), "cpu")
+    assert (cpu.block_size_tokens, cpu.cpu_chunk_tokens) == (128, 128)

@@ -113,12 +113,15 @@ class KvOffloadSection(_Section):
     block_size: int | Auto = Field(
         "auto",
         description="Tokens per GPU KV block (vLLM --block-size); the CPU tier stores whole "
-        "blocks. 'auto': 16 on NVIDIA GPUs, 128 on the CPU backend (it needs a multiple of 32).",
+        "blocks. 'auto': 128 with the native CPU tier (bigger host<->GPU copies) on plain "
+        "attention models, else 16 on NVIDIA GPUs; 128 on the CPU backend (it needs a "
+        "multiple of 32).",
     )
     cpu_chunk_tokens: int | Auto = Field(
         "auto",
         description="Tokens the CPU tier moves as one chunk (a multiple of block_size); "
-        "bigger chunks mean fewer, larger copies. 'auto': one GPU block.",
+        "bigger chunks mean fewer, larger copies, but a prompt's last partial chunk stays "
+        "GPU-only. 'auto': 256 with the native tier (or one block, if bigger).",
     )
     eviction_policy: Literal["lru", "arc"] = Field(
         "lru", description="Which CPU-tier blocks to drop when the tier is full."

@@ -62,8 +62,8 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
             "cpu_bytes_to_use": plan.cpu_tier_bytes,
             "eviction_policy": config.kv_offload.eviction_policy,
         }
-        if config.kv_offload.cpu_chunk_tokens != "auto":
-            extra["block_size"] = config.kv_offload.cpu_chunk_tokens  # tokens per CPU chunk
+        if plan.cpu_chunk_tokens != plan.block_size_tokens:  # vLLM's default: one GPU block
+            extra["block_size"] = plan.cpu_chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
             extra["store_threshold"] = config.kv_offload.store_threshold
         return {

@@ -28,6 +28,14 @@ GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
 GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
 # vLLM's CPU attention needs blocks in multiples of 32; 16 is vLLM's default on GPUs.
 DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cuda": 16, "cpu": 128}
+# With the native CPU tier, bigger GPU blocks make each host<->GPU copy bigger: on an
+# H200 a CPU hit of 1 GiB loaded at 35 GB/s with 16-token blocks and 49 GB/s with 128
+# (TTFT 74 -> 64 ms), at no measured throughput cost (docs/benchmarks.md). Only for plain
+# attention layers: MLA and hybrid models have backend-specific block sizes.
+OFFLOAD_BLOCK_SIZE = 128
+# Tokens per CPU-tier chunk with the native tier: fewer, larger transfers and lookups
+# (CPU hit 80.6 -> 73.7 ms against one 16-token block per chunk, same run).
+OFFLOAD_CHUNK_TOKENS = 256
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
 
@@ -101,6 +109,7 @@ class Plan:
     kv_offload_backend: Literal["native", "lmcache", "none"]
     kv_offload_backend_reason: str
     block_size_tokens: int
+    cpu_chunk_tokens: int  # tokens the CPU tier moves as one chunk (a multiple of the block)
     kv_dtype_bytes: int
     kv_bytes_per_token: int  # per rank, all layers
     kv_bytes_per_block: int  # per rank, all layers
@@ -195,20 +204,29 @@ def make_plan(
     warnings: list[str] = [f"could not read {what}" for what in model.unknown]
     tp = config.parallel.tensor_parallel_size
     pp = config.parallel.pipeline_parallel_size
+    backend, backend_reason = resolve_kv_backend(config, host, platform)
     block = config.kv_offload.block_size
     if block == "auto":
-        block = DEFAULT_BLOCK_SIZE[platform]
+        plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
+        block = (
+            OFFLOAD_BLOCK_SIZE
+            if backend == "native" and plain_attention
+            else DEFAULT_BLOCK_SIZE[platform]
+        )
     dtype_b = kv_dtype_bytes(model, config.model.dtype, config.model.kv_cache_dtype)
     per_token = kv_bytes_per_token(model, dtype_b, tp)
     per_block = per_token * block
-    backend, backend_reason = resolve_kv_backend(config, host, platform)
-    chunk = config.kv_offload.cpu_chunk_tokens
-    if chunk != "auto" and chunk % block:
+    configured_chunk = config.kv_offload.cpu_chunk_tokens
+    if configured_chunk == "auto":
+        chunk = max(OFFLOAD_CHUNK_TOKENS, block) if backend == "native" else block
+    elif configured_chunk % block:
         raise PlanError(
             "kv_offload.cpu_chunk_tokens",
-            f"{chunk} is not a multiple of the block size ({block} tokens); use "
-            f"{-(-chunk // block) * block}",
+            f"{configured_chunk} is not a multiple of the block size ({block} tokens); use "
+            f"{-(-configured_chunk // block) * block}",
         )
+    else:
+        chunk = configured_chunk
 
     # The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served in
     # 16 bits); quantised weights stay as stored.
@@ -326,7 +344,9 @@ def make_plan(
     if backend == "none":
         tier = 0
     elif config.kv_offload.num_cpu_blocks is not None:
-        tier = config.kv_offload.num_cpu_blocks * per_block * tp
+        # The seed counted blocks of its block size: vLLM's 16 tokens unless configured.
+        legacy_block = block if config.kv_offload.block_size != "auto" else 16
+        tier = config.kv_offload.num_cpu_blocks * per_token * legacy_block * tp
         warnings.append(
             f"kv_offload.num_cpu_blocks is deprecated: {config.kv_offload.num_cpu_blocks} "
             f"blocks = {tier / GIB:.2f} GiB; set kv_offload.cpu_tier_gib = "
@@ -359,6 +379,7 @@ def make_plan(
         kv_offload_backend=backend,
         kv_offload_backend_reason=backend_reason,
         block_size_tokens=block,
+        cpu_chunk_tokens=chunk,
         kv_dtype_bytes=dtype_b,
         kv_bytes_per_token=per_token,
         kv_bytes_per_block=per_block,
