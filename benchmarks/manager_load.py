@@ -92,7 +92,7 @@ def pollers_process(base: str, token: str, until: float, count: int,
 
 
 def openai_client(base: str, streaming: bool, until: float, counts: dict[str, int],
-                  lock: threading.Lock) -> None:  # fmt: skip
+                  failures: list[str], lock: threading.Lock) -> None:  # fmt: skip
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
@@ -111,8 +111,10 @@ def openai_client(base: str, streaming: bool, until: float, counts: dict[str, in
                     is not None
                 )
             key = "ok" if ok else "failed"
-        except openai.APIError:
+        except openai.APIError as exc:
             key = "failed"
+            with lock:
+                failures.append(repr(exc)[:300])
         with lock:
             counts[key] = counts.get(key, 0) + 1
 
@@ -176,9 +178,10 @@ def main() -> int:
         )
         measuring.start()
         counts: dict[str, int] = {}
+        failures: list[str] = []
         threads = [threading.Thread(target=openai_client,
                                      args=(f"http://127.0.0.1:{server_port}", i % 2 == 0,
-                                           began + args.seconds, counts, lock))
+                                           began + args.seconds, counts, failures, lock))
                     for i in range(args.openai_clients)]  # fmt: skip
         for t in threads:
             t.start()
@@ -196,7 +199,7 @@ def main() -> int:
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=60)
-    quantiles = statistics.quantiles(latencies, n=100)
+    quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
     result = {
         "pollers": args.pollers,
         "seconds": round(wall, 1),
@@ -212,6 +215,7 @@ def main() -> int:
         "openai_clients": args.openai_clients,
         "openai_requests_ok": counts.get("ok", 0),
         "openai_requests_failed": counts.get("failed", 0),
+        "openai_first_failures": failures[:5],
         "goals": {"errors": 0, "p99_ms_below": 100, "cpu_percent_below": 10},
     }
     print(json.dumps(result, indent=2))

@@ -29,6 +29,10 @@ from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.service import ServiceError, Systemd
 
 MAX_BODY_BYTES = 64 * 1024
+# Server processes ending before they answer, this many within the window: a crash loop
+# (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
+CRASH_LOOP_STARTS = 3
+CRASH_LOOP_WINDOW_S = 600
 PROBE_TIMEOUT_S = 60
 
 
@@ -47,18 +51,42 @@ class ServiceWatch:
     gone, health moving. What lets the page show a crash and the recovery after it."""
 
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    # When server processes ended before they ever answered /health (within the window).
+    failed_starts: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_LOOP_STARTS))
     _pid: int | None = None
+    _pid_answered: bool = False
     _health: str | None = None
 
-    def observe(self, pid: int | None, health: str) -> None:
+    @property
+    def crash_loop(self) -> bool:
+        recent = [t for t in self.failed_starts if t > time.time() - CRASH_LOOP_WINDOW_S]
+        return len(recent) >= CRASH_LOOP_STARTS
+
+    def observe(self, pid: int | None, health: str) -> str:
+        """Record what changed; the health to show ('crash-loop' over 'starting'/'failed')."""
         now = round(time.time(), 1)
-        if self._pid is not None and pid is not None and pid != self._pid:
-            self.events.append({"t": now, "text": f"new server process: pid {self._pid} -> {pid}"})
-        elif self._pid is not None and pid is None:
-            self.events.append({"t": now, "text": f"server process {self._pid} is gone"})
-        if self._health is not None and health != self._health:
-            self.events.append({"t": now, "text": f"{self._health} -> {health}"})
-        self._pid, self._health = pid, health
+        was_looping = self.crash_loop
+        if self._pid is not None and pid != self._pid:
+            if pid is not None:
+                self.events.append(
+                    {"t": now, "text": f"new server process: pid {self._pid} -> {pid}"}
+                )
+            else:
+                self.events.append({"t": now, "text": f"server process {self._pid} is gone"})
+            if not self._pid_answered:
+                self.failed_starts.append(now)
+            self._pid_answered = False
+        if health == "healthy":
+            self._pid_answered = True
+            self.failed_starts.clear()
+        shown = "crash-loop" if self.crash_loop and health != "healthy" else health
+        if self.crash_loop and not was_looping:
+            self.events.append({"t": now, "text": f"crash loop: {CRASH_LOOP_STARTS} server "
+                                "processes ended before answering"})  # fmt: skip
+        if self._health is not None and shown != self._health:
+            self.events.append({"t": now, "text": f"{self._health} -> {shown}"})
+        self._pid, self._health = pid, shown
+        return shown
 
 
 class ConfigError422(HTTPException):
@@ -218,9 +246,9 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         if unit.main_pid is not None:
             with suppress(psutil.NoSuchProcess):
                 uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
-        watch.observe(unit.main_pid, health)
+        health = watch.observe(unit.main_pid, health)
         reason = None
-        if health in ("failed", "stopped"):
+        if health in ("failed", "stopped", "crash-loop"):
             errors = [line for line in settings.systemd.logs(settings.unit, 300)
                       if "error" in line.lower()]  # fmt: skip
             reason = errors[-1] if errors else None
