@@ -186,7 +186,8 @@ def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]
     best = (num_layers, num_layers, num_layers + 1)  # worse than any answer
     for group in range(1, num_layers + 1):
         for in_group in range(1, group + 1):
-            count = sum(1 for i in range(num_layers) if i % group >= group - in_group)
+            # whole groups, then the partial last group's layers past group - in_group
+            count = num_layers // group * in_group + max(0, num_layers % group - group + in_group)
             if layers_needed <= count < best[2]:
                 best = (group, in_group, count)
     return best
@@ -250,10 +251,9 @@ def make_plan(
         overhead = gpu_overhead_bytes(model)
         offload = config.weights_offload.cpu_gib
         prefetch = config.weights_offload.backend == "prefetch" and offload != 0.0
+        # Tensor parallelism splits every layer; pipeline stages hold whole layers.
         layer_bytes = (
-            decoder_layer_bytes(
-                model, weights_per_rank * tp, compute_dtype_bytes(model, config.model.dtype)
-            )
+            decoder_layer_bytes(model, weight_bytes, compute_dtype_bytes(model, config.model.dtype))
             // tp
         )
         if prefetch:  # the GPU buffers offloaded layers are copied into

@@ -42,6 +42,12 @@ def server_totals(client: httpx.Client, base_url: str) -> dict[str, float]:
     return sum_samples(response.text, PASS_METRICS)
 
 
+def complete_alone(base_url: str, prompt: Prompt, max_tokens: int) -> RequestResult:
+    """One request on a connection of its own, as concurrent clients send them."""
+    with httpx.Client() as client:
+        return complete(client, base_url, prompt, max_tokens)
+
+
 @dataclass(frozen=True)
 class PromptMaker:
     token_ids: bool
@@ -200,8 +206,7 @@ def sweep(
         def run(
             prompt: Prompt, results: list[RequestResult] = results, lock: threading.Lock = lock
         ) -> None:
-            with httpx.Client() as client:
-                result = complete(client, base_url, prompt, output_tokens)
+            result = complete_alone(base_url, prompt, output_tokens)
             with lock:
                 results.append(result)
 
@@ -259,25 +264,19 @@ def decode(
     rng = random.Random(seed)
     prompts = [maker.make(rng, prompt_tokens) for _ in range(batch)]
 
-    def run(prompt: Prompt) -> RequestResult:
-        with httpx.Client() as client:
-            return complete(client, base_url, prompt, output_tokens)
-
     with ThreadPoolExecutor(max_workers=batch) as pool:
-        results = list(pool.map(run, prompts))
+        results = list(
+            pool.map(lambda prompt: complete_alone(base_url, prompt, output_tokens), prompts)
+        )
     progress()
     ok = [r for r in results if r.ok]
-    # Requests decode side by side, so the batch's speed is the sum of their speeds.
-    rate = sum(
-        (r.output_tokens - 1) / (r.latency_s - r.ttft_s)
-        for r in ok
-        if r.ttft_s is not None and r.output_tokens > 1 and r.latency_s > r.ttft_s
-    )
+    tpots = [t for r in ok if (t := r.tpot_s) is not None]
     return {
         "batch": batch,
         "output_tokens": output_tokens,
-        "decode_tok_per_s": rate,
-        "tpot_p50_s": percentile([t for r in ok if (t := r.tpot_s) is not None], 50),
+        # Requests decode side by side, so the batch's speed is the sum of their speeds.
+        "decode_tok_per_s": sum(1 / t for t in tpots if t > 0),
+        "tpot_p50_s": percentile(tpots, 50),
         "errors": len(results) - len(ok),
         "first_error": _first_error([r.to_json() for r in results]),
     }

@@ -54,7 +54,7 @@ def _arm(text: str) -> harness.Arm:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="measure baseline vs CPU KV tier: reuse, chat, rate sweep, memory",
+        help="measure baseline vs CPU KV tier: reuse, chat, rate sweep, decode, memory",
         description="Start one server per arm through the launcher (same model, same GPU "
         "pool), run the workloads interleaved and repeated, write results.json, "
         "summary.csv, summary.md and PNG plots. Arguments after `--` go to vLLM.",

@@ -79,8 +79,9 @@ class ServiceWatch:
         if health == "healthy":
             self._pid_answered = True
             self.failed_starts.clear()
-        shown = "crash-loop" if self.crash_loop and health != "healthy" else health
-        if self.crash_loop and not was_looping:
+        looping = self.crash_loop  # a healthy server has just cleared failed_starts
+        shown = "crash-loop" if looping else health
+        if looping and not was_looping:
             self.events.append({"t": now, "text": f"crash loop: {CRASH_LOOP_STARTS} server "
                                 "processes ended before answering"})  # fmt: skip
         if self._health is not None and shown != self._health:
