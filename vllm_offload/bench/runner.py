@@ -18,7 +18,7 @@ import psutil
 GIB = 1 << 30
 LOG_PATTERNS = {
     "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
-    "arena_gib": r"registered host arena: ([\d.]+) GiB",
+    "arena_gib": r"registered host arena: ([\d.]+)",  # GiB
     "offloaded_gib": r"Total CPU offloaded parameters: ([\d.]+)",  # GiB
     "prefetch_offloaded_gb": r"\[PrefetchOffloader\] .* Total GPU memory saved: ([\d.]+) GB",
 }
