@@ -14,6 +14,7 @@ timeout 520 python3 -m vllm_offload bench --model benchmarks/models/llama-3-8b \
   --conversations 8 --turns 3 --turn-tokens 1500 \
   --rates sync,8,32 --rate-seconds 6 --prompt-tokens 512 --output-tokens 64 \
   --tier-gib 16 --pool-bytes $((4 << 30)) --gpu-memory-utilization 0.4 \
+  --serve-flags="--kv-offload-block-size 16 --kv-offload-cpu-chunk-tokens 16" \
   --token-ids --h2d-gbps 55.4 --out "$out/bench" \
   -- --load-format dummy --skip-tokenizer-init --enforce-eager
 for f in "$out"/bench/*.log; do grep -E "Error|error:" "$f" | grep -v "Tokenizer not available" | head -3; done

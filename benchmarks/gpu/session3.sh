@@ -10,6 +10,8 @@
 #   session3.sh blocks        # GPU block size 16/64/128 tokens under 256-token CPU chunks
 # Llama-3-8B shape, dummy weights; the arms run side by side on the one GPU, each with a
 # 4 GiB GPU KV pool; 55.4 GB/s is the registered-buffer H2D figure of pinned_memory.py.
+# These runs chose today's defaults, so the arms pin what was measured: `native` is the
+# old default (16-token blocks and chunks), `c256`/`c1024` keep 16-token blocks.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -20,14 +22,15 @@ bench() {
     --h2d-gbps 55.4 --tier-gib 16 --out "$out/$2" "${@:3}" \
     -- --load-format dummy --skip-tokenizer-init --enforce-eager
 }
+b16="--kv-offload-block-size 16"
 kv_workloads=(--workloads reuse,sweep,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5
   --rates max,16 --rate-seconds 7 --max-concurrency 48 --prompt-tokens 512 --output-tokens 64)
 case "${1:?kv-patched|weights|kv-unpatched|breakdown|blocks}" in
 kv-patched)
   python3 -m vllm_offload patch apply --site /root/site
-  bench 470 kv-patched --arms baseline,native \
-    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" \
-    --arm "c256t2=native --kv-offload-cpu-chunk-tokens 256 --kv-offload-store-threshold 2" \
+  bench 470 kv-patched --arms baseline --arm "native=native $b16 --kv-offload-cpu-chunk-tokens 16" \
+    --arm "c256=native $b16 --kv-offload-cpu-chunk-tokens 256" \
+    --arm "c256t2=native $b16 --kv-offload-cpu-chunk-tokens 256 --kv-offload-store-threshold 2" \
     "${kv_workloads[@]}"
   ;;
 weights)
@@ -40,21 +43,22 @@ weights)
   ;;
 kv-unpatched)
   python3 -m vllm_offload patch revert --site /root/site
-  bench 500 kv-unpatched --serve-flags=--allow-unpatched --arms baseline,native \
-    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" "${kv_workloads[@]}"
+  bench 500 kv-unpatched --serve-flags=--allow-unpatched --arms baseline \
+    --arm "native=native $b16 --kv-offload-cpu-chunk-tokens 16" \
+    --arm "c256=native $b16 --kv-offload-cpu-chunk-tokens 256" "${kv_workloads[@]}"
   ;;
 breakdown)
   python3 -m vllm_offload patch apply --site /root/site
-  bench 500 breakdown --arms baseline,native \
-    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" \
-    --arm "c1024=native --kv-offload-cpu-chunk-tokens 1024" \
+  bench 500 breakdown --arms baseline --arm "native=native $b16 --kv-offload-cpu-chunk-tokens 16" \
+    --arm "c256=native $b16 --kv-offload-cpu-chunk-tokens 256" \
+    --arm "c1024=native $b16 --kv-offload-cpu-chunk-tokens 1024" \
     --workloads reuse,chat,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5 \
     --conversations 8 --turns 3 --turn-tokens 1500 --output-tokens 16
   ;;
 blocks)
   python3 -m vllm_offload patch apply --site /root/site
   bench 480 blocks --arms baseline \
-    --arm "c256=native --kv-offload-cpu-chunk-tokens 256" \
+    --arm "c256=native $b16 --kv-offload-cpu-chunk-tokens 256" \
     --arm "b64=native --kv-offload-block-size 64 --kv-offload-cpu-chunk-tokens 256" \
     --arm "b128=native --kv-offload-block-size 128 --kv-offload-cpu-chunk-tokens 256" \
     --workloads reuse,sweep,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5 \

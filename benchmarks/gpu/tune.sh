@@ -11,7 +11,7 @@ python3 benchmarks/pinned_memory.py --tensors 4 --tensor-gib 1.25 --out "$out/pi
 timeout 400 python3 -m vllm_offload bench --model benchmarks/models/llama-3-8b \
   --arms baseline,native --workloads reuse,memory --repeats 3 --docs 8 --doc-tokens 8000 \
   --tier-gib 16 --pool-bytes $((4 << 30)) --gpu-memory-utilization 0.4 \
-  --serve-flags "--kv-offload-cpu-chunk-tokens 256" \
+  --serve-flags="--kv-offload-block-size 16 --kv-offload-cpu-chunk-tokens 256" \
   --token-ids --h2d-gbps 55.4 --out "$out/chunk256" \
   -- --load-format dummy --skip-tokenizer-init --enforce-eager
 rm -f "$out"/chunk256/*.png "$out"/chunk256/summary.csv
