@@ -38,10 +38,17 @@ class ServiceStatus:
     active_state: str  # active, inactive, failed, activating, ...
     sub_state: str
     main_pid: int | None
+    result: str = ""  # systemd's Result (success, exit-code, start-limit-hit, ...); "" if none
 
     @property
     def running(self) -> bool:
         return self.active_state == "active" and self.main_pid is not None
+
+    @property
+    def start_limit_hit(self) -> bool:
+        """The service manager stopped restarting the unit: too many starts within its
+        StartLimitIntervalSec (docker-systemctl-replacement calls this state 'error')."""
+        return self.result == "start-limit-hit" or self.active_state == "error"
 
 
 @dataclass(frozen=True)
@@ -94,19 +101,28 @@ class Systemd:
                 f"{(done.stderr or done.stdout).strip()[-500:]}"
             )
 
+    def _reset_if_failed(self, unit: str) -> None:
+        # systemd refuses to start a unit that hit its start limit ("Start request repeated
+        # too quickly") until its failed state is reset; a start by hand means: try again.
+        if self.status(unit).active_state == "failed":
+            self._control("reset-failed", unit)
+
     def start(self, unit: str) -> None:
+        self._reset_if_failed(unit)
         self._control("start", unit)
 
     def stop(self, unit: str) -> None:
         self._control("stop", unit)
 
     def restart(self, unit: str) -> None:
+        self._reset_if_failed(unit)
         self._control("restart", unit)
 
     def status(self, unit: str) -> ServiceStatus:
         unit = validate_unit(unit)
         done = self._run([*self.systemctl, *self._root_args(), "show", f"{unit}.service",
-                          "-p", "ActiveState", "-p", "SubState", "-p", "MainPID"])  # fmt: skip
+                          "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
+                          "-p", "Result"])  # fmt: skip
         props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         pid = int(props.get("MainPID") or 0)
         return ServiceStatus(
@@ -114,6 +130,7 @@ class Systemd:
             active_state=props.get("ActiveState", "unknown"),
             sub_state=props.get("SubState", "unknown"),
             main_pid=pid or None,
+            result=props.get("Result", ""),
         )
 
     def logs(self, unit: str, lines: int = 200) -> list[str]:

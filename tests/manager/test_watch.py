@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_offload.manager.app import CRASH_LOOP_STARTS, ServiceWatch
+from vllm_offload.manager.watch import CRASH_LOOP_STARTS, ServiceWatch, health_of, last_error
+from vllm_offload.service import ServiceStatus
 
 
 def test_restarts_that_answer_are_not_a_crash_loop() -> None:
@@ -29,3 +30,51 @@ def test_processes_ending_before_they_answer_are_a_crash_loop() -> None:
     assert watch.observe(203, "starting") == "crash-loop"
     assert watch.observe(203, "healthy") == "healthy"
     assert not watch.crash_loop and watch.events[-1]["text"] == "crash-loop -> healthy"
+
+
+def test_the_start_limit_is_shown_over_the_crash_loop() -> None:
+    watch = ServiceWatch()
+    for pid in (300, 301, 302):
+        watch.observe(pid, "starting")
+    assert watch.observe(None, "failed") == "crash-loop"
+    assert watch.observe(None, "start-limit") == "start-limit"
+    assert watch.events[-1]["text"] == "crash-loop -> start-limit"
+
+
+def test_health_of_a_unit_the_service_manager_gave_up_on() -> None:
+    def unit(active: str, result: str = "") -> ServiceStatus:
+        return ServiceStatus("vllm", active, "dead", None, result)
+
+    assert health_of(unit("failed", "start-limit-hit"), answers=False) == "start-limit"
+    assert health_of(unit("error"), answers=False) == "start-limit"  # systemctl3's word
+    assert health_of(unit("failed", "exit-code"), answers=False) == "failed"
+    assert health_of(unit("activating"), answers=False) == "starting"
+    assert health_of(unit("inactive"), answers=False) == "stopped"
+    assert health_of(unit("active"), answers=True) == "healthy"
+
+
+# Lines as vLLM 0.32 logs a worker that found no weights (tests/e2e/test_faults_browser.py).
+ENGINE_FAILED = """\
+(Worker pid=21263) ERROR 11-22 05:10:08 [multiproc_executor.py:953]     self._prepare_weights(
+(Worker pid=21263) ERROR 11-22 05:10:08 [multiproc_executor.py:953] RuntimeError: Cannot find \
+any model weights with `/models/demo`
+(EngineCore pid=21236) ERROR 11-22 05:10:10 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=21236) ERROR 11-22 05:10:10 [core.py:1510] Exception: WorkerProc \
+initialization failed due to an exception in a background process. See stack trace for root \
+cause.
+    raise RuntimeError(
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): \
+{'EngineCore': 1}
+""".splitlines()
+
+
+def test_last_error_is_the_root_cause_not_its_wrappers() -> None:
+    assert (
+        last_error(ENGINE_FAILED)
+        == "RuntimeError: Cannot find any model weights with `/models/demo`"
+    )
+    port = ["INFO starting", "OSError: [Errno 98] Address already in use", "INFO bye"]
+    assert last_error(port) == "OSError: [Errno 98] Address already in use"
+    launcher = ["vllm-offload: error: model.path: Input should be a valid string"]
+    assert last_error(launcher) == launcher[0]
+    assert last_error(["INFO all fine"]) is None

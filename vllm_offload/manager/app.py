@@ -7,7 +7,6 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -25,14 +24,11 @@ from vllm_offload.cli._common import model_dir
 from vllm_offload.manager import detect, page
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.watch import UnitMonitor, last_error
 from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.service import ServiceError, Systemd
 
 MAX_BODY_BYTES = 64 * 1024
-# Server processes ending before they answer, this many within the window: a crash loop
-# (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
-CRASH_LOOP_STARTS = 3
-CRASH_LOOP_WINDOW_S = 600
 PROBE_TIMEOUT_S = 60
 
 
@@ -43,51 +39,6 @@ class ManagerSettings:
     unit: str = "vllm"
     systemd: Systemd = field(default_factory=Systemd)
     sample_interval_s: float = 1.0
-
-
-@dataclass
-class ServiceWatch:
-    """Changes seen between status polls (the page polls every 2 s): restarts, processes
-    gone, health moving. What lets the page show a crash and the recovery after it."""
-
-    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
-    # When server processes ended before they ever answered /health (within the window).
-    failed_starts: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_LOOP_STARTS))
-    _pid: int | None = None
-    _pid_answered: bool = False
-    _health: str | None = None
-
-    @property
-    def crash_loop(self) -> bool:
-        recent = [t for t in self.failed_starts if t > time.time() - CRASH_LOOP_WINDOW_S]
-        return len(recent) >= CRASH_LOOP_STARTS
-
-    def observe(self, pid: int | None, health: str) -> str:
-        """Record what changed; the health to show ('crash-loop' over 'starting'/'failed')."""
-        now = round(time.time(), 1)
-        was_looping = self.crash_loop
-        if self._pid is not None and pid != self._pid:
-            if pid is not None:
-                self.events.append(
-                    {"t": now, "text": f"new server process: pid {self._pid} -> {pid}"}
-                )
-            else:
-                self.events.append({"t": now, "text": f"server process {self._pid} is gone"})
-            if not self._pid_answered:
-                self.failed_starts.append(now)
-            self._pid_answered = False
-        if health == "healthy":
-            self._pid_answered = True
-            self.failed_starts.clear()
-        looping = self.crash_loop  # a healthy server has just cleared failed_starts
-        shown = "crash-loop" if looping else health
-        if looping and not was_looping:
-            self.events.append({"t": now, "text": f"crash loop: {CRASH_LOOP_STARTS} server "
-                                "processes ended before answering"})  # fmt: skip
-        if self._health is not None and shown != self._health:
-            self.events.append({"t": now, "text": f"{self._health} -> {shown}"})
-        self._pid, self._health = pid, shown
-        return shown
 
 
 class ConfigError422(HTTPException):
@@ -161,15 +112,18 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         settings.sample_interval_s,
     )
 
+    monitor = UnitMonitor(settings.systemd, settings.unit, sampler)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sampler.start()
+        monitor.start()
         yield
+        monitor.stop()
         sampler.stop()
 
     app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
     app.state.sampler = sampler
-    watch = ServiceWatch()
 
     @app.middleware("http")
     async def limit_body(
@@ -232,27 +186,21 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def status() -> dict[str, Any]:
         config = _load(settings)
         try:
-            unit = settings.systemd.status(settings.unit)
+            unit, health = monitor.current()
         except ServiceError as exc:
             raise HTTPException(502, str(exc)) from None
-        if sampler.server_healthy:
-            health = "healthy"
-        elif unit.active_state in ("active", "activating", "reloading"):
-            health = "starting"
-        elif unit.active_state == "failed":
-            health = "failed"
-        else:
-            health = "stopped"
         uptime = None
         if unit.main_pid is not None:
             with suppress(psutil.NoSuchProcess):
                 uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
-        health = watch.observe(unit.main_pid, health)
         reason = None
-        if health in ("failed", "stopped", "crash-loop"):
-            errors = [line for line in settings.systemd.logs(settings.unit, 300)
-                      if "error" in line.lower()]  # fmt: skip
-            reason = errors[-1] if errors else None
+        if health in ("failed", "stopped", "crash-loop", "start-limit"):
+            reason = last_error(settings.systemd.logs(settings.unit, 300))
+            if health == "start-limit":
+                reason = (
+                    "the service manager stopped restarting it (the unit's start limit): fix "
+                    f"the cause, then press Start. Last error: {reason or 'none logged'}"
+                )
         try:
             plan: dict[str, Any] | str = plan_for(config).to_json()
         except HTTPException as exc:
@@ -268,7 +216,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "model": config.model.path or "(demo model)",
             "served_name": launch.served_name(config, model_dir(config)),
             "plan": plan,
-            "events": list(watch.events),
+            "events": list(monitor.watch.events),
         }
 
     @app.get("/api/metrics")
@@ -290,6 +238,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             getattr(settings.systemd, action)(settings.unit)
         except ServiceError as exc:
             raise HTTPException(502, str(exc)) from None
+        finally:
+            monitor.changed()
         return {"status": f"{action} requested"}
 
     @app.get("/api/models")
@@ -325,6 +275,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             settings.systemd.restart(settings.unit)
         except ServiceError as exc:
             raise HTTPException(502, f"saved, but the restart failed: {exc}") from None
+        finally:
+            monitor.changed()
         return {"status": "saved; restarting", "plan": plan.to_json()}
 
     @app.post("/api/probe")

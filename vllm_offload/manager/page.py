@@ -44,7 +44,7 @@ def dashboard(csrf: str, unit: str) -> str:
  <div class="card"><h2>Server</h2><p class="hint">The vLLM OpenAI server this page controls.</p>
   <table id="server"></table>
   <h2 style="margin-top:10px">Events</h2><p class="hint">Restarts, crashes and recoveries
-  seen while this page is open.</p><table id="events"></table></div>
+  since the manager started (it checks the unit every 2 s).</p><table id="events"></table></div>
  <div class="card"><h2>What fits</h2><p class="hint">One request must fit the GPU KV pool;
   the CPU tier in host RAM keeps blocks for reuse (repeated prompts) and preemption.</p>
   <table id="plan"></table></div>

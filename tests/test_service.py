@@ -1,0 +1,35 @@
+"""Systemd against a real systemctl implementation (systemctl3, no systemd runs here)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_offload.service import ServiceError, Systemd
+
+BIN = Path(sys.executable).parent
+
+
+def test_a_start_by_hand_resets_a_failed_unit_and_starts_it(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    root = tmp_path / "a" / "b" / "root"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / "etc/systemd/system/vllm.service").write_text(
+        "[Unit]\nDescription=fails until the file exists\n[Service]\n"
+        f"ExecStart=/bin/sh -c 'test -e {ready} && exec sleep 600'\n"
+    )
+    systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
+    with pytest.raises(ServiceError, match=r"systemctl start vllm\.service failed"):
+        systemd.start("vllm")
+    time.sleep(0.5)
+    assert systemd.status("vllm").active_state == "failed"
+    ready.touch()
+    try:
+        systemd.start("vllm")  # reset-failed, then start
+        status = systemd.status("vllm")
+        assert status.running and status.result == ""  # systemctl3 reports no Result
+    finally:
+        systemd.stop("vllm")

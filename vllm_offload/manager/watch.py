@@ -1,0 +1,141 @@
+"""The server unit as the page shows it: its health, and the restarts, crashes and
+recoveries between polls, watched whether or not a page is open."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_offload.manager.metrics import Sampler
+from vllm_offload.service import ServiceError, ServiceStatus, Systemd
+
+# Server processes ending before they answer, this many within the window: a crash loop
+# (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
+CRASH_LOOP_STARTS = 3
+CRASH_LOOP_WINDOW_S = 600
+# vLLM's prefix on a log line: "(Worker pid=12) ERROR 11-22 05:10:08 [file.py:953] ".
+VLLM_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
+# "RuntimeError: ...", "torch.OutOfMemoryError: ...", "Exception: ...".
+EXCEPTION_MESSAGE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception): .")
+
+
+@dataclass
+class ServiceWatch:
+    """Changes seen between status polls: restarts, processes gone, health moving. What
+    lets the page show a crash and the recovery after it."""
+
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    # When server processes ended before they ever answered /health (within the window).
+    failed_starts: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_LOOP_STARTS))
+    _pid: int | None = None
+    _pid_answered: bool = False
+    _health: str | None = None
+
+    @property
+    def crash_loop(self) -> bool:
+        recent = [t for t in self.failed_starts if t > time.time() - CRASH_LOOP_WINDOW_S]
+        return len(recent) >= CRASH_LOOP_STARTS
+
+    def observe(self, pid: int | None, health: str) -> str:
+        """Record what changed; the health to show ('crash-loop' over 'starting'/'failed';
+        'start-limit' says more: the service manager has stopped restarting it)."""
+        now = round(time.time(), 1)
+        was_looping = self.crash_loop
+        if self._pid is not None and pid != self._pid:
+            if pid is not None:
+                self.events.append(
+                    {"t": now, "text": f"new server process: pid {self._pid} -> {pid}"}
+                )
+            else:
+                self.events.append({"t": now, "text": f"server process {self._pid} is gone"})
+            if not self._pid_answered:
+                self.failed_starts.append(now)
+            self._pid_answered = False
+        if health == "healthy":
+            self._pid_answered = True
+            self.failed_starts.clear()
+        looping = self.crash_loop  # a healthy server has just cleared failed_starts
+        shown = "crash-loop" if looping and health != "start-limit" else health
+        if looping and not was_looping:
+            self.events.append({"t": now, "text": f"crash loop: {CRASH_LOOP_STARTS} server "
+                                "processes ended before answering"})  # fmt: skip
+        if self._health is not None and shown != self._health:
+            self.events.append({"t": now, "text": f"{self._health} -> {shown}"})
+        self._pid, self._health = pid, shown
+        return shown
+
+
+def last_error(lines: list[str]) -> str | None:
+    """What ended the server, from its log: the last exception message, skipping the
+    wrappers vLLM raises around the root cause ("... See root cause above"); else the last
+    line that says error."""
+    messages = [message for line in lines
+                if EXCEPTION_MESSAGE.match(message := VLLM_LOG_PREFIX.sub("", line))]  # fmt: skip
+    root_causes = [m for m in messages if "root cause" not in m]
+    if root_causes or messages:
+        return (root_causes or messages)[-1]
+    errors = [line for line in lines if "error" in line.lower()]
+    return errors[-1] if errors else None
+
+
+def health_of(unit: ServiceStatus, answers: bool) -> str:
+    """healthy (answers /health), start-limit, starting, failed or stopped."""
+    if answers:
+        return "healthy"
+    if unit.start_limit_hit:
+        return "start-limit"
+    if unit.active_state in ("active", "activating", "reloading"):
+        return "starting"
+    return "failed" if unit.active_state == "failed" else "stopped"
+
+
+@dataclass
+class UnitMonitor:
+    """Polls the unit every ``interval_s`` in a daemon thread, so a crash at night is in
+    the Events card in the morning and a server process that lives a few seconds is
+    counted. Readers within the interval get the latest poll: any number of open pages
+    cost one systemctl call per interval."""
+
+    systemd: Systemd
+    unit: str
+    sampler: Sampler
+    interval_s: float = 2.0
+    watch: ServiceWatch = field(default_factory=ServiceWatch)
+    _latest: tuple[float, ServiceStatus, str] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="unit-monitor", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(ServiceError):  # the page shows the error when asked
+                self.poll()
+            self._stop.wait(self.interval_s)
+
+    def poll(self) -> tuple[ServiceStatus, str]:
+        """The unit's status now and the health to show; ServiceError if systemctl fails."""
+        with self._lock:
+            unit = self.systemd.status(self.unit)
+            health = self.watch.observe(unit.main_pid, health_of(unit, self.sampler.server_healthy))
+            self._latest = (time.monotonic(), unit, health)
+            return unit, health
+
+    def current(self) -> tuple[ServiceStatus, str]:
+        latest = self._latest
+        if latest is not None and time.monotonic() - latest[0] < self.interval_s:
+            return latest[1], latest[2]
+        return self.poll()
+
+    def changed(self) -> None:
+        """A control action was sent: the next reader polls afresh."""
+        self._latest = None
