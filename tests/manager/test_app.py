@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -174,6 +176,25 @@ async def test_huge_body_is_refused(client: httpx.AsyncClient) -> None:
                                 content=b"{" + b" " * 100_000 + b"}")  # fmt: skip
     assert response.status_code == 413
     assert "larger than 65536 bytes" in response.json()["detail"]
+
+
+async def test_huge_chunked_body_is_refused_and_nothing_changes(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    before = env.config_path.read_bytes()
+    config = config_mod.load(env.config_path).model_dump()
+    config["extra_args"] = ["--seed=1"] * 20_000  # valid JSON, a valid config, ~220 KB
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: read until too much
+        body = json.dumps({"config": config}).encode()
+        for start in range(0, len(body), 16_384):
+            yield body[start : start + 16_384]
+
+    headers = {**BEARER, "Content-Type": "application/json"}
+    response = await client.put("/api/config", headers=headers, content=chunks())
+    assert response.status_code == 413, response.text[:300]
+    assert "larger than 65536 bytes" in response.json()["detail"]
+    assert env.config_path.read_bytes() == before
 
 
 async def test_logs_bounds(client: httpx.AsyncClient) -> None:

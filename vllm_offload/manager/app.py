@@ -17,6 +17,7 @@ import psutil
 from fastapi import FastAPI, Form, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_offload import config as config_mod
 from vllm_offload import hardware, launch, model_facts
@@ -39,6 +40,36 @@ class ManagerSettings:
     unit: str = "vllm"
     systemd: Systemd = field(default_factory=Systemd)
     sample_interval_s: float = 1.0
+
+
+class BodyLimit:
+    """413 for a body over ``max_bytes``: at once from its Content-Length, and while it
+    arrives when it has none (chunked), before any handler has acted on it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = HTTPException(413, f"request body larger than {self.max_bytes} bytes")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            response = JSONResponse({"detail": too_large.detail}, status_code=413)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise too_large  # FastAPI answers it while reading the body
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class ConfigError422(HTTPException):
@@ -125,16 +156,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
     app.state.sampler = sampler
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse(
-                {"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, status_code=413
-            )
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.middleware("http")
     async def require_token(
