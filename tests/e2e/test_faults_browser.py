@@ -120,11 +120,11 @@ def test_kill_9_then_a_crash_loop_on_the_page(supervised: Stack) -> None:
         # vLLM and dies loading the model, a crash loop.
         (supervised.model_dir / "model.safetensors").unlink()
         os.kill(second, signal.SIGKILL)
-        expect(state).to_have_text("crash-loop", timeout=240_000)
+        expect(state).to_have_text("crash-loop", timeout=420_000)
         expect(events).to_contain_text("crash loop: 3 server processes ended before answering")
 
         # The unit's start limit (5 starts in 10 minutes) ends it: no more restarts.
-        expect(state).to_have_text("start-limit", timeout=180_000)
+        expect(state).to_have_text("start-limit", timeout=240_000)
         server = page.locator("#server")
         expect(server).to_contain_text("stopped restarting it (the unit's start limit)")
         expect(server).to_contain_text("model weights")
