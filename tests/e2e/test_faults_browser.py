@@ -9,22 +9,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import free_port, server_env
-from tests.e2e.test_manager_browser import ARTIFACTS, CHROMIUM_ARGS, wait_http
-from vllm_offload import demo_model, units
-from vllm_offload.config import DeploymentConfig, save, with_overrides
+from tests.e2e import stack as deploy
+from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_http
+from vllm_offload import demo_model
 from vllm_offload.service import Systemd
 
 pytestmark = pytest.mark.e2e
-BIN = Path(sys.executable).parent
-SYSTEMCTL3 = str(BIN / "systemctl3")
 TOKEN = "faults-test-token-0123456789"
 
 
@@ -49,46 +45,24 @@ class Stack:
 
 @pytest.fixture
 def supervised(tmp_path: Path) -> Iterator[Stack]:
-    models = tmp_path / "models"
-    demo_model.write(models / "demo")
-    port = free_port()
-    config = tmp_path / "etc" / "config.toml"
-    save(with_overrides(DeploymentConfig(), {
-        "model.path": str(models / "demo"), "server.port": port,
-        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
-        "manager.model_roots": [str(models)],
-    }), config)  # fmt: skip
-    state = tmp_path / "state"
-    state.mkdir()
-    root = tmp_path / "a" / "b" / "root"
-    units.install(units.validate(units.InstallOptions(
-        root=root, user="root", config=config, config_given=True, state_dir=state)))  # fmt: skip
+    model = demo_model.write(tmp_path / "models" / "demo")
+    deployment = deploy.install(tmp_path, model)
+    root = deployment.root
     start_limit_in_service_section(root / "etc/systemd/system/vllm.service")
     init = subprocess.Popen([SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    manager_port = free_port()
-    manager = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(manager_port),
-         "--token-file", str(token_file), "--config", str(config),
-         "--systemd-root", str(root)],
-        env=server_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    systemd = Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root)
     try:
-        wait_http(f"http://127.0.0.1:{manager_port}/healthz", 60)
-        wait_http(f"http://127.0.0.1:{port}/health", 300)
-        yield Stack(f"http://127.0.0.1:{manager_port}", models / "demo", systemd)
+        with deploy.manager(tmp_path, deployment, TOKEN) as url:
+            wait_http(f"http://127.0.0.1:{deployment.server_port}/health", 300)
+            yield Stack(url, model, deployment.systemd)
     finally:
-        manager.terminate()
-        manager.wait(timeout=30)
         subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
         os.killpg(init.pid, signal.SIGTERM)
         init.wait(timeout=60)
 
 
+@pytest.mark.timeout(900)  # ~6 min here: each failing start loads vLLM for ~55 s
 def test_kill_9_then_a_crash_loop_on_the_page(supervised: Stack) -> None:
     from playwright.sync_api import expect, sync_playwright
 

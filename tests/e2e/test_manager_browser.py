@@ -4,35 +4,17 @@ models, get refused. Saves artifacts/manager.png."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import free_port, server_env
-from vllm_offload import demo_model, units
-from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.service import Systemd
+from tests.e2e import stack as deploy
+from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_http
+from vllm_offload import demo_model
 
 pytestmark = pytest.mark.e2e
-BIN = Path(sys.executable).parent
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-def wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer in {timeout_s}s")
+TOKEN = "browser-test-token-0123456789"
 
 
 @pytest.fixture
@@ -40,37 +22,14 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, str]]:
     models = tmp_path / "models"
     demo_model.write(models / "demo-a", seed=0)
     demo_model.write(models / "demo-b", seed=1)
-    port = free_port()
-    config = tmp_path / "etc" / "config.toml"
-    save(with_overrides(DeploymentConfig(), {
-        "model.path": str(models / "demo-a"), "server.port": port,
-        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
-        "manager.model_roots": [str(models)],
-    }), config)  # fmt: skip
-    state = tmp_path / "state"
-    state.mkdir()
-    root = tmp_path / "a" / "b" / "root"
-    units.install(units.validate(units.InstallOptions(
-        root=root, user="root", config=config, config_given=True, state_dir=state)))  # fmt: skip
-    systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
-    systemd.start("vllm")
-    token_file = tmp_path / "token"
-    token_file.write_text("browser-test-token-0123456789\n")
-    manager_port = free_port()
-    manager = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(manager_port),
-         "--token-file", str(token_file), "--config", str(config),
-         "--systemd-root", str(root)],
-        env=server_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    deployment = deploy.install(tmp_path, models / "demo-a")
+    deployment.systemd.start("vllm")
     try:
-        wait_http(f"http://127.0.0.1:{manager_port}/healthz", 60)
-        wait_http(f"http://127.0.0.1:{port}/health", 300)
-        yield f"http://127.0.0.1:{manager_port}", token_file.read_text().strip()
+        with deploy.manager(tmp_path, deployment, TOKEN) as url:
+            wait_http(f"http://127.0.0.1:{deployment.server_port}/health", 300)
+            yield url, TOKEN
     finally:
-        manager.terminate()
-        manager.wait(timeout=30)
-        systemd.stop("vllm")
+        deployment.systemd.stop("vllm")
 
 
 def test_manager_in_a_browser(stack: tuple[str, str]) -> None:

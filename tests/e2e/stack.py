@@ -1,0 +1,82 @@
+"""The deployment the browser tests drive: a config serving demo models, the rendered
+units under a systemctl3 root (docker-systemctl-replacement, since no systemd runs here)
+and the manager process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.e2e.server import server_env
+from vllm_offload import units
+from vllm_offload.bench.runner import free_port
+from vllm_offload.config import DeploymentConfig, save, with_overrides
+from vllm_offload.service import Systemd
+
+BIN = Path(sys.executable).parent
+SYSTEMCTL3 = str(BIN / "systemctl3")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {timeout_s}s")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    config: Path
+    root: Path  # systemctl3's --root
+    server_port: int
+    systemd: Systemd
+
+
+def install(tmp_path: Path, model: Path) -> Deployment:
+    """A config serving ``model`` (its directory is the model root) and the units
+    rendered from it, as `vllm-offload install-service --root` writes them."""
+    port = free_port()
+    config = tmp_path / "etc" / "config.toml"
+    save(with_overrides(DeploymentConfig(), {
+        "model.path": str(model), "server.port": port,
+        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
+        "manager.model_roots": [str(model.parent)],
+    }), config)  # fmt: skip
+    state = tmp_path / "state"
+    state.mkdir()
+    root = tmp_path / "a" / "b" / "root"
+    units.install(units.validate(units.InstallOptions(
+        root=root, user="root", config=config, config_given=True, state_dir=state)))  # fmt: skip
+    return Deployment(config, root, port, Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root))
+
+
+@contextmanager
+def manager(tmp_path: Path, deployment: Deployment, token: str) -> Iterator[str]:
+    """The manager controlling the deployment's unit; its URL once it answers."""
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),
+         "--token-file", str(token_file), "--config", str(deployment.config),
+         "--systemd-root", str(deployment.root)],
+        env=server_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
