@@ -1,9 +1,23 @@
-"""ServiceWatch: what the page's Events card and health badge are made of."""
+"""ServiceWatch and UnitMonitor: what the page's Events card and health badge are made of."""
 
 from __future__ import annotations
 
-from vllm_offload.manager.watch import CRASH_LOOP_STARTS, ServiceWatch, health_of, last_error
-from vllm_offload.service import ServiceStatus
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.manager.conftest import UNIT
+from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.watch import (
+    CRASH_LOOP_STARTS,
+    ServiceWatch,
+    UnitMonitor,
+    health_of,
+    last_error,
+)
+from vllm_offload.service import ServiceStatus, Systemd
+
+BIN = Path(sys.executable).parent
 
 
 def test_restarts_that_answer_are_not_a_crash_loop() -> None:
@@ -78,3 +92,22 @@ def test_last_error_is_the_root_cause_not_its_wrappers() -> None:
     launcher = ["vllm-offload: error: model.path: Input should be a valid string"]
     assert last_error(launcher) == launcher[0]
     assert last_error(["INFO all fine"]) is None
+
+
+def test_any_number_of_readers_cost_one_systemctl_call(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    counting = tmp_path / "systemctl"  # systemctl3, counting its calls
+    counting.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {BIN / "systemctl3"} "$@"\n')
+    counting.chmod(0o755)
+    root = tmp_path / "a" / "b" / "root"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / "etc/systemd/system/vllm.service").write_text(UNIT)
+    monitor = UnitMonitor(Systemd((str(counting),), ("journalctl3",), root), "vllm",
+                          Sampler("http://127.0.0.1:1"), interval_s=60)  # fmt: skip
+    with ThreadPoolExecutor(20) as pool:
+        shown = list(pool.map(lambda _: monitor.current(), range(20)))
+    assert {health for _unit, health in shown} == {"stopped"}
+    assert len(calls.read_text().splitlines()) == 1
+    monitor.changed()  # a control action: the next reader asks again
+    monitor.current()
+    assert len(calls.read_text().splitlines()) == 2

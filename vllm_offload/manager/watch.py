@@ -125,16 +125,22 @@ class UnitMonitor:
     def poll(self) -> tuple[ServiceStatus, str]:
         """The unit's status now and the health to show; ServiceError if systemctl fails."""
         with self._lock:
-            unit = self.systemd.status(self.unit)
-            health = self.watch.observe(unit.main_pid, health_of(unit, self.sampler.server_healthy))
-            self._latest = (time.monotonic(), unit, health)
-            return unit, health
+            return self._poll_locked()
 
     def current(self) -> tuple[ServiceStatus, str]:
-        latest = self._latest
-        if latest is not None and time.monotonic() - latest[0] < self.interval_s:
-            return latest[1], latest[2]
-        return self.poll()
+        """The latest poll if it is fresh, else a new one; readers that queued behind a
+        poll take its result."""
+        with self._lock:
+            latest = self._latest
+            if latest is not None and time.monotonic() - latest[0] < self.interval_s:
+                return latest[1], latest[2]
+            return self._poll_locked()
+
+    def _poll_locked(self) -> tuple[ServiceStatus, str]:
+        unit = self.systemd.status(self.unit)
+        health = self.watch.observe(unit.main_pid, health_of(unit, self.sampler.server_healthy))
+        self._latest = (time.monotonic(), unit, health)
+        return unit, health
 
     def changed(self) -> None:
         """A control action was sent: the next reader polls afresh."""
