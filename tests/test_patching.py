@@ -141,6 +141,22 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
     assert files_of(site) == before
 
 
+def test_apply_after_pips_reinstall_of_a_patched_vllm(site: Path) -> None:
+    """What `make install` does when the series changed: pip's --force-reinstall restores
+    vLLM's own files but leaves the files the series added and its state file; the
+    series then applies, and reverts to the release byte for byte."""
+    release = files_of(site)
+    patching.apply(site)
+    for rel, data in release.items():  # the reinstall: vLLM's own files only
+        (site / rel).write_bytes(data)
+    assert files_of(site) != release  # the added files and the state file are left
+    assert patching.status(site) is State.NOT_APPLIED
+    assert patching.apply(site) is True
+    assert patching.status(site) is State.APPLIED
+    patching.revert(site)
+    assert files_of(site) == release
+
+
 def test_launcher_refuses_unpatched_vllm(site: Path) -> None:
     version = patching.site_version(site)
     installed = InstalledVllm(version, "tree", site / "vllm")

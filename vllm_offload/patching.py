@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from vllm_offload.vllm_version import find as find_vllm
 
@@ -206,25 +207,32 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
     return result
 
 
+def _recorded(site: Path) -> dict[str, Any]:
+    """What the last apply wrote (series, patches, sha256 of each file), or {}."""
+    state_path = site / "vllm" / STATE_FILE
+    return json.loads(state_path.read_text()) if state_path.is_file() else {}
+
+
+def _is_release_file(series: Series, site: Path, rel: str, data: bytes | None) -> bool:
+    """``rel`` as the release has it. A file the series adds may be left by an earlier
+    apply: pip's reinstall restores vLLM's own files but not ones it never installed."""
+    if series.pristine[rel] == "":
+        return data is None or _recorded(site).get("patched", {}).get(rel) == sha256(data)
+    return data is not None and sha256(data) == series.pristine[rel]
+
+
 def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
     recover(site)
     series = load_series(site_version(site), patches_dir)
     hashes = {rel: _read(site / rel) for rel in series.pristine}
-    if all(
-        (data is None)
-        if series.pristine[rel] == ""
-        else (data is not None and sha256(data) == series.pristine[rel])
-        for rel, data in hashes.items()
-    ):
+    if all(_is_release_file(series, site, rel, data) for rel, data in hashes.items()):
         return State.NOT_APPLIED
-    state_path = site / "vllm" / STATE_FILE
-    if state_path.is_file():
-        recorded = json.loads(state_path.read_text())
-        if all(
-            (data := hashes[rel]) is not None and sha256(data) == digest
-            for rel, digest in recorded.get("patched", {}).items()
-        ) and set(recorded.get("patched", {})) == set(series.pristine):
-            return State.APPLIED
+    recorded = _recorded(site).get("patched", {})
+    if set(recorded) == set(series.pristine) and all(
+        (data := hashes[rel]) is not None and sha256(data) == digest
+        for rel, digest in recorded.items()
+    ):
+        return State.APPLIED
     changed = [
         rel for rel, data in hashes.items()
         if series.pristine[rel] and (data is None or sha256(data) != series.pristine[rel])
@@ -239,15 +247,15 @@ def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
 def _check_pristine(series: Series, site: Path) -> None:
     for rel, digest in series.pristine.items():
         data = _read(site / rel)
+        if _is_release_file(series, site, rel, data):
+            continue
         if digest == "":
-            if data is not None:
-                raise PatchError(f"{site / rel}: exists already; vllm-offload would add it")
-        elif data is None or sha256(data) != digest:
-            raise PatchError(
-                f"{site / rel}: differs from vLLM {series.version}'s release (sha256 "
-                "mismatch); refusing to patch a modified file. Reinstall vLLM "
-                "(pip install --force-reinstall --no-deps) and apply again"
-            )
+            raise PatchError(f"{site / rel}: exists already; vllm-offload would add it")
+        raise PatchError(
+            f"{site / rel}: differs from vLLM {series.version}'s release (sha256 "
+            "mismatch); refusing to patch a modified file. Reinstall vLLM "
+            "(pip install --force-reinstall --no-deps) and apply again"
+        )
 
 
 def _replace_file(target: Path, data: bytes | None) -> None:
