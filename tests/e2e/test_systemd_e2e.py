@@ -123,10 +123,16 @@ def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -
         for t in threads:
             t.start()
         time.sleep(2)
+        old = tree(first)  # the API server, its EngineCore and worker, multiprocessing's helper
+        assert len(old) >= 3, old
         os.kill(first, signal.SIGKILL)
         for t in threads:
             t.join(timeout=60)
         assert len(outcomes) == 4 and "finished" not in outcomes, outcomes
+        # None of them outlives the API server (patch 0003): an orphaned engine would hold
+        # the GPU and the restarted server could not start.
+        wait_until(lambda: not any(psutil.pid_exists(p) for p in old[1:]), 60,
+                   f"the killed server's processes {old[1:]} to exit")  # fmt: skip
         wait_until(lambda: systemd.status("vllm").main_pid not in (None, first), 60,
                    "a new main PID")  # fmt: skip
         wait_until(lambda: healthy(port), 300, "the restarted server to answer")
