@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from vllm_offload.vllm_version import find as find_vllm
 
@@ -207,17 +206,23 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
     return result
 
 
-def _recorded(site: Path) -> dict[str, Any]:
-    """What the last apply wrote (series, patches, sha256 of each file), or {}."""
+def _recorded(site: Path) -> dict[str, str]:
+    """sha256 of each file the last apply wrote, or {}."""
     state_path = site / "vllm" / STATE_FILE
-    return json.loads(state_path.read_text()) if state_path.is_file() else {}
+    if not state_path.is_file():
+        return {}
+    patched: dict[str, str] = json.loads(state_path.read_text()).get("patched", {})
+    return patched
 
 
-def _is_release_file(series: Series, site: Path, rel: str, data: bytes | None) -> bool:
+def _is_release_file(
+    series: Series, recorded: Mapping[str, str], rel: str, data: bytes | None
+) -> bool:
     """``rel`` as the release has it. A file the series adds may be left by an earlier
-    apply: pip's reinstall restores vLLM's own files but not ones it never installed."""
+    apply (``recorded``): pip's reinstall restores vLLM's own files but not ones it never
+    installed."""
     if series.pristine[rel] == "":
-        return data is None or _recorded(site).get("patched", {}).get(rel) == sha256(data)
+        return data is None or recorded.get(rel) == sha256(data)
     return data is not None and sha256(data) == series.pristine[rel]
 
 
@@ -225,9 +230,9 @@ def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
     recover(site)
     series = load_series(site_version(site), patches_dir)
     hashes = {rel: _read(site / rel) for rel in series.pristine}
-    if all(_is_release_file(series, site, rel, data) for rel, data in hashes.items()):
+    recorded = _recorded(site)
+    if all(_is_release_file(series, recorded, rel, data) for rel, data in hashes.items()):
         return State.NOT_APPLIED
-    recorded = _recorded(site).get("patched", {})
     if set(recorded) == set(series.pristine) and all(
         (data := hashes[rel]) is not None and sha256(data) == digest
         for rel, digest in recorded.items()
@@ -235,7 +240,7 @@ def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
         return State.APPLIED
     changed = [
         rel for rel, data in hashes.items()
-        if series.pristine[rel] and (data is None or sha256(data) != series.pristine[rel])
+        if series.pristine[rel] and not _is_release_file(series, recorded, rel, data)
     ]  # fmt: skip
     raise PatchError(
         f"vLLM {series.version} at {site} differs from its release in "
@@ -245,9 +250,10 @@ def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
 
 
 def _check_pristine(series: Series, site: Path) -> None:
+    recorded = _recorded(site)
     for rel, digest in series.pristine.items():
         data = _read(site / rel)
-        if _is_release_file(series, site, rel, data):
+        if _is_release_file(series, recorded, rel, data):
             continue
         if digest == "":
             raise PatchError(f"{site / rel}: exists already; vllm-offload would add it")
