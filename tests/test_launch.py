@@ -204,12 +204,51 @@ def test_preflight_ram_and_shm(demo_dir: Path) -> None:
     facts = model_facts.read(demo_dir)
     host = make_host(24, ram_gib=64, shm_gib=32)
     plan = make_plan(config, facts, host, "cuda")
-    errors = launch.preflight(plan, host)
+    errors = launch.preflight(plan)
     assert [e.field for e in errors] == ["kv_offload.cpu_tier_gib"] * 2
-    assert "the largest that fits is 56 GiB" in errors[0].message
-    assert "/dev/shm" in errors[1].message and "<= 32" in errors[1].message
+    # 64 GiB less the 8 GiB reserve and ~4 GiB for vLLM's own processes
+    assert "the largest that fits is 52 GiB" in errors[0].message
+    assert "/dev/shm" in errors[1].message and "<= 31" in errors[1].message
     ok = make_plan(with_overrides(config, {"kv_offload.cpu_tier_gib": 16}), facts, host, "cuda")
-    assert launch.preflight(ok, host) == []
+    assert launch.preflight(ok) == []
+    assert launch.build(config, ok, demo_dir, "0.32.0").env[launch.CPU_TIER_RESERVE_ENV] == str(
+        8 * GIB
+    )  # vLLM's own check keeps the planner's reserve
+
+
+def every_flag_spec(demo_dir: Path) -> launch.LaunchSpec:
+    """A spec that writes every flag the launcher can write."""
+    return spec_for(
+        demo_dir,
+        {"model.served_name": "m", "model.dtype": "bfloat16", "model.kv_cache_dtype": "fp8",
+         "model.max_model_len": 64, "gpu.kv_cache_memory_bytes": 1 << 30,
+         "kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 1,
+         "weights_offload.cpu_gib": 0.001, "weights_offload.params": ["mlp"],
+         "parallel.tensor_parallel_size": 2, "parallel.pipeline_parallel_size": 2,
+         "parallel.distributed_executor_backend": "mp"},
+    )  # fmt: skip
+
+
+def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -> None:
+    """Every flag the launcher writes is in config.LAUNCHER_FLAGS (so passing it by hand is
+    refused); every refused flag is one vLLM's own server parser knows; and no other
+    option of that parser is refused, though the check also catches abbreviations."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_offload.config import LAUNCHER_FLAGS, UNSUPPORTED_FLAGS, refused_flag
+
+    written = {a for a in every_flag_spec(demo_dir).args if a.startswith("--")}
+    prefetch = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001,
+                                   "weights_offload.backend": "prefetch",
+                                   "weights_offload.params": ["mlp"]})  # fmt: skip
+    written |= {a for a in prefetch.args if a.startswith("--")}
+    assert written - set(LAUNCHER_FLAGS) == set()
+    options = set(make_arg_parser(FlexibleArgumentParser())._option_string_actions)
+    refused = (set(LAUNCHER_FLAGS) | set(UNSUPPORTED_FLAGS)) - {"--swap-space"}  # gone upstream
+    assert refused - options == set()
+    assert {o for o in options if refused_flag(o)} == refused
+    assert refused_flag(["--max-model", "8192"][0])  # vLLM's parser takes the prefix
 
 
 def test_read_api_key(tmp_path: Path) -> None:

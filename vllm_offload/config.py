@@ -14,7 +14,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-offload/config.toml")
 
@@ -215,6 +222,93 @@ class ManagerSection(_Section):
     )
 
 
+# vLLM server flags the launcher writes from the config, and the key that owns each. Given
+# again in extra_args (or after `serve --`), vLLM would keep the last value and serve
+# something the planner never checked (a max_model_len the pool cannot hold hangs requests
+# forever), so they are refused. Abbreviations count too: vLLM's parser takes
+# `--max-model 8192` for --max-model-len.
+LAUNCHER_FLAGS: dict[str, str] = {
+    "--model": "model.path",
+    "--served-model-name": "model.served_name",
+    "--max-model-len": "model.max_model_len",
+    "--dtype": "model.dtype",
+    "--kv-cache-dtype": "model.kv_cache_dtype",
+    "--gpu-memory-utilization": "gpu.memory_utilization",
+    "--kv-cache-memory-bytes": "gpu.kv_cache_memory_bytes",
+    "--num-gpu-blocks-override": "gpu.kv_cache_memory_bytes",
+    "--block-size": "kv_offload.block_size",
+    "--kv-transfer-config": "kv_offload",
+    "--kv-offloading-size": "kv_offload.cpu_tier_gib",
+    "--kv-offloading-backend": "kv_offload.backend",
+    "--cpu-offload-gb": "weights_offload.cpu_gib",
+    "--cpu-offload-params": "weights_offload.params",
+    "--offload-backend": "weights_offload.backend",
+    "--offload-group-size": "weights_offload.cpu_gib",
+    "--offload-num-in-group": "weights_offload.cpu_gib",
+    "--offload-prefetch-step": "weights_offload.prefetch_step",
+    "--offload-params": "weights_offload.params",
+    "--tensor-parallel-size": "parallel.tensor_parallel_size",
+    "-tp": "parallel.tensor_parallel_size",
+    "--pipeline-parallel-size": "parallel.pipeline_parallel_size",
+    "-pp": "parallel.pipeline_parallel_size",
+    "--distributed-executor-backend": "parallel.distributed_executor_backend",
+    "--host": "server.host",
+    "--port": "server.port",
+    "--api-key": "server.api_key_file",
+}
+# Flags the server entry point the launcher runs does not honour (they belong to `vllm
+# serve`'s multi-process front end), or that would read settings from elsewhere.
+UNSUPPORTED_FLAGS: dict[str, str] = {
+    "--api-server-count": "one API server process serves; vLLM's entry point that the "
+    "launcher runs ignores it",
+    "-asc": "one API server process serves; vLLM's entry point that the launcher runs ignores it",
+    "--headless": "the launcher always runs the API server",
+    "--config": "settings come from the deployment config; put them there (or in extra_args)",
+    "--swap-space": "swap_space is gone from vLLM; the CPU tier for the KV cache is set "
+    "with kv_offload.cpu_tier_gib",
+}
+
+
+def flag_name(token: str) -> str | None:
+    """The option a command-line token names, as vLLM's parser reads it (``--a_b=1`` and
+    ``--a-b.key`` are ``--a-b``); None for a value."""
+    if token.startswith("--") and len(token) > 2:
+        return "--" + token[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    if token.startswith("-") and len(token) > 1 and not token[1].isdigit():
+        name = token.split("=", 1)[0]
+        # argparse reads -tp2 as -tp 2
+        return name.rstrip("0123456789") if name.rstrip("0123456789") in LAUNCHER_FLAGS else name
+    return None
+
+
+def _matches(name: str, flags: dict[str, str]) -> str | None:
+    """The flag of ``flags`` that vLLM's parser would take ``name`` for: the flag itself, or
+    (argparse accepts any unambiguous prefix of a long option) one it begins."""
+    if name in flags:
+        return name
+    if name.startswith("--") and len(name) > 3:
+        return next((f for f in flags if f.startswith(name)), None)
+    return None
+
+
+def refused_flag(token: str) -> str | None:
+    """Why ``token`` may not be passed to vLLM by hand, or None if it may."""
+    name = flag_name(token)
+    if name is None:
+        return None
+    if (owned := _matches(name, LAUNCHER_FLAGS)) is not None:
+        key = LAUNCHER_FLAGS[owned]
+        flag = "--" + key.replace(".", "-").replace("_", "-")
+        where = f"[{key}]" if "." not in key else f"{key} (`serve {flag}`)"
+        return (
+            f"{token} is written by vllm-offload from {where}; set that instead, so the "
+            "planner checks it"
+        )
+    if (unsupported := _matches(name, UNSUPPORTED_FLAGS)) is not None:
+        return f"{token} is not supported: {UNSUPPORTED_FLAGS[unsupported]}"
+    return None
+
+
 class DeploymentConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection)
     gpu: GpuSection = Field(default_factory=GpuSection)
@@ -225,8 +319,18 @@ class DeploymentConfig(_Section):
     manager: ManagerSection = Field(default_factory=ManagerSection)
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Arguments passed to vLLM's OpenAI server as they are.",
+        description="Arguments passed to vLLM's OpenAI server as they are, after the ones "
+        "vllm-offload writes; flags it writes itself (--max-model-len, --port, ...) are "
+        "refused: set their config keys instead.",
     )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_launcher_flags(cls, extra_args: list[str]) -> list[str]:
+        for token in extra_args:
+            if (reason := refused_flag(token)) is not None:
+                raise ValueError(reason)
+        return extra_args
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -19,12 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
-from vllm_offload.vllm_version import API_KEY_ENV, SERVER_MODULE, v2_runner_ignores_cpu_offload
+from vllm_offload.vllm_version import (
+    API_KEY_ENV,
+    AUTO_MAX_MODEL_LEN,
+    SERVER_MODULE,
+    v2_runner_ignores_cpu_offload,
+)
 
 # LMCache's in-process connector is configured through its environment.
 LMCACHE_CHUNK_TOKENS = 256
+# Patch 0001's check of the CPU tier against host RAM keeps this much free; the launcher
+# passes the planner's reserve, so the planner and vLLM apply one rule.
+CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
 
 
 class PreflightError(Exception):
@@ -76,6 +84,16 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
     return None
 
 
+def max_model_len_arg(plan: Plan) -> str:
+    """A configured length as it is (the planner checked it fits); 'auto' as vLLM's own
+    auto-fit, which sizes it from the pool it measures, so the estimate of a GPU pool the
+    planner makes before anything is loaded can never start a server whose longest request
+    does not fit."""
+    return (
+        str(plan.max_model_len) if plan.max_model_len_source == "configured" else AUTO_MAX_MODEL_LEN
+    )
+
+
 def served_name(config: DeploymentConfig, model_dir: Path) -> str:
     return config.model.served_name or model_dir.name
 
@@ -94,7 +112,7 @@ def build(
         "--host", config.server.host,
         "--port", str(config.server.port),
         "--block-size", str(plan.block_size_tokens),
-        "--max-model-len", str(plan.max_model_len),
+        "--max-model-len", max_model_len_arg(plan),
     ]  # fmt: skip
     if config.model.dtype != "auto":
         args += ["--dtype", config.model.dtype]
@@ -140,6 +158,8 @@ def build(
     kv_config = kv_transfer_config(config, plan)
     if kv_config is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
+    if plan.cpu_tier_bytes:
+        env[CPU_TIER_RESERVE_ENV] = str(plan.ram_reserve_bytes)
     if plan.kv_offload_backend == "lmcache":
         env.update(
             LMCACHE_LOCAL_CPU="True",
@@ -171,31 +191,28 @@ def read_api_key(config: DeploymentConfig) -> str | None:
     return key
 
 
-def preflight(plan: Plan, host: HostFacts) -> list[PreflightError]:
-    """Checks on the resolved plan against this host; every failure, not just the first."""
+def preflight(plan: Plan) -> list[PreflightError]:
+    """Checks on the resolved plan against its host; every failure, not just the first."""
     errors: list[PreflightError] = []
-    if plan.cpu_tier_bytes:
-        fits_ram = max(
-            0,
-            host.ram_available_bytes
-            - plan.ram_reserve_bytes
-            - plan.weights_offloaded_bytes * plan.tensor_parallel_size,
-        )
-        if plan.cpu_tier_bytes > fits_ram:
-            errors.append(PreflightError(
-                "kv_offload.cpu_tier_gib",
-                f"a {plan.cpu_tier_bytes / GIB:.2f} GiB CPU tier does not fit the host RAM "
-                f"({host.ram_available_bytes / GIB:.2f} GiB available, "
-                f"{plan.ram_reserve_bytes / GIB:.2f} GiB kept in reserve); the largest that "
-                f"fits is {fits_ram // GIB} GiB",
-            ))  # fmt: skip
-        if plan.kv_offload_backend == "native" and plan.cpu_tier_bytes > host.shm_free_bytes:
-            errors.append(PreflightError(
-                "kv_offload.cpu_tier_gib",
-                f"vLLM places the CPU tier in /dev/shm, which has "
-                f"{host.shm_free_bytes / GIB:.2f} GiB free; set cpu_tier_gib <= "
-                f"{host.shm_free_bytes // GIB} or enlarge /dev/shm (e.g. docker --shm-size)",
-            ))  # fmt: skip
+    if plan.cpu_tier_bytes > plan.cpu_tier_room_ram_bytes:
+        errors.append(PreflightError(
+            "kv_offload.cpu_tier_gib",
+            f"a {plan.cpu_tier_bytes / GIB:.2f} GiB CPU tier does not fit the host RAM "
+            f"({plan.ram_available_bytes / GIB:.2f} GiB available, "
+            f"{plan.ram_reserve_bytes / GIB:.2f} GiB kept in reserve, "
+            f"~{plan.server_ram_bytes / GIB:.2f} GiB for vLLM itself"
+            + (f", {plan.weights_offloaded_bytes * plan.tensor_parallel_size / GIB:.2f} GiB of "
+               "offloaded weights" if plan.weights_offloaded_bytes else "")
+            + f"); the largest that fits is {plan.cpu_tier_room_ram_bytes // GIB} GiB",
+        ))  # fmt: skip
+    if plan.kv_offload_backend == "native" and plan.cpu_tier_bytes > plan.cpu_tier_room_shm_bytes:
+        errors.append(PreflightError(
+            "kv_offload.cpu_tier_gib",
+            f"vLLM places the CPU tier in /dev/shm, which has "
+            f"{plan.shm_free_bytes / GIB:.2f} GiB free (vLLM uses some itself); set "
+            f"cpu_tier_gib <= {plan.cpu_tier_room_shm_bytes // GIB} or enlarge /dev/shm "
+            "(e.g. docker --shm-size)",
+        ))  # fmt: skip
     return errors
 
 

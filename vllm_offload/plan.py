@@ -18,9 +18,20 @@ from vllm_offload.model_facts import DTYPE_BYTES, LayerKind, ModelFacts
 
 Platform = Literal["cuda", "cpu"]
 
-# Host RAM kept free for the OS, the server process itself and page cache.
+# Host RAM kept free for the OS and page cache. The launcher hands this figure to patched
+# vLLM (VLLM_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with
+# the planner by construction.
 RAM_RESERVE_BYTES = 8 * GIB
 RAM_RESERVE_FRACTION = 0.10
+# RAM vLLM's own processes take from MemAvailable before that check runs (after the model
+# is loaded): on an H200 host, 8B shape, one GPU, 1.2-2.2 GiB (the default 112 GiB tier
+# was refused by 0.24 GiB, issue #13) and 1.97 GiB once healthy (0.25.0,
+# benchmarks/results/h200-vllm-0.25.0/s0-patched-none.json). Each further GPU adds a
+# worker process with its own CUDA context. Kept with a 2x margin.
+SERVER_RAM_BYTES = 4 * GIB
+SERVER_RAM_PER_EXTRA_RANK_BYTES = 2 * GIB
+# /dev/shm vLLM uses itself before the check (its multi-process message queues).
+SERVER_SHM_BYTES = 512 * 1024 * 1024
 # GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
 # peak during profiling and CUDA graphs. Measured on an H100 with an 8B shape
 # (docs/benchmarks.md); scaled with the model's hidden size.
@@ -139,6 +150,9 @@ class Plan:
     ram_available_bytes: int
     ram_reserve_bytes: int
     shm_free_bytes: int
+    server_ram_bytes: int  # what vLLM's own processes are expected to hold
+    cpu_tier_room_ram_bytes: int  # the largest tier the host RAM holds (see TierRoom)
+    cpu_tier_room_shm_bytes: int  # the largest /dev/shm holds
     tensor_parallel_size: int
     warnings: list[str] = field(default_factory=list)
     unplanned: list[str] = field(default_factory=list)
@@ -165,6 +179,30 @@ def resolve_kv_backend(
 
 def ram_reserve(host: HostFacts) -> int:
     return max(RAM_RESERVE_BYTES, int(host.ram_total_bytes * RAM_RESERVE_FRACTION))
+
+
+def server_ram_bytes(world_size: int) -> int:
+    """Host RAM vLLM's own processes hold when its CPU-tier check runs."""
+    return SERVER_RAM_BYTES + (world_size - 1) * SERVER_RAM_PER_EXTRA_RANK_BYTES
+
+
+@dataclass(frozen=True)
+class TierRoom:
+    """The largest CPU tier this host holds, by RAM and by /dev/shm, in bytes: what patched
+    vLLM will find when it checks the tier, once its own processes and the offloaded
+    weights are in memory."""
+
+    ram_bytes: int
+    shm_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return min(self.ram_bytes, self.shm_bytes)
+
+
+def tier_room(host: HostFacts, reserve: int, weights_in_ram: int, world_size: int) -> TierRoom:
+    ram = host.ram_available_bytes - reserve - weights_in_ram - server_ram_bytes(world_size)
+    return TierRoom(max(0, ram), max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
 
 
 def gpu_overhead_bytes(model: ModelFacts) -> int:
@@ -341,6 +379,7 @@ def make_plan(
 
     # --- CPU tier -------------------------------------------------------------------
     reserve = ram_reserve(host)
+    room = tier_room(host, reserve, offloaded * tp * pp, tp * pp)
     if backend == "none":
         tier = 0
     elif config.kv_offload.num_cpu_blocks is not None:
@@ -353,9 +392,7 @@ def make_plan(
             f"{tier / GIB:.2f} instead"
         )
     elif config.kv_offload.cpu_tier_gib == "auto":
-        free_for_tier = host.ram_available_bytes - reserve - offloaded * tp * pp
-        tier = max(0, min(free_for_tier, host.shm_free_bytes))
-        tier = tier // GIB * GIB  # whole GiB: easy to read, easy to repeat
+        tier = room.bytes // GIB * GIB  # whole GiB: easy to read, easy to repeat
     else:
         tier = int(config.kv_offload.cpu_tier_gib * GIB)
     tier_blocks = tier // (per_block * tp) if per_block else 0
@@ -407,6 +444,9 @@ def make_plan(
         ram_available_bytes=host.ram_available_bytes,
         ram_reserve_bytes=reserve,
         shm_free_bytes=host.shm_free_bytes,
+        server_ram_bytes=server_ram_bytes(tp * pp),
+        cpu_tier_room_ram_bytes=room.ram_bytes,
+        cpu_tier_room_shm_bytes=room.shm_bytes,
         tensor_parallel_size=tp,
         warnings=warnings,
         unplanned=list(model.unknown),
@@ -456,7 +496,8 @@ def render(plan: Plan) -> str:
         (
             "host RAM",
             f"{_gib(plan.ram_available_bytes)} available of "
-            f"{_gib(plan.ram_total_bytes)}, reserve {_gib(plan.ram_reserve_bytes)}",
+            f"{_gib(plan.ram_total_bytes)}, reserve {_gib(plan.ram_reserve_bytes)}, "
+            f"vLLM itself ~{_gib(plan.server_ram_bytes)}",
         ),
         ("/dev/shm free", _gib(plan.shm_free_bytes)),
     ]

@@ -16,6 +16,9 @@ from typing import Literal
 SUPPORTED = ("0.32.0", "0.25.0")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"
+# --max-model-len's value that makes vLLM fit it to the KV pool it measures (both releases
+# read -1 so; 0.32.0 also takes 'auto').
+AUTO_MAX_MODEL_LEN = "-1"
 
 
 @dataclass(frozen=True)

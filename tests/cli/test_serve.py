@@ -43,7 +43,11 @@ def test_dry_run_prints_command_and_kv_config(
     assert code == 0
     assert started == []
     command, kv_json = out.split("\n", 1)
-    argv = shlex.split(command)
+    env, argv = shlex.split(command), []
+    while "=" in env[0]:  # the environment the launcher sets, printed before the command
+        argv.append(env.pop(0))
+    assert argv == [f"VLLM_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}"]
+    argv = env
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == str(demo_dir)
     assert argv[-1] == "--enforce-eager"
@@ -112,6 +116,29 @@ def test_preflight_errors_exit_2_and_start_nothing(
         argv = [*argv[:cut], *argv[cut + 3 :], *argv[cut : cut + 3]]
     assert serve(*argv) == 2
     assert field in capsys.readouterr().err
+    assert started == []
+
+
+@pytest.mark.parametrize(
+    "passthrough",
+    [["--max-model-len", "8192"], ["--max_model_len=8192"], ["--max-model", "8192"],
+     ["--block-size", "16"], ["--port", "9"], ["-tp", "2"], ["--api-server-count", "2"],
+     ["--kv-transfer-config.kv_connector", "X"]],
+)  # fmt: skip
+def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
+    demo_dir: Path,
+    started: list[launch.LaunchSpec],
+    capsys: pytest.CaptureFixture[str],
+    passthrough: list[str],
+) -> None:
+    """Issue #13: vLLM keeps the last of a repeated flag, so `-- --max-model-len 8192` after
+    the planner's 8,064 served a length the pool cannot hold (and passed --dry-run)."""
+    code = serve("--model", str(demo_dir), "--gpu-kv-cache-memory-bytes", "1073741824",
+                 "--dry-run", "--", *passthrough)  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert f"error: extra_args: {passthrough[0]} is " in err
+    assert out == ""  # refused before anything is planned or printed
     assert started == []
 
 

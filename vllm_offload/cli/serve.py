@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     print(render(plan), file=sys.stderr)
     for note in spec.notes:
         _common.say(note)
-    errors = launch.preflight(plan, host)
+    errors = launch.preflight(plan)
     if vllm is not None:
         problem = _patch_problem(vllm)
         if problem is not None and args.allow_unpatched:
