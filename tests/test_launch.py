@@ -190,11 +190,17 @@ def test_api_key_goes_to_env_not_argv(demo_dir: Path) -> None:
     assert "VLLM_API_KEY=***" in spec.printable()
 
 
-def test_offload_without_gpu_is_a_plan_error(demo_dir: Path) -> None:
-    with pytest.raises(PlanError) as info:
-        spec_for(demo_dir, {"kv_offload.backend": "native"}, gpu_gib=None)
-    assert info.value.field == "kv_offload.backend"
-    assert "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none" in str(info.value)
+def test_offload_without_gpu_is_a_problem_of_the_plan(demo_dir: Path) -> None:
+    """Still planned and built (a dry run prints a GPU host's command anywhere), but a
+    deployment refuses to start on it."""
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native"}, gpu_gib=None)
+    assert spec.kv_transfer_config is not None
+    config = with_overrides(DeploymentConfig(), {"kv_offload.backend": "native"})
+    plan = make_plan(config, model_facts.read(demo_dir), make_host(None), "cpu")
+    assert plan.problems == [{
+        "field": "kv_offload.backend",
+        "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
+    }]  # fmt: skip
 
 
 def test_preflight_ram_and_shm(demo_dir: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_offload import patching
-from vllm_offload.cli.serve import _patch_problem
+from vllm_offload.deployment import patch_problem
 from vllm_offload.patching import PatchError, State
 from vllm_offload.vllm_version import InstalledVllm, find
 
@@ -160,10 +160,10 @@ def test_apply_after_pips_reinstall_of_a_patched_vllm(site: Path) -> None:
 def test_launcher_refuses_unpatched_vllm(site: Path) -> None:
     version = patching.site_version(site)
     installed = InstalledVllm(version, "tree", site / "vllm")
-    problem = _patch_problem(installed)
+    problem = patch_problem(installed)
     assert problem is not None and "is not patched by vllm-offload" in problem
     patching.apply(site)
-    assert _patch_problem(installed) is None
+    assert patch_problem(installed) is None
 
 
 def test_cli_exit_codes(tmp_path: Path) -> None:

@@ -33,3 +33,19 @@ def test_a_start_by_hand_resets_a_failed_unit_and_starts_it(tmp_path: Path) -> N
         assert status.running and status.result == ""  # systemctl3 reports no Result
     finally:
         systemd.stop("vllm")
+
+
+def test_a_service_manager_that_does_not_answer_is_a_service_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #14: a systemctl call past its timeout escaped as subprocess.TimeoutExpired
+    (HTTP 500 from the manager, after the config was saved)."""
+    import vllm_offload.service as service
+
+    hung = tmp_path / "systemctl"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    monkeypatch.setattr(service, "TIMEOUT_S", 1)
+    with pytest.raises(ServiceError, match="did not answer in 1 s") as info:
+        Systemd((str(hung),), (str(hung),)).restart("vllm")
+    assert info.value.exit_code == 1 and info.value.http_status == 502

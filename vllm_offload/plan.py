@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.errors import FieldError
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import DTYPE_BYTES, LayerKind, ModelFacts
 
@@ -51,13 +52,8 @@ OFFLOAD_CHUNK_TOKENS = 256
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
 
 
-class PlanError(Exception):
+class PlanError(FieldError):
     """The config cannot be served on this hardware; names the field and the fix."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 def kv_dtype_bytes(model: ModelFacts, dtype: str, kv_cache_dtype: str = "auto") -> int:
@@ -156,6 +152,7 @@ class Plan:
     tensor_parallel_size: int
     warnings: list[str] = field(default_factory=list)
     unplanned: list[str] = field(default_factory=list)
+    problems: list[dict[str, str]] = field(default_factory=list)  # field + message each
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,11 +166,6 @@ def resolve_kv_backend(
         if platform == "cuda" and host.has_nvidia_gpu:
             return "native", "auto: an NVIDIA GPU is present"
         return "none", "auto: no NVIDIA GPU, so no CPU KV tier"
-    if chosen != "none" and platform != "cuda":
-        raise PlanError(
-            "kv_offload.backend",
-            "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
-        )
     return chosen, "configured"
 
 
@@ -244,6 +236,14 @@ def make_plan(
     tp = config.parallel.tensor_parallel_size
     pp = config.parallel.pipeline_parallel_size
     backend, backend_reason = resolve_kv_backend(config, host, platform)
+    # Found while planning, but the plan is still worth showing (`serve --dry-run` prints
+    # a GPU host's command anywhere): a deployment refuses to start while any is left.
+    problems: list[dict[str, str]] = []
+    if backend != "none" and platform != "cuda":
+        problems.append({
+            "field": "kv_offload.backend",
+            "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
+        })  # fmt: skip
     block = config.kv_offload.block_size
     if block == "auto":
         plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
@@ -450,6 +450,7 @@ def make_plan(
         tensor_parallel_size=tp,
         warnings=warnings,
         unplanned=list(model.unknown),
+        problems=problems,
     )
 
 

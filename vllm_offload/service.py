@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_offload.errors import VllmOffloadError
+
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,200}$")
 TIMEOUT_S = 120
 
 
-class ServiceError(Exception):
+class ServiceError(VllmOffloadError):
     """A bad unit name or a failed systemctl call; the text says which and why."""
+
+    kind = "service"
 
 
 def validate_unit(name: str) -> str:
@@ -90,7 +95,13 @@ class Systemd:
         return [f"--root={self.root}"] if self.root is not None else []
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ServiceError(
+                f"{shlex.join(argv)} did not answer in {TIMEOUT_S} s; the service manager may "
+                "be busy: try again, or look at `systemctl status` by hand"
+            ) from None
 
     def _control(self, verb: str, unit: str) -> None:
         unit = validate_unit(unit)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_offload import config as config_mod
+from vllm_offload.errors import VllmOffloadError
 from vllm_offload.service import ServiceError, validate_unit
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "systemd"
@@ -33,7 +34,7 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 """
 
 
-class InstallError(Exception):
+class InstallError(VllmOffloadError):
     """Bad install input; names the option and the fix. Nothing has been written."""
 
 

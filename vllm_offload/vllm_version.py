@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from vllm_offload.errors import VllmOffloadError
 
 SUPPORTED = ("0.32.0", "0.25.0")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -34,8 +37,10 @@ def v2_runner_ignores_cpu_offload(version: str) -> bool:
     return version == "0.25.0"
 
 
-class VllmNotFound(Exception):
-    pass
+class VllmNotFound(VllmOffloadError):
+    """No vLLM importable from this Python."""
+
+    kind = "environment"
 
 
 def find() -> InstalledVllm:
@@ -51,13 +56,17 @@ def find() -> InstalledVllm:
         except importlib.metadata.PackageNotFoundError:
             continue
         return InstalledVllm(version, dist_name, package_dir)
-    return InstalledVllm(_version_from_tree(package_dir), "tree", package_dir)
+    return InstalledVllm(version_from_tree(package_dir) or "unknown", "tree", package_dir)
 
 
-def _version_from_tree(package_dir: Path) -> str:
+def version_from_tree(package_dir: Path) -> str | None:
+    """The version a vllm/ tree's ``_version.py`` records (setuptools-scm writes
+    ``__version__ = version = '0.25.0'``), or None."""
     version_file = package_dir / "_version.py"
-    if version_file.is_file():
-        for line in version_file.read_text().splitlines():
-            if line.startswith(("__version__", "version")) and "=" in line:
-                return line.split("=", 1)[1].strip().strip("'\"")
-    return "unknown"
+    if not version_file.is_file():
+        return None
+    for line in version_file.read_text().splitlines():
+        quoted = re.search(r"""['"]([^'"]+)['"]""", line)
+        if re.match(r"(__version__|version)\s*[:=]", line) and quoted:
+            return quoted.group(1)
+    return None

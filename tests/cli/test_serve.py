@@ -142,6 +142,19 @@ def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
     assert started == []
 
 
+def test_dry_run_of_a_gpu_config_on_a_cpu_host_prints_it_then_refuses(
+    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #14: a GPU host's config can be inspected anywhere; it stopped before
+    printing anything."""
+    code = serve("--model", str(demo_dir), "--kv-offload-backend", "native", "--dry-run")
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "--kv-transfer-config" in out and '"kv_connector": "OffloadingConnector"' in out
+    assert "error: kv_offload.backend: CPU KV offload needs an NVIDIA GPU" in err
+    assert started == []
+
+
 def test_not_a_model_dir(
     tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,16 +16,7 @@ from vllm_offload.cli import (
     serve,
     service_cmd,
 )
-from vllm_offload.cli._common import UsageError
-from vllm_offload.config import ConfigError
-from vllm_offload.launch import PreflightError
-from vllm_offload.model_facts import ModelFactsError
-from vllm_offload.patching import PatchError
-from vllm_offload.plan import PlanError
-from vllm_offload.service import ServiceError
-from vllm_offload.units import InstallError
-
-EXIT_USAGE = 2
+from vllm_offload.errors import VllmOffloadError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,15 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args, extra))
-    except (
-        ConfigError,
-        PlanError,
-        PreflightError,
-        ModelFactsError,
-        UsageError,
-        PatchError,
-        InstallError,
-        ServiceError,
-    ) as exc:
+    except VllmOffloadError as exc:
         print(f"vllm-offload: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code

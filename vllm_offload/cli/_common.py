@@ -1,5 +1,5 @@
-"""Options and steps that several subcommands share: config loading with flag
-overrides, the model directory, the host facts and the plan."""
+"""Options that several subcommands share: the config with flag overrides, and the host
+facts (probed, or a declared machine)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload import config as config_mod
-from vllm_offload import demo_model, hardware, model_facts
+from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan import Plan, Platform, make_plan
+from vllm_offload.errors import VllmOffloadError
 
 # Short spellings for the flags people type most.
 ALIASES = {"model.path": "--model", "server.host": "--host", "server.port": "--port"}
 _OVERRIDE_PREFIX = "set:"
 
 
-class UsageError(Exception):
+class UsageError(VllmOffloadError):
     """Bad input on the command line; the message names the flag and the fix."""
 
 
@@ -74,13 +74,6 @@ def effective_config(args: argparse.Namespace, extra_args: list[str]) -> Deploym
     return config
 
 
-def model_dir(config: DeploymentConfig) -> Path:
-    """The configured model, or the built-in demo model (written on first use)."""
-    if config.model.path:
-        return Path(config.model.path).expanduser().absolute()
-    return demo_model.ensure_default()
-
-
 def add_host_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu-mem-gib",
@@ -104,18 +97,6 @@ def host_facts(args: argparse.Namespace) -> hardware.HostFacts:
             facts, gpu_mem_gib=args.gpu_mem_gib, gpu_count=args.gpu_count, ram_gib=args.ram_gib
         )
     return facts
-
-
-def plan_for(
-    config: DeploymentConfig, directory: Path, host: hardware.HostFacts, env: dict[str, str]
-) -> Plan:
-    facts = model_facts.read(directory)
-    platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
-    return make_plan(config, facts, host, platform, env)
-
-
-def warn(message: str) -> None:
-    print(f"vllm-offload: warning: {message}", file=sys.stderr)
 
 
 def say(message: str) -> None:

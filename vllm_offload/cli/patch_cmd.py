@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vllm_offload import patching
+from vllm_offload.cli._common import UsageError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     site = args.site.absolute() if args.site else patching.default_site()
     if not (site / "vllm").is_dir():
-        raise patching.PatchError(f"--site {site}: no vllm/ directory there")
+        raise UsageError(f"--site {site}: no vllm/ directory there")
     version = patching.site_version(site)
     if patching.recover(site):
         print(f"rolled back an interrupted patch operation in {site}")

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from vllm_offload import deployment
 from vllm_offload.cli import _common
 from vllm_offload.plan import render
 
@@ -26,6 +27,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
-    plan = _common.plan_for(config, _common.model_dir(config), host, dict(os.environ))
+    plan = deployment.plan_for(config, deployment.model_dir(config), host, os.environ)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0

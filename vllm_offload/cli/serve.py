@@ -7,10 +7,11 @@ import json
 import os
 import sys
 
-from vllm_offload import launch, patching
+from vllm_offload import deployment, launch
 from vllm_offload.cli import _common
+from vllm_offload.errors import VllmOffloadError
 from vllm_offload.plan import render
-from vllm_offload.vllm_version import SUPPORTED, InstalledVllm, VllmNotFound, find
+from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,65 +42,39 @@ def _installed_vllm(dry_run: bool) -> InstalledVllm | None:
     try:
         return find()
     except VllmNotFound:
-        if dry_run:
+        if dry_run:  # a GPU host's config inspected anywhere: plan for the pinned release
             return None
         raise
 
 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
-    directory = _common.model_dir(config)
     host = _common.host_facts(args)
-    plan = _common.plan_for(config, directory, host, dict(os.environ))
     vllm = _installed_vllm(args.dry_run)
-    api_key = launch.read_api_key(config)
-    # Without vLLM here (a dry run on a laptop), plan for the pinned release.
-    version = vllm.version if vllm is not None else SUPPORTED[0]
-    spec = launch.build(config, plan, directory, version, api_key)
-    print(render(plan), file=sys.stderr)
-    for note in spec.notes:
+    prepared = deployment.prepare(
+        config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
+    )
+    spec = prepared.spec
+    print(render(prepared.plan), file=sys.stderr)
+    for note in prepared.notes:
         _common.say(note)
-    errors = launch.preflight(plan)
-    if vllm is not None:
-        problem = _patch_problem(vllm)
-        if problem is not None and args.allow_unpatched:
-            _common.warn(f"{problem}; starting anyway (--allow-unpatched)")
-        elif problem is not None:
-            errors.append(
-                launch.PreflightError(
-                    "vllm",
-                    f"{problem}; run `vllm-offload patch "
-                    "apply` (make install does), or pass "
-                    "--allow-unpatched",
-                )
-            )
+    problems: list[VllmOffloadError] = list(prepared.problems)
     if args.dry_run:
         print(spec.printable())
         print(json.dumps(spec.kv_transfer_config, indent=2))
         if spec.kv_transfer_config is not None and vllm is not None:
-            errors += _validation_errors(spec)
-    if errors:
-        for error in errors:
-            print(f"vllm-offload: error: {error}", file=sys.stderr)
-        return 2
+            problems += _validation_errors(spec)
+    if problems:
+        for problem in problems:
+            print(f"vllm-offload: error: {problem}", file=sys.stderr)
+        return max(problem.exit_code for problem in problems)
     if args.dry_run:
         return 0
     launch.run(spec)
     return 0
 
 
-def _patch_problem(vllm: InstalledVllm) -> str | None:
-    site = vllm.package_dir.parent
-    try:
-        state = patching.status(site)
-    except patching.PatchError as exc:
-        return str(exc)
-    if state is not patching.State.APPLIED:
-        return f"vLLM {vllm.version} at {site} is not patched by vllm-offload"
-    return None
-
-
-def _validation_errors(spec: launch.LaunchSpec) -> list[launch.PreflightError]:
+def _validation_errors(spec: launch.LaunchSpec) -> list[VllmOffloadError]:
     try:
         launch.validate_with_vllm(spec)
     except launch.PreflightError as exc:

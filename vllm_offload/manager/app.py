@@ -20,13 +20,13 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_offload import config as config_mod
-from vllm_offload import hardware, launch, model_facts
-from vllm_offload.cli._common import model_dir
+from vllm_offload import deployment, hardware, launch, vllm_version
+from vllm_offload.deployment import Prepared, model_dir
+from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import detect, page
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.watch import UnitMonitor, last_error
-from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.service import ServiceError, Systemd
 
 MAX_BODY_BYTES = 64 * 1024
@@ -72,16 +72,12 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-class ConfigError422(HTTPException):
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(422, {"field": field_name, "message": message})
-
-
 def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
+    """The saved config; a file that cannot be used refuses whatever needs it (409)."""
     try:
         return config_mod.load(settings.config_path)
     except config_mod.ConfigError as exc:
-        raise HTTPException(409, {"field": exc.field, "message": exc.message}) from None
+        raise Refused(exc.field, exc.message) from None
 
 
 def model_roots(config: config_mod.DeploymentConfig) -> list[Path]:
@@ -97,27 +93,32 @@ def resolve_model(config: config_mod.DeploymentConfig) -> Path:
     resolved = Path(os.path.realpath(config.model.path))
     roots = [Path(os.path.realpath(r)) for r in model_roots(config)]
     if not any(resolved == r or r in resolved.parents for r in roots):
-        raise ConfigError422(
+        raise config_mod.ConfigError(
             "model.path",
             f"{config.model.path} is outside the model roots "
             f"({', '.join(map(str, roots))}); add its directory to manager.model_roots",
         )
     if not (resolved / "config.json").is_file():
-        raise ConfigError422("model.path", f"{config.model.path}: no config.json there")
+        raise config_mod.ConfigError("model.path", f"{config.model.path}: no config.json there")
     return resolved
 
 
-def plan_for(config: config_mod.DeploymentConfig) -> Plan:
-    directory = resolve_model(config)
-    host = hardware.probe()
-    try:
-        facts = model_facts.read(directory)
-        return make_plan(config, facts, host, "cuda" if host.has_nvidia_gpu else "cpu",
-                         dict(os.environ))  # fmt: skip
-    except model_facts.ModelFactsError as exc:
-        raise ConfigError422("model.path", str(exc)) from None
-    except PlanError as exc:
-        raise ConfigError422(exc.field, exc.message) from None
+def prepare(config: config_mod.DeploymentConfig) -> Prepared:
+    """What `vllm-offload serve` would do with ``config`` on this host (the same checks
+    and words), after the manager's own fence: the model must lie inside the roots."""
+    resolved = resolve_model(config)
+    if config.model.path:
+        config = config_mod.with_overrides(config, {"model.path": str(resolved)})
+    return deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find())
+
+
+def startable(config: config_mod.DeploymentConfig) -> Prepared:
+    """``prepare``, refusing (409, the first reason) what `serve` would refuse."""
+    prepared = prepare(config)
+    if prepared.problems:
+        first = prepared.problems[0]
+        raise Refused(first.field, first.message)
+    return prepared
 
 
 def list_models(config: config_mod.DeploymentConfig) -> list[dict[str, str]]:
@@ -155,6 +156,12 @@ def create_app(settings: ManagerSettings) -> FastAPI:
 
     app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
     app.state.sampler = sampler
+
+    @app.exception_handler(VllmOffloadError)
+    async def refused(_request: Request, exc: VllmOffloadError) -> JSONResponse:
+        # One table (errors.OUTCOMES) decides the status: 422 bad input, 409 refused,
+        # 502 the service manager failed, 500 the machine is not as it must be.
+        return JSONResponse({"detail": exc.detail()}, status_code=exc.http_status)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
@@ -223,10 +230,13 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                     "the service manager stopped restarting it (the unit's start limit): fix "
                     f"the cause, then press Start. Last error: {reason or 'none logged'}"
                 )
+        problems: list[dict[str, str]] = []
         try:
-            plan: dict[str, Any] | str = plan_for(config).to_json()
-        except HTTPException as exc:
-            plan = str(exc.detail)
+            prepared = prepare(config)
+            plan: dict[str, Any] | str = prepared.plan.to_json()
+            problems = [p.detail() for p in prepared.problems]
+        except VllmOffloadError as exc:
+            plan = str(exc)
         return {
             "unit": f"{settings.unit}.service",
             "active_state": unit.active_state,
@@ -238,6 +248,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "model": config.model.path or "(demo model)",
             "served_name": launch.served_name(config, model_dir(config)),
             "plan": plan,
+            "problems": problems,
             "events": list(monitor.watch.events),
         }
 
@@ -250,11 +261,10 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         if action != "stop":
             # Starting on a config that cannot be served only makes a crash loop: say why now.
             try:
-                plan_for(_load(settings))
-            except HTTPException as exc:
-                detail = exc.detail if isinstance(exc.detail, dict) else {"message": exc.detail}
+                startable(_load(settings))
+            except VllmOffloadError as exc:
                 raise HTTPException(
-                    409, {**detail, "refused": f"not {action}ing the server"}
+                    409, {**exc.detail(), "refused": f"not {action}ing the server"}
                 ) from None
         try:
             getattr(settings.systemd, action)(settings.unit)
@@ -273,21 +283,18 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def get_config() -> dict[str, Any]:
         return {"config": _load(settings).model_dump(), "path": str(settings.config_path)}
 
-    def validated(body: ConfigBody) -> tuple[config_mod.DeploymentConfig, Plan]:
-        try:
-            config = config_mod.parse(body.config)
-        except config_mod.ConfigError as exc:
-            raise ConfigError422(exc.field, exc.message) from None
-        return config, plan_for(config)
-
     @app.post("/api/config/preview")
     def preview(body: ConfigBody) -> dict[str, Any]:
-        _config, plan = validated(body)
-        return {"plan": plan.to_json()}
+        prepared = prepare(config_mod.parse(body.config))
+        return {
+            "plan": prepared.plan.to_json(),
+            "problems": [p.detail() for p in prepared.problems],
+        }
 
     @app.put("/api/config", status_code=202)
     def put_config(body: ConfigBody) -> dict[str, Any]:
-        config, plan = validated(body)
+        config = config_mod.parse(body.config)
+        plan = startable(config).plan
         try:
             config_mod.save(config, settings.config_path)
         except OSError as exc:

@@ -45,18 +45,16 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
 
 def _gpus() -> list[dict[str, Any]]:
     rows = []
-    with nvml_devices() as handles:
-        import pynvml  # nvidia-ml-py is a dependency; NVML itself may be absent
-
+    with nvml_devices() as (nvml, handles):
         for i, handle in enumerate(handles):
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             rows.append({
                 "index": i,
-                "util_percent": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                 "memory_used_bytes": int(mem.used),
                 "memory_total_bytes": int(mem.total),
-                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, 0),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                "temperature_c": nvml.nvmlDeviceGetTemperature(handle, 0),
+                "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
             })  # fmt: skip
     return rows
 

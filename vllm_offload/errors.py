@@ -1,0 +1,64 @@
+"""One error base for everything vllm-offload refuses or cannot do, and one table from
+what kind of failure it is to the CLI's exit code and the manager's HTTP status.
+
+Every error names what is wrong (``field``: a config key, a flag, a file) and its text
+says the fix. The CLI prints it and exits with the kind's code; the manager answers
+``{"detail": {"field": ..., "message": ...}}`` with the kind's status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+ErrorKind = Literal["input", "refused", "environment", "service"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    http_status: int
+
+
+OUTCOMES: dict[ErrorKind, Outcome] = {
+    # A bad config value, flag, model directory or request body: fix the input.
+    "input": Outcome(2, 422),
+    # Valid, but it cannot start here and now (the host cannot hold the tier, vLLM is not
+    # patched, the saved config is unusable): nothing was started or changed.
+    "refused": Outcome(2, 409),
+    # The machine is not as vllm-offload needs it (vLLM missing, its files modified).
+    "environment": Outcome(1, 500),
+    # systemctl or journalctl failed or did not answer in time.
+    "service": Outcome(1, 502),
+}
+
+
+class VllmOffloadError(Exception):
+    kind: ClassVar[ErrorKind] = "input"
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        return OUTCOMES[self.kind].exit_code
+
+    @property
+    def http_status(self) -> int:
+        return OUTCOMES[self.kind].http_status
+
+    def detail(self) -> dict[str, str]:
+        return {"field": self.field, "message": self.message}
+
+
+class FieldError(VllmOffloadError):
+    """An error about one named field: ``FieldError(field, message)``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
+
+
+class Refused(FieldError):
+    kind = "refused"
