@@ -10,6 +10,7 @@ import pytest
 
 from tests.manager.conftest import BEARER, TOKEN, Env, login
 from vllm_offload import config as config_mod
+from vllm_offload.manager.auth import SESSION_COOKIE
 from vllm_offload.manager.metrics import parse_vllm_metrics
 
 pytestmark = pytest.mark.anyio
@@ -74,9 +75,14 @@ async def test_session_writes_need_csrf_and_origin(client: httpx.AsyncClient) ->
 
 
 async def test_logout_ends_the_session(client: httpx.AsyncClient) -> None:
+    """The old cookie, sent again after logout (as a stolen copy would be), no longer works;
+    the test once cleared the client's cookies first, so it passed whatever /logout did."""
     csrf = await login(client)
-    await client.post("/logout", headers={"X-CSRF-Token": csrf, **ORIGIN})
-    client.cookies.clear()
+    session = client.cookies[SESSION_COOKIE]
+    assert (await client.get("/api/status")).status_code == 200
+    response = await client.post("/logout", headers={"X-CSRF-Token": csrf, **ORIGIN})
+    assert response.status_code == 303
+    client.cookies.set(SESSION_COOKIE, session)  # keep the cookie the browser was told to drop
     assert (await client.get("/api/status")).status_code == 401
 
 
