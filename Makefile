@@ -9,20 +9,27 @@ PATCHES := $(wildcard patches/*/*)
 TEST_INSTALLED := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
+# torch's CPU builds (torch==X+cpu) live on PyTorch's own index, not on PyPI. Where the
+# configured sources (pip.conf, a local wheel folder) lack the pinned build, pip also looks
+# there; where they have it (as on the CI machine), that index is never asked.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_SOURCES = $(if $(filter cpu,$(FLAVOR)),$$($(BIN)/pip install -q --dry-run --ignore-installed \
+  --no-deps "$$(grep '^torch==' requirements/cpu.txt)" >/dev/null 2>&1 \
+  || echo --extra-index-url $(TORCH_CPU_INDEX)))
 
-.PHONY: install serve test test-slow lint clean
+.PHONY: install serve test test-slow lint clean pip-sources
 
 install: $(INSTALLED)
 
 $(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt $(PATCHES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements/$(FLAVOR).txt -e .
+	$(BIN)/pip install -q $(PIP_SOURCES) -r requirements/$(FLAVOR).txt -e .
 	@# Their CUDA builds, pulled in beside torch+cpu, break `import transformers`.
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec; fi
 	@# A changed series finds the old one applied: reinstall vLLM's files, then apply.
 	$(BIN)/vllm-offload patch apply || { $(BIN)/pip install -q --force-reinstall --no-deps \
-	  -r requirements/$(FLAVOR).txt && $(BIN)/vllm-offload patch apply; }
+	  $(PIP_SOURCES) -r requirements/$(FLAVOR).txt && $(BIN)/vllm-offload patch apply; }
 	touch $@
 
 $(TEST_INSTALLED): $(INSTALLED)
@@ -50,6 +57,10 @@ test: lint
 test-slow: $(TEST_INSTALLED)
 	$(BIN)/python benchmarks/manager_load.py --out artifacts/manager_load.json
 	$(BIN)/python benchmarks/manager_load.py --openai-clients 16 --out artifacts/soak.json
+
+# The extra pip options `make install` uses here (empty where none is needed).
+pip-sources:
+	@echo $(PIP_SOURCES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

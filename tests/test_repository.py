@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,3 +19,23 @@ def test_a_venv_symlink_is_ignored(tmp_path: Path) -> None:
     (tmp_path / ".venv").symlink_to(tmp_path / "elsewhere")
     ignored = subprocess.run(["git", "-C", str(tmp_path), "check-ignore", "-q", ".venv"])
     assert ignored.returncode == 0
+
+
+def make_pip_sources(env: dict[str, str]) -> str:
+    done = subprocess.run(["make", "-s", "pip-sources"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_make_install_adds_pytorchs_cpu_index_only_where_torch_cpu_is_missing(
+    tmp_path: Path,
+) -> None:
+    """Issue #14: torch==2.13.0+cpu is on PyTorch's own index, not PyPI, so a stock pip
+    could not install it. Where pip's configured sources have it (this machine's wheel
+    folder), that index is never asked; where they lack it, it is added."""
+    here = make_pip_sources(dict(os.environ))
+    assert here == ""
+    stock = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "",
+             "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": (tmp_path / "index").as_uri()}  # fmt: skip
+    (tmp_path / "index").mkdir()  # an index without torch's CPU build, as PyPI is
+    assert make_pip_sources(stock) == "--extra-index-url https://download.pytorch.org/whl/cpu"

@@ -34,7 +34,8 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     for unit in unit_dir.iterdir():
         assert verify(unit) == ""
     server = (unit_dir / "vllm.service").read_text()
-    for directive in ("Restart=on-failure", "StartLimitBurst=5", "TimeoutStopSec=120",
+    for directive in ("Restart=on-failure", "RestartPreventExitStatus=2", "StartLimitBurst=5",
+                      "TimeoutStopSec=120",
                       "LimitMEMLOCK=infinity", "LimitNOFILE=65536", "NoNewPrivileges=yes",
                       "ProtectSystem=strict", "PrivateTmp=yes", "StandardOutput=journal",
                       "EnvironmentFile=-/etc/vllm-offload/env",
