@@ -19,10 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from vllm_offload.bench.runner import free_port
+from vllm_offload.vllm_client import VllmClient
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
 
@@ -33,14 +33,9 @@ def time_to_healthy(argv: list[str], env: dict[str, str], port: int, log: Path) 
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"exited {proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    return time.monotonic() - began
-            except OSError:
-                time.sleep(0.1)
+        with VllmClient(f"http://127.0.0.1:{port}") as server:
+            server.wait_healthy(600, alive=lambda: proc.poll() is None, poll_s=0.1)
+        return time.monotonic() - began
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)

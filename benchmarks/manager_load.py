@@ -35,18 +35,14 @@ import psutil
 from vllm_offload import demo_model
 from vllm_offload.bench.runner import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
+from vllm_offload.vllm_client import VllmClient, wait_until
 
 
-def wait_for(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            httpx.get(url, timeout=1).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def poller(base: str, token: str, until: float, latencies: list[float], errors: list[str],
@@ -166,7 +162,8 @@ def main() -> int:
         server = subprocess.Popen([sys.executable, "-m", "vllm_offload", "serve", "--config",
                                    str(config)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        wait_for(f"http://127.0.0.1:{server_port}/health", 300)
+        with VllmClient(f"http://127.0.0.1:{server_port}") as vllm:
+            vllm.wait_healthy(300)
     token = secrets.token_urlsafe(24)
     (scratch / "token").write_text(token)
     port = free_port()
@@ -178,7 +175,7 @@ def main() -> int:
     manager_autogroup = set_cpu_share(manager.pid, args.manager_group_nice)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(base + "/healthz", 60)
+        wait_until(lambda: answers(base + "/healthz"), 60, "the manager", poll_s=0.2)
         time.sleep(3)  # let the sampler fill a few samples
         process = psutil.Process(manager.pid)
         rss_before = process.memory_info().rss

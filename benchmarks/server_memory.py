@@ -14,28 +14,24 @@ OUT/NAME.log and prints a one-line summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
 from vllm_offload.bench.runner import GIB, VLLM_OFFLOAD, free_port, scan_log, split_serve_args
+from vllm_offload.vllm_client import VllmClient
 
 
-def smoke_request(port: int) -> int:
-    body = json.dumps({"model": "m", "prompt": list(range(100, 132)), "max_tokens": 8})
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", body.encode(),
-        {"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return int(response.status)
+def smoke_request(server: VllmClient) -> int:
+    body = {"model": "m", "prompt": list(range(100, 132)), "max_tokens": 8}
+    return server.post("/v1/completions", body, timeout_s=120).status_code
 
 
 def main() -> int:
@@ -62,21 +58,19 @@ def main() -> int:
                                 start_new_session=True)  # fmt: skip
     healthy_s = None
     status = None
+    server = VllmClient(f"http://127.0.0.1:{port}")
     try:
-        while time.monotonic() - began < args.timeout and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    healthy_s = time.monotonic() - began
-                    break
-            except OSError:
-                time.sleep(0.25)
+        with contextlib.suppress(RuntimeError, TimeoutError):  # recorded as not healthy
+            server.wait_healthy(args.timeout, alive=lambda: proc.poll() is None, poll_s=0.25)
+            healthy_s = time.monotonic() - began
         if healthy_s is not None:
             time.sleep(5)
             after = psutil.virtual_memory().available
-            status = smoke_request(port)
+            status = smoke_request(server)
         else:
             after = psutil.virtual_memory().available
     finally:
+        server.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -21,28 +21,15 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from vllm_offload.bench.runner import VLLM_OFFLOAD, ServerProcess
+from vllm_offload.vllm_client import VllmClient
 
 MODEL = "benchmarks/models/llama-3-8b"
 DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
 POOL_64_BLOCKS = 64 * 128 * 131072  # 1 GiB: 64 blocks of 128 tokens at 128 KiB a token
-
-
-def post(url: str, body: dict[str, Any]) -> tuple[int, str, float]:
-    began = time.monotonic()
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, response.read().decode()[:300], time.monotonic() - began
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()[:300], time.monotonic() - began
 
 
 def lines(log: Path, *patterns: str) -> list[str]:
@@ -68,9 +55,12 @@ def served(name: str, args: list[str], out: Path, requests: dict[str, Any]) -> d
     try:
         row["healthy_s"] = round(server.wait_healthy(900), 1)
         row["server_rss_gib"] = round(server.host_ram_bytes() / (1 << 30), 2)
-        for label, body in requests.items():
-            status, text, seconds = post(server.base_url + body.pop("path"), body)
-            row[label] = {"status": status, "seconds": round(seconds, 3), "body": text}
+        with VllmClient(server.base_url) as client:
+            for label, body in requests.items():
+                began = time.monotonic()
+                response = client.post(body.pop("path"), body)
+                row[label] = {"status": response.status_code, "body": response.text[:300],
+                              "seconds": round(time.monotonic() - began, 3)}  # fmt: skip
     except (RuntimeError, TimeoutError) as exc:
         row["failed"] = str(exc)
     finally:

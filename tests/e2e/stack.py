@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from tests.e2e.server import server_env
 from vllm_offload import units
 from vllm_offload.bench.runner import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.service import Systemd
+from vllm_offload.vllm_client import VllmClient, wait_until
 
 BIN = Path(sys.executable).parent
 SYSTEMCTL3 = str(BIN / "systemctl3")
@@ -25,15 +26,17 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
-def wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer in {timeout_s}s")
+def wait_server(port: int, timeout_s: float = 300) -> None:
+    """Until the vLLM server on ``port`` answers /health."""
+    with VllmClient(f"http://127.0.0.1:{port}") as server:
+        server.wait_healthy(timeout_s)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ def manager(tmp_path: Path, deployment: Deployment, token: str) -> Iterator[str]
         env=server_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "the manager")
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()

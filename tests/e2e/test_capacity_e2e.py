@@ -9,13 +9,12 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.server import Server, free_port, server_env
+from vllm_offload.vllm_client import VllmClient
 
 pytestmark = pytest.mark.e2e
 POOL_BYTES = 4 << 20  # demo model: 2,048 B/token -> 16 blocks of 128 -> 1,920 tokens usable
@@ -42,13 +41,9 @@ def test_too_long_max_model_len_fails_fast(demo_dir: Path, tmp_path: Path) -> No
 
 def post(url: str, body: dict[str, object]) -> tuple[int, str, float]:
     began = time.monotonic()
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.read().decode(), time.monotonic() - began
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(), time.monotonic() - began
+    with VllmClient(url) as server:
+        response = server.post("/v1/completions", body, timeout_s=60)
+    return response.status_code, response.text, time.monotonic() - began
 
 
 def test_auto_clamps_and_over_long_prompt_gets_400(demo_dir: Path, tmp_path: Path) -> None:
@@ -58,7 +53,7 @@ def test_auto_clamps_and_over_long_prompt_gets_400(demo_dir: Path, tmp_path: Pat
     server.start()
     try:
         assert "max_model_len         1,920 tokens (auto" in server.log_path.read_text()
-        url = server.base_url + "/v1/completions"
+        url = server.base_url
         long_prompt = "hello world " * 2000
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             long = pool.submit(post, url, {"model": "demo", "prompt": long_prompt,

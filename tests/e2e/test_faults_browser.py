@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import stack as deploy
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_http
+from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_server
 from vllm_offload import demo_model
 from vllm_offload.service import Systemd
 
@@ -54,7 +54,7 @@ def supervised(tmp_path: Path) -> Iterator[Stack]:
                             start_new_session=True)  # fmt: skip
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
-            wait_http(f"http://127.0.0.1:{deployment.server_port}/health", 300)
+            wait_server(deployment.server_port)
             yield Stack(url, model, deployment.systemd)
     finally:
         subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import stack as deploy
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_http
+from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
 from vllm_offload import demo_model
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, str]]:
     deployment.systemd.start("vllm")
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
-            wait_http(f"http://127.0.0.1:{deployment.server_port}/health", 300)
+            wait_server(deployment.server_port)
             yield url, TOKEN
     finally:
         deployment.systemd.stop("vllm")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tests.e2e.server import free_port
 from vllm_offload import units
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.service import Systemd
+from vllm_offload.vllm_client import VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
@@ -28,20 +28,8 @@ SYSTEMCTL3 = str(BIN / "systemctl3")
 
 
 def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def wait_until(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    with VllmClient(f"http://127.0.0.1:{port}") as server:
+        return server.healthy()
 
 
 def tree(pid: int) -> list[int]:

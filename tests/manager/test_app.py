@@ -295,3 +295,32 @@ async def test_unreadable_config_refuses_to_start(client: httpx.AsyncClient, env
     response = await client.post("/api/service/restart", headers=BEARER)
     assert response.status_code == 409
     assert "cannot read the config file" in response.json()["detail"]["message"]
+
+
+async def test_the_sampler_follows_a_port_saved_from_the_page(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    """Issue #14: after a port change from the page the sampler (and the probe) kept
+    asking the old port, so the health stayed at 'starting'."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    stand_in = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=stand_in.serve_forever, daemon=True).start()
+    try:
+        sampler = client._transport.app.state.sampler  # type: ignore[attr-defined]
+        assert not sampler.probe_health()  # the configured port 1: nothing there
+        response = await put_config(client, server__port=stand_in.server_address[1])
+        assert response.status_code == 202, response.text
+        assert sampler.server_url == f"http://127.0.0.1:{stand_in.server_address[1]}"
+        assert sampler.probe_health()
+    finally:
+        stand_in.shutdown()

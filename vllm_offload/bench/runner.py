@@ -9,11 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from vllm_offload.vllm_client import VllmClient
 
 GIB = 1 << 30
 LOG_PATTERNS = {
@@ -82,17 +83,21 @@ class ServerProcess:
             )
 
     def wait_healthy(self, timeout_s: float = 600) -> float:
-        assert self.proc is not None
-        while time.monotonic() - self.started_at < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}; see {self.log_path}")
+        """Seconds from the start until /health answers; raises RuntimeError if the
+        server exits first, TimeoutError after ``timeout_s``."""
+        proc = self.proc
+        assert proc is not None
+        with VllmClient(self.base_url) as server:
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2):
-                    self.healthy_s = time.monotonic() - self.started_at
-                    return self.healthy_s
-            except OSError:
-                time.sleep(0.25)
-        raise TimeoutError(f"server not healthy in {timeout_s}s; see {self.log_path}")
+                server.wait_healthy(timeout_s, alive=lambda: proc.poll() is None, poll_s=0.25)
+            except RuntimeError:
+                raise RuntimeError(
+                    f"server exited {proc.returncode}; see {self.log_path}"
+                ) from None
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}; see {self.log_path}") from None
+        self.healthy_s = time.monotonic() - self.started_at
+        return self.healthy_s
 
     def host_ram_bytes(self) -> int:
         """Resident memory of the server's whole process tree (pinned pages included)."""

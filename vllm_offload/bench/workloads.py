@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 import httpx
 
 from vllm_offload.bench.client import Prompt, RequestResult, complete
-from vllm_offload.prometheus import sum_samples
+from vllm_offload.vllm_client import VllmClient
 
 # Token ids well inside any real vocabulary and clear of special tokens.
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000
@@ -34,12 +34,6 @@ PASS_METRICS = (
     "vllm:kv_offload_store_bytes",
     "vllm:kv_offload_store_time",
 )
-
-
-def server_totals(client: httpx.Client, base_url: str) -> dict[str, float]:
-    response = client.get(base_url + "/metrics", timeout=30)
-    response.raise_for_status()
-    return sum_samples(response.text, PASS_METRICS)
 
 
 _thread_clients = threading.local()
@@ -112,15 +106,15 @@ def reuse(
         return complete(client, base_url, prompt, 1)
 
     server_side: list[dict[str, float]] = []
-    with httpx.Client() as client:
+    with httpx.Client() as client, VllmClient(base_url, timeout_s=30) as server:
         for _ in range(2):
             results = []
-            before = server_totals(client, base_url)
+            before = server.metrics(PASS_METRICS)
             for doc in documents:
                 results.append(one(client, doc).to_json())
                 progress()
             time.sleep(settle_s)  # the last document's stores land in this pass
-            after = server_totals(client, base_url)
+            after = server.metrics(PASS_METRICS)
             server_side.append({k: (after[k] - before.get(k, 0.0)) / docs for k in after})
             passes.append(results)
         probe = maker.make(rng, doc_tokens)

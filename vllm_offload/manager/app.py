@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import psutil
 from fastapi import FastAPI, Form, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
@@ -28,6 +26,7 @@ from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, or
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.watch import UnitMonitor, last_error
 from vllm_offload.service import ServiceError, Systemd
+from vllm_offload.vllm_client import VllmClient
 
 MAX_BODY_BYTES = 64 * 1024
 PROBE_TIMEOUT_S = 60
@@ -138,11 +137,8 @@ class ConfigBody(BaseModel):
 
 def create_app(settings: ManagerSettings) -> FastAPI:
     sessions = Sessions(settings.token)
-    initial = config_mod.load(settings.config_path)
-    sampler = Sampler(
-        f"http://{_client_host(initial.server.host)}:{initial.server.port}",
-        settings.sample_interval_s,
-    )
+    sampler = Sampler(server_url(config_mod.load(settings.config_path)),
+                      settings.sample_interval_s)  # fmt: skip
 
     monitor = UnitMonitor(settings.systemd, settings.unit, sampler)
 
@@ -261,11 +257,13 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         if action != "stop":
             # Starting on a config that cannot be served only makes a crash loop: say why now.
             try:
-                startable(_load(settings))
+                config = _load(settings)
+                startable(config)
             except VllmOffloadError as exc:
                 raise HTTPException(
                     409, {**exc.detail(), "refused": f"not {action}ing the server"}
                 ) from None
+            sampler.follow(server_url(config))
         try:
             getattr(settings.systemd, action)(settings.unit)
         except ServiceError as exc:
@@ -300,6 +298,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         except OSError as exc:
             raise HTTPException(507, f"could not save {settings.config_path}: {exc.strerror}; "
                                      "the previous config is unchanged") from None  # fmt: skip
+        sampler.follow(server_url(config))
         try:
             settings.systemd.restart(settings.unit)
         except ServiceError as exc:
@@ -319,18 +318,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             )
         config = _load(settings)
         name = launch.served_name(config, model_dir(config))
-        body = json.dumps({"model": name, "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "Say hello."}]})  # fmt: skip
-        headers = {"Content-Type": "application/json"}
-        key = launch.read_api_key(config) if config.server.api_key_file else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(sampler.server_url + "/v1/chat/completions",
-                                         body.encode(), headers)  # fmt: skip
+        body = {"model": name, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
+        key = launch.read_api_key(config)
         try:
-            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
-                answer = json.loads(response.read())
-        except (OSError, urllib.error.HTTPError) as exc:
+            with VllmClient(sampler.server_url, key) as server:
+                response = server.post("/v1/chat/completions", body, PROBE_TIMEOUT_S)
+                response.raise_for_status()
+                answer = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
             raise HTTPException(502, f"the server did not answer: {exc}") from None
         return {"model": answer.get("model"),
                 "answer": answer["choices"][0]["message"]["content"]}  # fmt: skip
@@ -349,5 +345,13 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     return app
 
 
-def _client_host(bind: str) -> str:
-    return "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+def server_url(config: config_mod.DeploymentConfig) -> str:
+    """Where the manager reaches the server the config describes (a wildcard bind is
+    reached on loopback)."""
+    host = config.server.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return (
+        f"http://[{host}]:{config.server.port}"
+        if ":" in host
+        else f"http://{host}:{config.server.port}"
+    )

@@ -3,21 +3,18 @@ mentions vLLM, confirmed by their /v1/models."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any
 
 import psutil
+
+from vllm_offload.vllm_client import VllmClient
 
 LOOKS_LIKE_VLLM = ("vllm", "vllm_offload")
 
 
 def _models(port: int) -> list[str] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
-            return [m["id"] for m in json.loads(r.read())["data"]]
-    except (OSError, ValueError, KeyError):
-        return None
+    with VllmClient(f"http://127.0.0.1:{port}", timeout_s=1) as server:
+        return server.models()
 
 
 def find_vllm_servers() -> list[dict[str, Any]]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import psutil
 
 from vllm_offload.hardware import nvml_devices
-from vllm_offload.prometheus import sum_samples
+from vllm_offload.vllm_client import VllmClient, sum_samples
 
 HISTORY_S = 600
 
@@ -38,9 +38,12 @@ TOTALS = {"vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_total"}
 TTFT = "vllm:time_to_first_token_seconds"
 
 
+VLLM_METRICS = {*GAUGES, *COUNTERS, f"{TTFT}_sum", f"{TTFT}_count"}
+
+
 def parse_vllm_metrics(text: str) -> dict[str, float]:
     """The metrics we chart."""
-    return sum_samples(text, {*GAUGES, *COUNTERS, f"{TTFT}_sum", f"{TTFT}_count"})
+    return sum_samples(text, VLLM_METRICS)
 
 
 def _gpus() -> list[dict[str, Any]]:
@@ -72,7 +75,8 @@ def _disks() -> list[dict[str, Any]]:
 
 @dataclass
 class Sampler:
-    """Samples every ``interval_s`` in a daemon thread; ``server_url`` is vLLM's base URL."""
+    """Samples every ``interval_s`` in a daemon thread; ``server_url`` is vLLM's base URL
+    (``follow`` moves it when the config's host or port changes)."""
 
     server_url: str
     interval_s: float = 1.0
@@ -82,6 +86,21 @@ class Sampler:
     _previous_t: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: VllmClient | None = None
+
+    @property
+    def server(self) -> VllmClient:
+        """The client for ``server_url``, made anew once it changes."""
+        server = self._server
+        if server is None or server.base_url != self.server_url:
+            server = self._server = VllmClient(self.server_url, timeout_s=0.8)
+        return server
+
+    def follow(self, server_url: str) -> None:
+        """Sample the server at ``server_url`` from now on (a saved host or port)."""
+        if server_url != self.server_url:
+            self.server_url = server_url
+            self._previous, self.server_healthy = {}, False
 
     def start(self) -> None:
         psutil.cpu_percent()  # prime: the first call has no interval to measure
@@ -99,17 +118,12 @@ class Sampler:
 
     def _scrape(self) -> dict[str, float] | None:
         try:
-            with urllib.request.urlopen(self.server_url + "/metrics", timeout=0.8) as response:
-                return parse_vllm_metrics(response.read().decode())
-        except OSError:
+            return self.server.metrics(VLLM_METRICS)
+        except (httpx.HTTPError, ValueError):
             return None
 
     def probe_health(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.server_url + "/health", timeout=0.8) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return self.server.healthy()
 
     def sample_once(self) -> dict[str, Any]:
         now = time.time()

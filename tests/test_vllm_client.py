@@ -1,0 +1,61 @@
+"""The one client for a vLLM server, against an in-process stand-in (httpx transport)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from vllm_offload.vllm_client import VllmClient, wait_until
+
+METRICS = """# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m",engine="0"} 10.0
+vllm:prompt_tokens_total{model_name="m",engine="1"} 5.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2.0
+"""
+
+
+def stand_in(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/health":
+        return httpx.Response(200)
+    if request.url.path == "/metrics":
+        return httpx.Response(200, text=METRICS)
+    if request.url.path == "/v1/models":
+        if request.headers.get("authorization") != "Bearer k":
+            return httpx.Response(401, json={"error": "no key"})
+        return httpx.Response(200, json={"data": [{"id": "m"}]})
+    return httpx.Response(404)
+
+
+def client(api_key: str | None = "k") -> VllmClient:
+    return VllmClient("http://vllm:8000/", api_key, transport=httpx.MockTransport(stand_in))
+
+
+def test_health_models_and_metrics() -> None:
+    with client() as server:
+        assert server.base_url == "http://vllm:8000"
+        assert server.healthy()
+        assert server.models() == ["m"]
+        wanted = {"vllm:prompt_tokens", "vllm:num_requests_waiting", "vllm:absent"}
+        assert server.metrics(wanted) == {
+            "vllm:prompt_tokens": 15.0,  # summed over label sets, `_total` dropped
+            "vllm:num_requests_waiting": 2.0,
+        }
+    assert client(api_key=None).models() is None  # refused without the key
+
+
+def test_nothing_listening() -> None:
+    with VllmClient("http://127.0.0.1:1", timeout_s=0.5) as server:
+        assert not server.healthy()
+        assert server.models() is None
+
+
+def test_waiting_ends_when_ready_when_the_process_ends_or_at_the_bound() -> None:
+    with client() as server:
+        assert server.wait_healthy(5) < 5
+    calls = iter([False, False, True])
+    assert wait_until(lambda: next(calls), 5, "a thing", poll_s=0.01) >= 0
+    with pytest.raises(RuntimeError, match="the process ended"):
+        wait_until(lambda: False, 5, "a thing", alive=lambda: False)
+    with pytest.raises(TimeoutError, match="waiting for a thing"):
+        wait_until(lambda: False, 0.05, "a thing", poll_s=0.01)

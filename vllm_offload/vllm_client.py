@@ -1,0 +1,107 @@
+"""One small client for a vLLM OpenAI server: health, models, metrics, one request, and
+waiting until it is healthy. The manager, the bench, the benchmark scripts and the
+end-to-end tests all talk to vLLM through it (one HTTP stack: httpx)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# How long one control call (health, models, metrics) may take: a server that does not
+# answer that fast is busy or gone.
+CONTROL_TIMEOUT_S = 2.0
+
+
+def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
+    """{sample name (less `_total`): sum over all label sets} of a Prometheus text, for the
+    ``wanted`` names."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in wanted:
+                values[name] = values.get(name, 0.0) + float(sample.value)
+    return values
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    alive: Callable[[], bool] = lambda: True,
+    poll_s: float = 0.5,
+) -> float:
+    """Seconds until ``ready()``: the one waiting loop. Raises RuntimeError as soon as
+    ``alive()`` is false (say, the server process ended) and TimeoutError after
+    ``timeout_s``; ``what`` names the wait in both."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if not alive():
+            raise RuntimeError(f"gave up waiting for {what}: the process ended")
+        if ready():
+            return time.monotonic() - began
+        time.sleep(poll_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class VllmClient:
+    """A vLLM server at ``base_url`` (``http://host:port``); ``api_key`` for the routes
+    vLLM guards with it (``/v1/...``). ``transport`` serves in-process tests."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout_s: float = CONTROL_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> VllmClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def healthy(self) -> bool:
+        """Whether /health answers 200 now."""
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def models(self) -> list[str] | None:
+        """The served model names, or None where nothing (or no vLLM) answers."""
+        try:
+            response = self.http.get("/v1/models")
+            response.raise_for_status()
+            return [m["id"] for m in response.json()["data"]]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+
+    def metrics(self, wanted: Collection[str], timeout_s: float | None = None) -> dict[str, float]:
+        """vLLM's /metrics, summed by name over label sets; raises httpx.HTTPError."""
+        response = self.http.get("/metrics", timeout=timeout_s or self.http.timeout)
+        response.raise_for_status()
+        return sum_samples(response.text, wanted)
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> httpx.Response:
+        """One request (a completion, a chat turn); the response whatever its status."""
+        return self.http.post(path, json=body, timeout=timeout_s)
+
+    def wait_healthy(
+        self, timeout_s: float, alive: Callable[[], bool] = lambda: True, poll_s: float = 0.5
+    ) -> float:
+        """Seconds until /health answers 200; see ``wait_until``."""
+        return wait_until(self.healthy, timeout_s, f"{self.base_url}/health", alive, poll_s)
