@@ -57,7 +57,7 @@ def test_the_start_limit_is_shown_over_the_crash_loop() -> None:
 
 def test_health_of_a_unit_the_service_manager_gave_up_on() -> None:
     def unit(active: str, result: str = "") -> ServiceStatus:
-        return ServiceStatus("vllm", active, "dead", None, result)
+        return ServiceStatus("vllm", active, "dead", 42 if active == "active" else None, result)
 
     assert health_of(unit("failed", "start-limit-hit"), answers=False) == "start-limit"
     assert health_of(unit("error"), answers=False) == "start-limit"  # systemctl3's word
@@ -65,6 +65,19 @@ def test_health_of_a_unit_the_service_manager_gave_up_on() -> None:
     assert health_of(unit("activating"), answers=False) == "starting"
     assert health_of(unit("inactive"), answers=False) == "stopped"
     assert health_of(unit("active"), answers=True) == "healthy"
+    # Issue #14: the unit's process is gone (restarting): an answer sampled before it died,
+    # or from another server on the port, is not its health.
+    assert health_of(unit("activating"), answers=True) == "starting"
+
+
+def test_a_restart_no_poll_saw_is_still_a_restart_and_a_recovery() -> None:
+    """Issue #14 (a busy box): the old process was killed and the new one answered between
+    two polls; the page must still show the restart and a '-> healthy'."""
+    watch = ServiceWatch()
+    assert watch.observe(100, "healthy") == "healthy"
+    assert watch.observe(101, "healthy") == "healthy"
+    texts = [e["text"] for e in watch.events]
+    assert texts == ["new server process: pid 100 -> 101", "restarted -> healthy"]
 
 
 # Lines as vLLM 0.32 logs a worker that found no weights (tests/e2e/test_faults_browser.py).

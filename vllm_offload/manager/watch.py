@@ -56,6 +56,9 @@ class ServiceWatch:
             if not self._pid_answered:
                 self.failed_starts.append(now)
             self._pid_answered = False
+            # A new process has not answered yet, whatever the last poll saw: its first
+            # answer is a recovery of its own, even when no poll saw the gap.
+            self._health = "restarted" if self._health == "healthy" else self._health
         if health == "healthy":
             self._pid_answered = True
             self.failed_starts.clear()
@@ -84,8 +87,10 @@ def last_error(lines: list[str]) -> str | None:
 
 
 def health_of(unit: ServiceStatus, answers: bool) -> str:
-    """healthy (answers /health), start-limit, starting, failed or stopped."""
-    if answers:
+    """healthy (the unit's process answers /health), start-limit, starting, failed or
+    stopped. Without a main process an answer is not the unit's (a sample taken before
+    it died, or another server on the port)."""
+    if answers and unit.main_pid is not None:
         return "healthy"
     if unit.start_limit_hit:
         return "start-limit"
