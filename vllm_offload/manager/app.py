@@ -13,7 +13,7 @@ from typing import Any, Literal
 import httpx
 import psutil
 from fastapi import FastAPI, Form, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -173,9 +173,24 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
         return await call_next(request)
 
+    @app.middleware("http")
+    async def security_headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = page.CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"  # no-referrer makes Origin: null
+        return response
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/static/{name}")
+    def static(name: Literal["dashboard.js", "style.css"]) -> FileResponse:
+        media = "text/javascript" if name.endswith(".js") else "text/css"
+        return FileResponse(page.STATIC / name, media_type=media)
 
     @app.get("/login", response_class=HTMLResponse)
     def login_page() -> str:

@@ -13,7 +13,17 @@ async function api(path, opts = {}) {
 }
 const fmt = (v, d = 1) => v == null ? '–' : Number(v).toLocaleString(undefined,
   {maximumFractionDigits: d});
-function row(k, v) { return `<tr><td>${k}</td><td>${v}</td></tr>`; }
+// Every value reaches the page as text (textContent), never as markup: a model folder,
+// a served name or a log line cannot inject HTML or script.
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.entries(attrs).forEach(([k, v]) => k === 'class' ? node.className = v : node.setAttribute(k, v));
+  children.forEach(c => node.append(c instanceof Node ? c : String(c)));
+  return node;
+}
+function row(k, v) { return el('tr', {}, el('td', {}, k), el('td', {}, v)); }
+const error = text => el('span', {class: 'error'}, text);
+function show(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
 const CHARTS = [
   ['GPU utilisation (%)', s => (s.gpus || []).map(g => g.util_percent), 100],
   ['GPU memory (GiB)', s => (s.gpus || []).map(g => g.memory_used_bytes / GIB)],
@@ -34,9 +44,8 @@ function gb(v) { return v == null ? null : v / 1e9; }
 function ms(v) { return v == null ? null : v * 1000; }
 const COLORS = ['#1565c0', '#c62828', '#2e7d32', '#6a1b9a'];
 function setupCharts() {
-  document.getElementById('charts').innerHTML = CHARTS.map((c, i) =>
-    `<div class="chart"><h3>${c[0]}</h3><canvas id="c${i}" width="560" height="220"></canvas>
-     <div class="legend" id="l${i}"></div></div>`).join('');
+  show('charts', ...CHARTS.map((c, i) => el('div', {class: 'chart'}, el('h3', {}, c[0]),
+    el('canvas', {id: 'c' + i, width: 560, height: 220}), el('div', {class: 'legend', id: 'l' + i}))));
 }
 function drawCharts() {
   const now = Date.now() / 1000;
@@ -76,11 +85,11 @@ async function pollMetrics() {
     drawCharts();
     const s = samples[samples.length - 1];
     if (s) {
-      document.getElementById('disks').innerHTML = (s.disks || []).map(d => row(d.mount, fmt(d.used_percent) + ' % used')).join('');
-      document.getElementById('buying').innerHTML =
-        row('Prompt tokens served from the CPU tier (total)', fmt(s.vllm.cpu_tier_hit_tokens_total, 0)) +
-        row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms') +
-        row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms');
+      show('disks', ...(s.disks || []).map(d => row(d.mount, fmt(d.used_percent) + ' % used')));
+      show('buying',
+        row('Prompt tokens served from the CPU tier (total)', fmt(s.vllm.cpu_tier_hit_tokens_total, 0)),
+        row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
+        row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     }
   } catch (e) { console.log(e); }
 }
@@ -93,38 +102,37 @@ async function pollStatus() {
     const s = await api('/api/status');
     const badge = document.getElementById('state');
     badge.textContent = s.health; badge.className = 'badge ' + s.health;
-    document.getElementById('server').innerHTML = row('Unit', s.unit) +
-      row('State', `${s.active_state} (${s.sub_state})`) + row('Health', s.health) +
-      row('PID', s.pid || '–') + row('Uptime', s.uptime_s == null ? '–' : fmt(s.uptime_s, 0) + ' s') +
-      row('Model', s.model) + row('Answers to', s.served_name) +
-      (s.reason ? row('Why', `<span class="error">${escapeHtml(s.reason)}</span>`) : '');
-    document.getElementById('events').innerHTML = s.events.length ? s.events.slice(-8).reverse()
-      .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), escapeHtml(e.text))).join('')
-      : row('nothing yet', '');
-    document.getElementById('plan').innerHTML = typeof s.plan === 'string'
-      ? `<tr><td colspan=2 class="error">${escapeHtml(s.plan)}</td></tr>` : planRows(s.plan);
+    show('server', row('Unit', s.unit),
+      row('State', `${s.active_state} (${s.sub_state})`), row('Health', s.health),
+      row('PID', s.pid || '–'), row('Uptime', s.uptime_s == null ? '–' : fmt(s.uptime_s, 0) + ' s'),
+      row('Model', s.model), row('Answers to', s.served_name),
+      ...(s.reason ? [row('Why', error(s.reason))] : []),
+      ...(s.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`))));
+    show('events', ...(s.events.length ? s.events.slice(-8).reverse()
+      .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), e.text)) : [row('nothing yet', '')]));
+    show('plan', ...(typeof s.plan === 'string'
+      ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))] : planRows(s.plan)));
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
 }
 function planRows(p) {
-  return row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`) +
-    row('Longest request (must fit the GPU pool)', fmt(p.longest_request_tokens, 0) + ' tokens') +
-    row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`) +
-    row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`) +
-    row('Weights on GPU / offloaded', `${fmt(p.weights_gpu_bytes / GIB, 2)} / ${fmt(p.weights_offloaded_bytes / GIB, 2)} GiB`) +
-    (p.warnings || []).map(w => row('Warning', `<span class="error">${escapeHtml(w)}</span>`)).join('');
+  return [row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`),
+    row('Longest request (must fit the GPU pool)', fmt(p.longest_request_tokens, 0) + ' tokens'),
+    row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`),
+    row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`),
+    row('Weights on GPU / offloaded', `${fmt(p.weights_gpu_bytes / GIB, 2)} / ${fmt(p.weights_offloaded_bytes / GIB, 2)} GiB`),
+    ...(p.warnings || []).map(w => row('Warning', error(w)))];
 }
-function escapeHtml(t) { const d = document.createElement('div'); d.textContent = String(t); return d.innerHTML; }
 async function control(action) {
   const msg = document.getElementById('control-msg');
   msg.textContent = action + '…';
   try { await api('/api/service/' + action, {method: 'POST'}); msg.textContent = action + ' requested; watching…'; }
-  catch (e) { msg.innerHTML = `<span class="error">${escapeHtml(JSON.stringify(e))}</span>`; }
+  catch (e) { msg.replaceChildren(error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
 }
 async function loadConfig() {
   const [c, m] = await Promise.all([api('/api/config'), api('/api/models')]);
   currentConfig = c.config;
   const sel = document.getElementById('f-model');
-  sel.innerHTML = m.models.map(x => `<option value="${escapeHtml(x.path)}">${escapeHtml(x.name)}</option>`).join('');
+  sel.replaceChildren(...m.models.map(x => el('option', {value: x.path}, x.name)));
   if (currentConfig.model.path) sel.value = currentConfig.model.path;
   document.getElementById('f-len').value = currentConfig.model.max_model_len;
   document.getElementById('f-util').value = currentConfig.gpu.memory_utilization;
@@ -144,26 +152,26 @@ function formConfig() {
 }
 function showError(e) {
   const d = e.field ? `${e.field}: ${e.message}` : JSON.stringify(e);
-  document.getElementById('form-msg').innerHTML = `<span class="error" id="form-error">${escapeHtml(d)}</span>`;
+  show('form-msg', el('span', {class: 'error', id: 'form-error'}, d));
 }
 async function previewPlan(ev) {
   ev && ev.preventDefault();
   try {
     const r = await api('/api/config/preview', {method: 'POST', body: JSON.stringify(formConfig())});
-    document.getElementById('form-msg').innerHTML = '<table>' + planRows(r.plan) + '</table>';
+    show('form-msg', el('table', {}, ...planRows(r.plan),
+      ...(r.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`)))));
   } catch (e) { showError(e); }
 }
 async function saveConfig() {
   try {
     await api('/api/config', {method: 'PUT', body: JSON.stringify(formConfig())});
-    document.getElementById('form-msg').innerHTML = '<span class="ok">Saved. Restarting; waiting for the new model to answer…</span>';
+    show('form-msg', el('span', {class: 'ok'}, 'Saved. Restarting; waiting for the new model to answer…'));
     await loadConfig();
     for (let i = 0; i < 150; i++) {
       await new Promise(r => setTimeout(r, 2000));
       try {
         const p = await api('/api/probe', {method: 'POST'});
-        document.getElementById('form-msg').innerHTML =
-          `<span class="ok" id="switched">${escapeHtml(p.model)} answers: “${escapeHtml(p.answer)}”</span>`;
+        show('form-msg', el('span', {class: 'ok', id: 'switched'}, `${p.model} answers: “${p.answer}”`));
         return;
       } catch (e) { /* still starting */ }
     }
@@ -182,10 +190,16 @@ async function pollLogs() {
 async function pollDetect() {
   try {
     const r = await api('/api/detect');
-    document.getElementById('detect').innerHTML = r.servers.length ? r.servers.map(s =>
-      row(`port ${s.port} (pid ${s.pid})`, escapeHtml(s.models.join(', ')))).join('') : row('none found', '');
+    show('detect', ...(r.servers.length ? r.servers.map(s =>
+      row(`port ${s.port} (pid ${s.pid})`, s.models.join(', '))) : [row('none found', '')]));
   } catch (e) {}
 }
+['start', 'stop', 'restart'].forEach(a =>
+  document.getElementById(a).addEventListener('click', () => control(a)));
+document.getElementById('logout').addEventListener('click',
+  () => api('/logout', {method: 'POST'}).finally(() => { location = '/login'; }));
+document.getElementById('settings').addEventListener('submit', previewPlan);
+document.getElementById('save').addEventListener('click', saveConfig);
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
 setInterval(pollDetect, 15000);
