@@ -215,7 +215,14 @@ class ManagerSection(_Section):
     model_roots: list[str] = Field(
         default_factory=list,
         description="Directories the manager lists models from (and the only places a "
-        "model may be chosen from). Empty: the configured model's parent directory.",
+        "model may be chosen from). Empty: the configured model's parent directory. Set "
+        "in the file only: the manager's API cannot change [manager].",
+    )
+    api_extra_args: list[str] = Field(
+        default_factory=list,
+        description="vLLM flags the manager's API may put into extra_args beyond its "
+        "built-in tuning flags (e.g. '--trust-remote-code', which runs the model folder's "
+        "code). Set in the file only.",
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-ErrorKind = Literal["input", "refused", "environment", "service"]
+ErrorKind = Literal["input", "refused", "forbidden", "environment", "service"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ OUTCOMES: dict[ErrorKind, Outcome] = {
     # Valid, but it cannot start here and now (the host cannot hold the tier, vLLM is not
     # patched, the saved config is unusable): nothing was started or changed.
     "refused": Outcome(2, 409),
+    # Only an administrator may change it, in the config file (the manager's API may not).
+    "forbidden": Outcome(2, 403),
     # The machine is not as vllm-offload needs it (vLLM missing, its files modified).
     "environment": Outcome(1, 500),
     # systemctl or journalctl failed or did not answer in time.
@@ -62,3 +64,7 @@ class FieldError(VllmOffloadError):
 
 class Refused(FieldError):
     kind = "refused"
+
+
+class Forbidden(FieldError):
+    kind = "forbidden"

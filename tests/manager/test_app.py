@@ -134,8 +134,6 @@ async def put_config(client: httpx.AsyncClient, **changes: object) -> httpx.Resp
         ({"model__path": "/etc"}, 422, "model.path", "outside the model roots"),
         ({"kv_offload__swap_space": 4}, 422, "kv_offload", "kv_offload.cpu_tier_gib"),
         ({"kv_offload__backend": "native"}, 409, "kv_offload.backend", "needs an NVIDIA GPU"),
-        # what `serve` refuses before starting, the page refuses too (it saved these before)
-        ({"server__api_key_file": "/nonexistent/key"}, 409, "server.api_key_file", "cannot read"),
         ({"extra_args": ["--port", "9"]}, 422, "extra_args", "from server.port"),
     ],
 )  # fmt: skip
@@ -324,3 +322,64 @@ async def test_the_sampler_follows_a_port_saved_from_the_page(
         assert sampler.probe_health()
     finally:
         stand_in.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"manager__model_roots": ["/"]}, "manager.model_roots"),
+        ({"manager__api_extra_args": ["--trust-remote-code"]}, "manager.api_extra_args"),
+        ({"server__host": "0.0.0.0"}, "server.host"),
+        ({"server__api_key_file": "/etc/shadow"}, "server.api_key_file"),
+        ({"extra_args": ["--trust-remote-code"]}, "extra_args"),
+        ({"extra_args": ["--trust-remote"]}, "extra_args"),  # vLLM takes the abbreviation
+        ({"extra_args": ["--chat-template", "/etc/passwd"]}, "extra_args"),
+        ({"extra_args": ["--middleware", "evil.mod"]}, "extra_args"),
+        ({"extra_args": ["--ssl-keyfile=/tmp/k"]}, "extra_args"),
+    ],
+)
+async def test_the_api_cannot_widen_its_own_fence(
+    client: httpx.AsyncClient, env: Env, changes: dict[str, object], field: str
+) -> None:
+    """Issue #15: a valid token is not a licence to run code. model_roots = ["/"] made
+    any path "inside"; extra_args passed --trust-remote-code and --host 0.0.0.0."""
+    before = env.config_path.read_bytes()
+    for path, method in (("/api/config/preview", "POST"), ("/api/config", "PUT")):
+        config = (await client.get("/api/config", headers=BEARER)).json()["config"]
+        for dotted, value in changes.items():
+            section, _, key = dotted.rpartition("__")
+            (config[section] if section else config)[key] = value
+        response = await client.request(method, path, json={"config": config}, headers=BEARER)
+        assert response.status_code == 403, response.text
+        detail = response.json()["detail"]
+        assert detail["field"] == field and "administrator" in detail["message"], detail
+    assert env.config_path.read_bytes() == before
+
+
+async def test_tuning_flags_and_what_the_administrator_allowed_pass(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    assert (await put_config(client, extra_args=["--max-num-seqs", "8"])).status_code == 202
+    refused = await put_config(client, extra_args=["--trust-remote-code"])
+    assert refused.status_code == 403
+    saved = config_mod.load(env.config_path)
+    config_mod.save(config_mod.with_overrides(saved, {
+        "manager.api_extra_args": ["--trust-remote-code"]}), env.config_path)  # fmt: skip
+    assert (await put_config(client, extra_args=["--trust-remote-code"])).status_code == 202
+
+
+async def test_start_and_save_refuse_what_serve_refuses(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    """Issue #14: the manager ran no preflight and no API-key read, so it saved and started
+    configs `serve` refuses; the unit then only showed a crash loop."""
+    saved = config_mod.load(env.config_path)
+    config_mod.save(config_mod.with_overrides(saved, {
+        "server.api_key_file": "/nonexistent/key"}), env.config_path)  # fmt: skip
+    start = await client.post("/api/service/start", headers=BEARER)
+    assert start.status_code == 409
+    assert start.json()["detail"]["field"] == "server.api_key_file"
+    assert "cannot read /nonexistent/key" in start.json()["detail"]["message"]
+    save = await put_config(client, gpu__memory_utilization=0.8)
+    assert save.status_code == 409 and save.json()["detail"]["field"] == "server.api_key_file"
+    assert env.systemd.status("vllm").active_state != "active"

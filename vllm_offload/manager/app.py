@@ -21,7 +21,7 @@ from vllm_offload import config as config_mod
 from vllm_offload import deployment, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.manager import detect, page
+from vllm_offload.manager import detect, fence, page
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.watch import UnitMonitor, last_error
@@ -296,9 +296,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def get_config() -> dict[str, Any]:
         return {"config": _load(settings).model_dump(), "path": str(settings.config_path)}
 
+    def from_api(body: ConfigBody) -> config_mod.DeploymentConfig:
+        """A config sent to the API: valid, and inside the fence the saved file sets."""
+        config = config_mod.parse(body.config)
+        fence.check(_load(settings), config)
+        return config
+
     @app.post("/api/config/preview")
     def preview(body: ConfigBody) -> dict[str, Any]:
-        prepared = prepare(config_mod.parse(body.config))
+        prepared = prepare(from_api(body))
         return {
             "plan": prepared.plan.to_json(),
             "problems": [p.detail() for p in prepared.problems],
@@ -306,7 +312,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
 
     @app.put("/api/config", status_code=202)
     def put_config(body: ConfigBody) -> dict[str, Any]:
-        config = config_mod.parse(body.config)
+        config = from_api(body)
         plan = startable(config).plan
         try:
             config_mod.save(config, settings.config_path)
