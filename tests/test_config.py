@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,44 @@ def test_a_failed_write_leaves_the_old_config_intact(tmp_path: Path) -> None:
     assert done.stdout.startswith("failed 27"), done.stdout + done.stderr  # EFBIG
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+def test_control_characters_round_trip_and_the_file_stays_valid(tmp_path: Path) -> None:
+    """Issue #15: a newline in a string value wrote invalid TOML; the server then failed
+    and the manager refused to start on the file, which only a shell could fix."""
+    value = 'a\nb"c\\d\x7f\te\x1b[31m'
+    config = config_mod.with_overrides(
+        DeploymentConfig(), {"model.served_name": value, "extra_args": ["--seed", "1\n2"]}
+    )
+    path = tmp_path / "config.toml"
+    config_mod.save(config, path)
+    assert len(path.read_text().splitlines()) == len(config_mod.to_toml(config).splitlines())
+    assert config_mod.load(path) == config
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [("model.path", "a\x00b", "NUL"), ("model.path", "x" * 5000, "longer than 4096"),
+     ("model.served_name", "\ud800", "broken Unicode"),
+     ("kv_offload.cpu_tier_gib", float("nan"), "finite"),
+     ("weights_offload.cpu_gib", float("inf"), "finite")],
+)  # fmt: skip
+def test_values_a_file_cannot_hold_are_refused(key: str, value: object, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.with_overrides(DeploymentConfig(), {key: value})
+    assert info.value.field == key and words in info.value.message
+
+
+def test_save_keeps_the_files_owner_and_mode(tmp_path: Path) -> None:
+    """Issue #15: the first save from the manager made config.toml 0600 and the manager
+    user's, so a server running as another user could not read it at its next start."""
+    path = tmp_path / "config.toml"
+    config_mod.save(DeploymentConfig(), path)
+    path.chmod(0o640)
+    if os.getuid() == 0:
+        os.chown(path, 12345, 23456)  # the server user's file
+    config_mod.save(config_mod.with_overrides(DeploymentConfig(), {"server.port": 9}), path)
+    stat = path.stat()
+    assert stat.st_mode & 0o777 == 0o640
+    if os.getuid() == 0:
+        assert (stat.st_uid, stat.st_gid) == (12345, 23456)

@@ -7,6 +7,7 @@ descriptions below feed ``--help`` and the docs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -40,8 +41,23 @@ _SWAP_SPACE_FIX = (
 )
 
 
+MAX_STRING_CHARS = 4096
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _plain_strings(cls, value: Any) -> Any:
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            if len(text) > MAX_STRING_CHARS:
+                raise ValueError(f"longer than {MAX_STRING_CHARS} characters")
+            if "\0" in text or any("\ud800" <= c <= "\udfff" for c in text):
+                raise ValueError("contains a NUL character or broken Unicode; remove it")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -392,13 +408,22 @@ def with_overrides(config: DeploymentConfig, overrides: dict[str, Any]) -> Deplo
     return parse(data)
 
 
+_TOML_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    **{chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]},
+}
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        # A TOML basic string: backslash, quote and every control character escaped (a
+        # newline in a value must not end the line and break the file).
+        return '"' + "".join(_TOML_ESCAPES.get(c) or c for c in value) + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
@@ -414,8 +439,12 @@ def to_toml(config: DeploymentConfig) -> str:
 
 
 def save(config: DeploymentConfig, path: Path) -> None:
-    """Write atomically: a temp file in the same directory, fsync, rename; keep ``.bak``."""
+    """Write atomically: a temp file in the same directory, fsync, rename; keep ``.bak``.
+    The text is read back before the rename (what is saved always loads), and the file
+    keeps its owner and mode (a server running as another user must still read it)."""
     text = to_toml(config)
+    if parse(tomllib.loads(text)) != config:
+        raise ConfigError(str(path), "the config did not survive writing it as TOML; not saved")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -423,6 +452,11 @@ def save(config: DeploymentConfig, path: Path) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+            old = os.stat(path) if path.exists() else None
+            os.fchmod(f.fileno(), old.st_mode & 0o7777 if old else 0o644)
+            if old is not None and (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
+                with contextlib.suppress(PermissionError):  # only root may give files away
+                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
         if path.exists():
             shutil.copy2(path, path.with_suffix(path.suffix + ".bak"))
         os.replace(tmp, path)
