@@ -124,3 +124,35 @@ def test_any_number_of_readers_cost_one_systemctl_call(tmp_path: Path) -> None:
     monitor.changed()  # a control action: the next reader asks again
     monitor.current()
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_the_monitor_survives_any_failure_and_says_when_it_stopped(tmp_path: Path) -> None:
+    """Issue #15: out of file descriptors (EMFILE from half-open connections), the monitor
+    thread died and never came back while /healthz said ok."""
+    import errno
+    import time
+
+    failures = iter([OSError(errno.EMFILE, "Too many open files"), RuntimeError("a bug")])
+
+    class Flaky(Systemd):
+        def status(self, unit: str) -> ServiceStatus:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            return ServiceStatus(unit, "inactive", "dead", None)
+
+    monitor = UnitMonitor(Flaky(), "vllm", Sampler("http://127.0.0.1:1"), interval_s=0.05)
+    assert not monitor.stopped  # not started: nothing to report
+    monitor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while monitor._latest is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert monitor._latest is not None, "the monitor never polled again"
+        assert not monitor.stopped
+    finally:
+        monitor.stop()
+    deadline = time.monotonic() + 30
+    while not monitor.stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert monitor.stopped

@@ -12,6 +12,9 @@ from vllm_offload import config as config_mod
 from vllm_offload.cli._common import UsageError
 from vllm_offload.service import Systemd, validate_unit
 
+# Open connections the manager serves at once; the unit's LimitNOFILE leaves room above.
+MAX_CONNECTIONS = 256
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -77,5 +80,9 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         config_path=args.config, token=token, unit=args.unit,
         systemd=Systemd.detect(args.systemd_root),
     )  # fmt: skip
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503 instead of taking
+    # file descriptors until none is left (half-open connections exhausted them); idle
+    # keep-alive connections close after 5 s.
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5)  # fmt: skip
     return 0

@@ -184,8 +184,10 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         return response
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz() -> JSONResponse:
+        if monitor.stopped:
+            return JSONResponse({"status": "the unit monitor stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/static/{name}")
     def static(name: Literal["dashboard.js", "style.css"]) -> FileResponse:

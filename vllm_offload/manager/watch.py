@@ -3,7 +3,7 @@ recoveries between polls, watched whether or not a page is open."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import re
 import threading
 import time
@@ -14,6 +14,7 @@ from typing import Any
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.service import ServiceError, ServiceStatus, Systemd
 
+logger = logging.getLogger(__name__)
 # Server processes ending before they answer, this many within the window: a crash loop
 # (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
 CRASH_LOOP_STARTS = 3
@@ -114,17 +115,36 @@ class UnitMonitor:
     _latest: tuple[float, ServiceStatus, str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _loop_at: float = 0.0  # when the loop last went round
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="unit-monitor", daemon=True).start()
+        self._loop_at = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="unit-monitor", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the background loop, once started, no longer goes round (the manager's
+        /healthz says so)."""
+        thread = self._thread
+        if thread is None:
+            return False
+        stale = time.monotonic() - self._loop_at > max(10.0, 3 * self.interval_s)
+        return not thread.is_alive() or stale
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(ServiceError):  # the page shows the error when asked
+            self._loop_at = time.monotonic()
+            try:
                 self.poll()
+            except ServiceError:
+                pass  # the page shows the error when asked
+            except Exception:  # out of file descriptors, a bug: log it, keep watching
+                logger.exception("unit monitor: the poll failed; trying again")
             self._stop.wait(self.interval_s)
 
     def poll(self) -> tuple[ServiceStatus, str]:
