@@ -383,3 +383,55 @@ async def test_start_and_save_refuse_what_serve_refuses(
     save = await put_config(client, gpu__memory_utilization=0.8)
     assert save.status_code == 409 and save.json()["detail"]["field"] == "server.api_key_file"
     assert env.systemd.status("vllm").active_state != "active"
+
+
+FAKE_SERVER = """
+import http.server, os, socket, sys
+socket.getfqdn("127.0.0.1")  # loads what it loads now: nobody cannot read root's Python
+if len(sys.argv) > 1:
+    os.setgid(65534); os.setuid(65534)  # nobody: another local user
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        print("AUTH", self.headers.get("Authorization"), flush=True)
+        self.send_response(404); self.end_headers()
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+@pytest.mark.parametrize("as_another_user", [True, False])
+async def test_the_probe_sends_the_api_key_only_to_the_units_server(
+    client: httpx.AsyncClient, env: Env, tmp_path: Path, as_another_user: bool
+) -> None:
+    """Issue #15: a local user listening on the server's port (the unit stopped or not
+    yet up) was sent the API key and could fake 'healthy'."""
+    import subprocess
+    import sys
+
+    another = ["nobody"] if as_another_user else []
+    fake = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, *another],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert fake.stdout is not None
+        port = int(fake.stdout.readline())
+        key = tmp_path / "key"
+        key.write_text("the-key")
+        saved = config_mod.load(env.config_path)
+        config_mod.save(config_mod.with_overrides(saved, {
+            "server.port": port, "server.api_key_file": str(key)}), env.config_path)  # fmt: skip
+        assert (await client.post("/api/service/start", headers=BEARER)).status_code == 200
+        response = await client.post("/api/probe", headers=BEARER)
+        fake.terminate()
+        seen = fake.communicate(timeout=30)[0]
+        if as_another_user:
+            assert response.status_code == 409, response.text
+            assert response.json()["detail"]["field"] == "server.port"
+            assert "the-key" not in seen
+        else:  # the unit's own user: the key goes (this stand-in cannot chat: 502)
+            assert response.status_code == 502 and "AUTH Bearer the-key" in seen
+    finally:
+        fake.kill()

@@ -330,6 +330,21 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             monitor.changed()
         return {"status": "saved; restarting", "plan": plan.to_json()}
 
+    def served_by_the_unit(port: int) -> None:
+        """Refuse (409) unless the socket on ``port`` belongs to the unit's server: the
+        probe sends the API key, and any local user can listen on a port the stopped
+        server left free (one did, took the key and answered 'healthy')."""
+        unit, _health = monitor.current()
+        owner = detect.listener_uid(port)
+        with suppress(psutil.NoSuchProcess):
+            if unit.main_pid is not None and owner == psutil.Process(unit.main_pid).uids().real:
+                return
+        raise Refused(
+            "server.port",
+            f"the process listening on port {port} is not {settings.unit}.service's server "
+            "(another user's, or the unit is not running); the API key is not sent to it",
+        )
+
     @app.post("/api/probe")
     def probe() -> dict[str, Any]:
         """Ask the running server one short chat question (confirms a switch worked)."""
@@ -340,6 +355,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 "(POST /api/service/start) and wait for health",
             )
         config = _load(settings)
+        if config.server.api_key_file:
+            served_by_the_unit(config.server.port)
         name = launch.served_name(config, model_dir(config))
         body = {"model": name, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
