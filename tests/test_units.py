@@ -38,14 +38,18 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
                       "TimeoutStopSec=120",
                       "LimitMEMLOCK=infinity", "LimitNOFILE=65536", "NoNewPrivileges=yes",
                       "ProtectSystem=strict", "PrivateTmp=yes", "StandardOutput=journal",
-                      "EnvironmentFile=-/etc/vllm-offload/env",
+                      "EnvironmentFile=-/etc/default/vllm-offload",
                       f"ExecStart={sys.executable} -m vllm_offload serve --config "
                       "/etc/vllm-offload/config.toml"):  # fmt: skip
         assert directive in server
     assert "PrivateDevices=" not in server  # the GPU lives in /dev
     token = root / "etc/vllm-offload/manager-token"
     assert token in written and oct(token.stat().st_mode & 0o777) == "0o600"
-    assert (root / "etc/vllm-offload/env").read_text().count("expandable_segments:True") == 1
+    env = root / "etc/default/vllm-offload"
+    assert env.read_text().count("expandable_segments:True") == 1
+    # Issue #15: not beside the config, in the directory the manager's user owns (and so
+    # could replace the server's environment with LD_PRELOAD).
+    assert env.parent != root / "etc/vllm-offload"
     rules = (root / "etc/polkit-1/rules.d/50-vllm-offload.rules").read_text()
     assert 'action.lookup("unit") == "vllm.service"' in rules and 'subject.user == "root"' in rules
 
@@ -90,16 +94,6 @@ def test_install_keeps_existing_config_and_token_and_uninstall_removes_what_it_a
     assert root / "etc/systemd/system/vllm.service" in removed
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert left == ["etc/other.conf", "etc/vllm-offload/config.toml"]
-
-
-def test_sudoers_alternative(tmp_path: Path) -> None:
-    root = tmp_path / "a" / "b" / "c"
-    units.install(options(root, sudoers=True))
-    sudoers = root / "etc/sudoers.d/vllm-offload"
-    assert oct(sudoers.stat().st_mode & 0o777) == "0o440"
-    assert "NOPASSWD:" in sudoers.read_text() and "restart vllm.service" in sudoers.read_text()
-    assert "NoNewPrivileges=no" in (root / "etc/systemd/system/vllm-manager.service").read_text()
-    assert not (root / "etc/polkit-1").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Render and install the systemd units, the polkit rule (or sudoers drop-in), the
+"""Render and install the systemd units, the polkit rule, the
 environment file, a default config and the manager's token; uninstall removes
 exactly what install added (it records that in a manifest).
 
@@ -48,7 +48,6 @@ class InstallOptions:
     config_given: bool = False
     state_dir: Path = DEFAULT_STATE_DIR
     python: str = sys.executable
-    sudoers: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,9 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     """Every file install would write, with its content; pure apart from reading templates."""
     config_dir = options.config.parent
     token_file = config_dir / "manager-token"
+    # Not in config_dir, which the manager's user owns (it saves the config there): the
+    # server's environment (LD_PRELOAD, say) must be writable by root alone.
+    env_file = Path("/etc/default") / f"{options.unit}-offload"
     values = {
         "unit": options.unit,
         "user": options.user,
@@ -120,11 +122,10 @@ def render(options: InstallOptions) -> list[PlannedFile]:
         "python": options.python,
         "config": str(options.config),
         "config_dir": str(config_dir),
-        "env_file": str(config_dir / "env"),
+        "env_file": str(env_file),
         "state_dir": str(options.state_dir),
         "token_file": str(token_file),
         "systemctl": shutil.which("systemctl") or "/usr/bin/systemctl",
-        "no_new_privileges": "no" if options.sudoers else "yes",
         "protect_home": _protect_home(
             [options.python, str(options.config), str(options.state_dir), _model_path(options)]
         ),
@@ -137,7 +138,7 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     files = [
         PlannedFile(units / f"{options.unit}.service", fill("vllm.service.in")),
         PlannedFile(units / f"{options.unit}-manager.service", fill("vllm-manager.service.in")),
-        PlannedFile(config_dir / "env", ENV_FILE_TEXT, keep_existing=True),
+        PlannedFile(env_file, ENV_FILE_TEXT, keep_existing=True),
         PlannedFile(
             token_file,
             secrets.token_urlsafe(32) + "\n",
@@ -149,12 +150,8 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     if not options.config_given:
         files.append(PlannedFile(options.config, config_mod.to_toml(config_mod.DeploymentConfig()),
                                  owner=options.manager_user, keep_existing=True))  # fmt: skip
-    if options.sudoers:
-        files.append(PlannedFile(Path(f"/etc/sudoers.d/{options.unit}-offload"),
-                                 fill("sudoers.in"), 0o440))  # fmt: skip
-    else:
-        files.append(PlannedFile(Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"),
-                                 fill("polkit.rules.in")))  # fmt: skip
+    files.append(PlannedFile(Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"),
+                             fill("polkit.rules.in")))  # fmt: skip
     return files
 
 

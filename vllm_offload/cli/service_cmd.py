@@ -36,8 +36,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                          help="the service's writable home (caches, install manifest)")  # fmt: skip
     install.add_argument("--python", default=sys.executable, help="interpreter with vllm-offload")
     install.add_argument("--root", type=Path, default=Path("/"), help="install under DIR")
-    install.add_argument("--sudoers", action="store_true",
-                         help="a sudoers drop-in instead of the polkit rule")  # fmt: skip
     install.add_argument("--dry-run", action="store_true", help="print the files, write nothing")
     install.set_defaults(handler=run_install)
 
@@ -60,7 +58,7 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
             root=args.root, unit=args.unit, user=args.user, manager_user=args.manager_user,
             config=args.config or config_mod.DEFAULT_CONFIG_PATH,
             config_given=args.config is not None, state_dir=args.state_dir,
-            python=args.python, sudoers=args.sudoers,
+            python=args.python,
         )
     )  # fmt: skip
     if args.dry_run:
