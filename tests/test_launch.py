@@ -261,6 +261,9 @@ def test_read_api_key(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("abc\n")
     config = with_overrides(DeploymentConfig(), {"server.api_key_file": str(key_file)})
+    with pytest.raises(launch.PreflightError, match="mode 644: other users can read it"):
+        launch.read_api_key(config)  # issue #15: accepted without a word
+    key_file.chmod(0o640)  # shared with the manager's group
     assert launch.read_api_key(config) == "abc"
     missing = with_overrides(config, {"server.api_key_file": str(tmp_path / "nope")})
     with pytest.raises(launch.PreflightError, match=r"server\.api_key_file"):

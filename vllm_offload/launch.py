@@ -174,6 +174,12 @@ def read_api_key(config: DeploymentConfig) -> str | None:
     path = config.server.api_key_file
     if not path:
         return None
+    if os.path.exists(path) and (mode := os.stat(path).st_mode & 0o777) & 0o026:
+        raise PreflightError(
+            "server.api_key_file",
+            f"{path} has mode {mode:o}: other users can read it, or its group can write it; "
+            "chmod 600 it (640 to share it with the manager's group)",
+        )
     try:
         key = Path(path).read_text().strip()
     except OSError as exc:

@@ -155,6 +155,21 @@ def test_dry_run_of_a_gpu_config_on_a_cpu_host_prints_it_then_refuses(
     assert started == []
 
 
+def test_a_taken_port_is_refused_before_vllm_loads(
+    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #15: vLLM found it only after ~15 s of imports."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve("--model", str(demo_dir), "--port", str(port)) == 2
+    assert f"error: server.port: 127.0.0.1:{port} is taken" in capsys.readouterr().err
+    assert started == []
+
+
 def test_not_a_model_dir(
     tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -178,6 +193,7 @@ def test_serve_starts_with_the_built_spec(
 ) -> None:
     key = tmp_path / "key"
     key.write_text("k-123")
+    key.chmod(0o600)
     assert serve("--model", str(demo_dir), "--port", "8111", "--server-api-key-file", str(key)) == 0
     (spec,) = started
     assert spec.args[spec.args.index("--port") + 1] == "8111"

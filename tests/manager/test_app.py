@@ -264,6 +264,11 @@ def test_cli_refuses_non_loopback_without_token(
     os.chmod(short, 0o600)
     assert main(["manager", "--token-file", str(short), "--config", str(config)]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
+    writable = tmp_path / "w"
+    writable.write_text("a-long-enough-token-0123456789")
+    os.chmod(writable, 0o666)  # issue #15: accepted without a word
+    assert main(["manager", "--token-file", str(writable), "--config", str(config)]) == 2
+    assert "other users can write it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -420,6 +425,7 @@ async def test_the_probe_sends_the_api_key_only_to_the_units_server(
         port = int(fake.stdout.readline())
         key = tmp_path / "key"
         key.write_text("the-key")
+        key.chmod(0o600)
         saved = config_mod.load(env.config_path)
         config_mod.save(config_mod.with_overrides(saved, {
             "server.port": port, "server.api_key_file": str(key)}), env.config_path)  # fmt: skip

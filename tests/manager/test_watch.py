@@ -6,6 +6,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.manager.conftest import UNIT
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.watch import (
@@ -126,21 +128,30 @@ def test_any_number_of_readers_cost_one_systemctl_call(tmp_path: Path) -> None:
     assert len(calls.read_text().splitlines()) == 2
 
 
-def test_the_monitor_survives_any_failure_and_says_when_it_stopped(tmp_path: Path) -> None:
+def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Issue #15: out of file descriptors (EMFILE from half-open connections), the monitor
     thread died and never came back while /healthz said ok."""
     import errno
+    import threading
     import time
 
+    from vllm_offload.manager import watch
+
     failures = iter([OSError(errno.EMFILE, "Too many open files"), RuntimeError("a bug")])
+    hang = threading.Event()
 
     class Flaky(Systemd):
         def status(self, unit: str) -> ServiceStatus:
             failure = next(failures, None)
             if failure is not None:
                 raise failure
+            if hang.is_set():
+                time.sleep(30)
             return ServiceStatus(unit, "inactive", "dead", None)
 
+    monkeypatch.setattr(watch, "MONITOR_STALE_S", 0.5)
     monitor = UnitMonitor(Flaky(), "vllm", Sampler("http://127.0.0.1:1"), interval_s=0.05)
     assert not monitor.stopped  # not started: nothing to report
     monitor.start()
@@ -150,9 +161,11 @@ def test_the_monitor_survives_any_failure_and_says_when_it_stopped(tmp_path: Pat
             time.sleep(0.05)
         assert monitor._latest is not None, "the monitor never polled again"
         assert not monitor.stopped
+        hang.set()  # the loop is stuck in a call: /healthz must say so
+        deadline = time.monotonic() + 30
+        while not monitor.stopped and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert monitor.stopped
     finally:
         monitor.stop()
-    deadline = time.monotonic() + 30
-    while not monitor.stopped and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert monitor.stopped
+    assert not monitor.stopped  # stopped on purpose

@@ -53,6 +53,11 @@ def read_token(path: Path) -> str:
         raise UsageError(f"--token-file {path}: cannot read it ({exc.strerror})") from None
     if len(token) < 16:
         raise UsageError(f"--token-file {path}: the token must be at least 16 characters")
+    if path.stat().st_mode & 0o022:
+        raise UsageError(
+            f"--token-file {path}: other users can write it (mode "
+            f"{path.stat().st_mode & 0o777:o}), so they could set the token; chmod 600 it"
+        )
     return token
 
 

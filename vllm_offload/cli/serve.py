@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 from vllm_offload import deployment, launch
@@ -70,8 +71,27 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         return max(problem.exit_code for problem in problems)
     if args.dry_run:
         return 0
+    if (busy := _port_taken(config.server.host, config.server.port)) is not None:
+        print(f"vllm-offload: error: {busy}", file=sys.stderr)
+        return busy.exit_code
     launch.run(spec)
     return 0
+
+
+def _port_taken(host: str, port: int) -> launch.PreflightError | None:
+    """vLLM would find it after ~15 s of imports ("Address already in use"): say it now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return launch.PreflightError(
+                "server.port",
+                f"{host}:{port} is taken ({exc.strerror}); stop what listens there "
+                "(`ss -ltnp`) or choose another port",
+            )
+    return None
 
 
 def _validation_errors(spec: launch.LaunchSpec) -> list[VllmOffloadError]:

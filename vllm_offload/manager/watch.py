@@ -15,6 +15,8 @@ from vllm_offload.manager.metrics import Sampler
 from vllm_offload.service import ServiceError, ServiceStatus, Systemd
 
 logger = logging.getLogger(__name__)
+# A monitor loop that has not gone round for this long is stuck (a poll takes < 1 s).
+MONITOR_STALE_S = 10.0
 # Server processes ending before they answer, this many within the window: a crash loop
 # (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
 CRASH_LOOP_STARTS = 3
@@ -119,21 +121,23 @@ class UnitMonitor:
     _loop_at: float = 0.0  # when the loop last went round
 
     def start(self) -> None:
+        self._stop.clear()
         self._loop_at = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="unit-monitor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread = None  # stopped on purpose (the manager shuts down): not a failure
 
     @property
     def stopped(self) -> bool:
-        """Whether the background loop, once started, no longer goes round (the manager's
-        /healthz says so)."""
+        """Whether the background loop, started and not stopped on purpose, no longer goes
+        round: its thread died or hangs (the manager's /healthz says so)."""
         thread = self._thread
         if thread is None:
             return False
-        stale = time.monotonic() - self._loop_at > max(10.0, 3 * self.interval_s)
+        stale = time.monotonic() - self._loop_at > max(MONITOR_STALE_S, 3 * self.interval_s)
         return not thread.is_alive() or stale
 
     def _loop(self) -> None:
