@@ -39,3 +39,19 @@ def test_make_install_adds_pytorchs_cpu_index_only_where_torch_cpu_is_missing(
              "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": (tmp_path / "index").as_uri()}  # fmt: skip
     (tmp_path / "index").mkdir()  # an index without torch's CPU build, as PyPI is
     assert make_pip_sources(stock) == "--extra-index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_the_seeds_entry_points_still_work(demo_dir: Path) -> None:
+    """tools/ keeps the seed fork's two commands as shims over `vllm-offload serve` and
+    `vllm-offload manager` (README, Layout)."""
+    import sys
+
+    serve = subprocess.run(
+        [sys.executable, str(ROOT / "tools/vllm_cpu_offload_server.py"), "--model",
+         str(demo_dir), "--dry-run"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert serve.returncode == 0, serve.stderr
+    assert "vllm.entrypoints.openai.api_server" in serve.stdout
+    manager = subprocess.run([sys.executable, str(ROOT / "tools/vllm_manager.py"), "--help"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert manager.returncode == 0 and "--token-file" in manager.stdout
