@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.server import server_env
-from vllm_offload import units
 from vllm_offload.bench.runner import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.service import Systemd
+from vllm_offload.systemd import install as units
+from vllm_offload.systemd.control import Systemd
 from vllm_offload.vllm_client import VllmClient, wait_until
 
 BIN = Path(sys.executable).parent

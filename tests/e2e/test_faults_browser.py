@@ -18,7 +18,7 @@ import pytest
 from tests.e2e import stack as deploy
 from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_server
 from vllm_offload import demo_model
-from vllm_offload.service import Systemd
+from vllm_offload.systemd.control import Systemd
 
 pytestmark = pytest.mark.e2e
 TOKEN = "faults-test-token-0123456789"

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from tests.e2e.server import free_port
-from vllm_offload import units
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.service import Systemd
+from vllm_offload.systemd import install
+from vllm_offload.systemd.control import Systemd
 from vllm_offload.vllm_client import VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +51,7 @@ def installed(tmp_path: Path, demo_dir: Path) -> Iterator[tuple[Systemd, int, Pa
     }), config)  # fmt: skip
     state = tmp_path / "state"
     state.mkdir()  # where the unit's WorkingDirectory points on this host
-    units.install(units.validate(units.InstallOptions(
+    install.install(install.validate(install.InstallOptions(
         root=root, user="root", config=config, config_given=True, state_dir=state,
     )))  # fmt: skip
     systemd = Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root)

@@ -12,7 +12,7 @@ import pytest
 
 from vllm_offload import config as config_mod
 from vllm_offload.manager import ManagerSettings, create_app
-from vllm_offload.service import Systemd
+from vllm_offload.systemd.control import Systemd
 
 BIN = Path(sys.executable).parent
 TOKEN = "test-token-0123456789abcdef"

@@ -15,7 +15,7 @@ from tests.manager.conftest import TOKEN, UNIT
 from vllm_offload import config as config_mod
 from vllm_offload import demo_model
 from vllm_offload.manager import ManagerSettings, create_app
-from vllm_offload.service import Systemd
+from vllm_offload.systemd.control import Systemd
 
 BIN = Path(sys.executable).parent
 _scratch = Path(__import__("tempfile").mkdtemp(prefix="manager-fuzz-"))

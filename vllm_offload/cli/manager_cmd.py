@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vllm_offload import config as config_mod
 from vllm_offload.cli._common import UsageError
-from vllm_offload.service import Systemd, validate_unit
+from vllm_offload.systemd.control import Systemd, validate_unit
 
 # Open connections the manager serves at once; the unit's LimitNOFILE leaves room above.
 MAX_CONNECTIONS = 256

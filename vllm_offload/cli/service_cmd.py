@@ -7,41 +7,47 @@ import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload import units
-from vllm_offload.service import Systemd
+from vllm_offload.systemd import install
+from vllm_offload.systemd.control import Systemd
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    install = subparsers.add_parser(
+    install_parser = subparsers.add_parser(
         "install-service",
         help="install the systemd units (server and manager), polkit rule, env file, token",
         description="Render systemd/*.in for this venv and install them. With --root, "
         "files go under DIR as if it were /; paths inside them are as the service sees them.",
     )
-    install.add_argument("--user", default="vllm-offload", help="user the server runs as")
-    install.add_argument(
+    install_parser.add_argument("--user", default="vllm-offload", help="user the server runs as")
+    install_parser.add_argument(
         "--manager-user",
         default="",
         help="user the manager runs as (default: --user); it may start, stop and restart "
         "the server unit and nothing else",
     )
-    install.add_argument("--unit", default="vllm", help="server unit name (without .service)")
-    install.add_argument(
+    install_parser.add_argument(
+        "--unit", default="vllm", help="server unit name (without .service)"
+    )
+    install_parser.add_argument(
         "--config",
         type=Path,
         help="deployment config the units use (must exist; default "
         f"{config_mod.DEFAULT_CONFIG_PATH}, created with defaults if missing)",
     )
-    install.add_argument("--state-dir", type=Path, default=units.DEFAULT_STATE_DIR,
+    install_parser.add_argument("--state-dir", type=Path, default=install.DEFAULT_STATE_DIR,
                          help="the service's writable home (caches, install manifest)")  # fmt: skip
-    install.add_argument("--python", default=sys.executable, help="interpreter with vllm-offload")
-    install.add_argument("--root", type=Path, default=Path("/"), help="install under DIR")
-    install.add_argument("--dry-run", action="store_true", help="print the files, write nothing")
-    install.set_defaults(handler=run_install)
+    install_parser.add_argument(
+        "--python", default=sys.executable, help="interpreter with vllm-offload"
+    )
+    install_parser.add_argument("--root", type=Path, default=Path("/"), help="install under DIR")
+    install_parser.add_argument(
+        "--dry-run", action="store_true", help="print the files, write nothing"
+    )
+    install_parser.set_defaults(handler=run_install)
 
     uninstall = subparsers.add_parser("uninstall-service", help="remove what install-service added")
     uninstall.add_argument("--root", type=Path, default=Path("/"))
-    uninstall.add_argument("--state-dir", type=Path, default=units.DEFAULT_STATE_DIR)
+    uninstall.add_argument("--state-dir", type=Path, default=install.DEFAULT_STATE_DIR)
     uninstall.set_defaults(handler=run_uninstall)
 
     service = subparsers.add_parser("service", help="status/start/stop/restart/logs of the server")
@@ -53,8 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
-    options = units.validate(
-        units.InstallOptions(
+    options = install.validate(
+        install.InstallOptions(
             root=args.root, unit=args.unit, user=args.user, manager_user=args.manager_user,
             config=args.config or config_mod.DEFAULT_CONFIG_PATH,
             config_given=args.config is not None, state_dir=args.state_dir,
@@ -62,18 +68,18 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
         )
     )  # fmt: skip
     if args.dry_run:
-        for planned in units.render(options):
+        for planned in install.render(options):
             print(f"=== {args.root / planned.path.relative_to('/')} (mode {planned.mode:o})")
             print(planned.content)
         return 0
-    for path in units.install(options):
+    for path in install.install(options):
         print(f"wrote {path}")
     print(f"next: systemctl enable --now {args.unit}.service {args.unit}-manager.service")
     return 0
 
 
 def run_uninstall(args: argparse.Namespace, extra_args: list[str]) -> int:
-    for path in units.uninstall(args.root, args.state_dir):
+    for path in install.uninstall(args.root, args.state_dir):
         print(f"removed {path}")
     return 0
 

@@ -24,8 +24,8 @@ from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import detect, fence, page
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
-from vllm_offload.manager.watch import UnitMonitor, last_error
-from vllm_offload.service import ServiceError, Systemd
+from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
+from vllm_offload.systemd.control import ServiceError, Systemd
 from vllm_offload.vllm_client import VllmClient
 
 MAX_BODY_BYTES = 64 * 1024

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_offload.manager.metrics import Sampler
-from vllm_offload.service import ServiceError, ServiceStatus, Systemd
+from vllm_offload.systemd.control import ServiceError, ServiceStatus, Systemd
 
 logger = logging.getLogger(__name__)
 # A monitor loop that has not gone round for this long is stuck (a poll takes < 1 s).

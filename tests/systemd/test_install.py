@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import units
 from vllm_offload.cli import main
-from vllm_offload.units import InstallOptions
+from vllm_offload.systemd import install
+from vllm_offload.systemd.install import InstallOptions
 
 
 def options(root: Path, **kw: object) -> InstallOptions:
     base = InstallOptions(root=root, user="root", state_dir=root.parent / "state")
-    return units.validate(InstallOptions(**{**base.__dict__, **kw}))
+    return install.validate(InstallOptions(**{**base.__dict__, **kw}))
 
 
 def verify(unit_file: Path) -> str:
@@ -28,7 +28,7 @@ def verify(unit_file: Path) -> str:
 
 def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "c"
-    written = units.install(options(root))
+    written = install.install(options(root))
     unit_dir = root / "etc/systemd/system"
     assert sorted(p.name for p in unit_dir.iterdir()) == ["vllm-manager.service", "vllm.service"]
     for unit in unit_dir.iterdir():
@@ -56,7 +56,7 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
 
 def test_verify_catches_a_misspelt_directive(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "c"
-    units.install(options(root))
+    install.install(options(root))
     unit = root / "etc/systemd/system/vllm.service"
     unit.write_text(unit.read_text().replace("Restart=on-failure", "Restrat=on-failure"))
     assert "Unknown key" in verify(unit) and "Restrat" in verify(unit)
@@ -72,7 +72,7 @@ def test_verify_catches_an_invalid_value(tmp_path: Path, good: str, bad: str) ->
     """Issue #14: these are reported only as "Failed to parse ..." lines, which the test
     used to filter out."""
     root = tmp_path / "a" / "b" / "c"
-    units.install(options(root))
+    install.install(options(root))
     unit = root / "etc/systemd/system/vllm.service"
     unit.write_text(unit.read_text().replace(good, bad))
     assert "Failed to parse" in verify(unit) and bad.split("=")[1] in verify(unit)
@@ -85,12 +85,12 @@ def test_install_keeps_existing_config_and_token_and_uninstall_removes_what_it_a
     (root / "etc/vllm-offload").mkdir(parents=True)
     (root / "etc/vllm-offload/config.toml").write_text("[server]\nport = 8123\n")
     (root / "etc/other.conf").write_text("not ours")
-    units.install(options(root))
+    install.install(options(root))
     token = (root / "etc/vllm-offload/manager-token").read_text()
-    units.install(options(root))  # again: idempotent, the token stays
+    install.install(options(root))  # again: idempotent, the token stays
     assert (root / "etc/vllm-offload/manager-token").read_text() == token
     assert (root / "etc/vllm-offload/config.toml").read_text() == "[server]\nport = 8123\n"
-    removed = units.uninstall(root, tmp_path / "a" / "b" / "state")
+    removed = install.uninstall(root, tmp_path / "a" / "b" / "state")
     assert root / "etc/systemd/system/vllm.service" in removed
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert left == ["etc/other.conf", "etc/vllm-offload/config.toml"]
@@ -128,7 +128,7 @@ def test_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_manifest_lists_relative_paths(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "c"
-    units.install(options(root))
+    install.install(options(root))
     state = root / str(tmp_path / "a/b/state").lstrip("/")  # --root holds the state dir too
     manifest = json.loads((state / "installed.json").read_text())
     assert "etc/systemd/system/vllm.service" in manifest

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload.service import ServiceError, Systemd
+from vllm_offload.systemd.control import ServiceError, Systemd
 
 BIN = Path(sys.executable).parent
 
@@ -40,7 +40,7 @@ def test_a_service_manager_that_does_not_answer_is_a_service_error(
 ) -> None:
     """Issue #14: a systemctl call past its timeout escaped as subprocess.TimeoutExpired
     (HTTP 500 from the manager, after the config was saved)."""
-    import vllm_offload.service as service
+    import vllm_offload.systemd.control as service
 
     hung = tmp_path / "systemctl"
     hung.write_text("#!/bin/sh\nexec sleep 30\n")

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from vllm_offload import config as config_mod
 from vllm_offload.errors import VllmOffloadError
-from vllm_offload.service import ServiceError, validate_unit
+from vllm_offload.systemd.control import ServiceError, validate_unit
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "systemd"
+TEMPLATES = Path(__file__).resolve().parents[2] / "systemd"  # the repository's unit templates
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-offload")
 MANIFEST = "installed.json"
 ENV_FILE_TEXT = """\

@@ -10,14 +10,14 @@ import pytest
 
 from tests.manager.conftest import UNIT
 from vllm_offload.manager.metrics import Sampler
-from vllm_offload.manager.watch import (
+from vllm_offload.manager.unit_monitor import (
     CRASH_LOOP_STARTS,
     ServiceWatch,
     UnitMonitor,
     health_of,
     last_error,
 )
-from vllm_offload.service import ServiceStatus, Systemd
+from vllm_offload.systemd.control import ServiceStatus, Systemd
 
 BIN = Path(sys.executable).parent
 
@@ -137,7 +137,7 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
     import threading
     import time
 
-    from vllm_offload.manager import watch
+    from vllm_offload.manager import unit_monitor
 
     failures = iter([OSError(errno.EMFILE, "Too many open files"), RuntimeError("a bug")])
     hang = threading.Event()
@@ -151,7 +151,7 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
                 time.sleep(30)
             return ServiceStatus(unit, "inactive", "dead", None)
 
-    monkeypatch.setattr(watch, "MONITOR_STALE_S", 0.5)
+    monkeypatch.setattr(unit_monitor, "MONITOR_STALE_S", 0.5)
     monitor = UnitMonitor(Flaky(), "vllm", Sampler("http://127.0.0.1:1"), interval_s=0.05)
     assert not monitor.stopped  # not started: nothing to report
     monitor.start()

@@ -1,0 +1,2 @@
+"""The server unit under systemd (or docker-systemctl-replacement): ``control`` talks to
+systemctl and journalctl, ``install`` renders and installs the units."""
