@@ -1,16 +1,19 @@
 """The patched helper's decisions, with injected registrars (no cudaHostRegister on a CPU
-host; the CUDA path is measured on a GPU in docs/benchmarks.md)."""
+host; the CUDA path is measured on a GPU in docs/benchmarks.md). The weight arena is in
+both series; host_zeros (the CPU KV tier) only in 0.25.0's: 0.32.0 maps its tier from
+/dev/shm and registers it itself."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
-from vllm.utils import host_pinning as hp
 
-from tests.vllm_patches.conftest import collect_logs
+from tests.vllm_patches.conftest import collect_logs, patched_025
 
 MIB = 1 << 20
 
@@ -31,14 +34,32 @@ class Recording:
         self.unregistered.append(ptr)
 
 
+@pytest.fixture(params=["0.32.0", "0.25.0"])
+def hp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ModuleType]:
+    """The patched host_pinning of each release."""
+    if request.param == "0.32.0":
+        from vllm.utils import host_pinning
+
+        yield host_pinning
+        return
+    with patched_025(tmp_path, "vllm/utils/host_pinning.py") as module:
+        yield module
+
+
 @pytest.fixture
-def warnings_logged() -> Iterator[list[str]]:
-    hp._warned = False
-    with collect_logs("vllm.utils.host_pinning") as records:
+def hp025(tmp_path: Path) -> Iterator[ModuleType]:
+    with patched_025(tmp_path, "vllm/utils/host_pinning.py") as module:
+        yield module
+
+
+@pytest.fixture
+def warnings_logged(hp025: ModuleType) -> Iterator[list[str]]:
+    hp025._warned = False
+    with collect_logs(hp025.logger.name) as records:
         yield records
 
 
-def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gate(hp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(hp.GATE_ENV, raising=False)
     assert hp.gate_bytes() == 256 * MIB
     assert hp.should_register(256 * MIB, pin=True)
@@ -52,12 +73,13 @@ def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_large_buffer_is_pageable_and_registered_in_row_aligned_chunks(
+    hp025: ModuleType,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(hp, "CHUNK_BYTES", 10 * MIB)
+    monkeypatch.setattr(hp025, "CHUNK_BYTES", 10 * MIB)
     registrar = Recording()
     row = 3 * MIB
-    tensor = hp.host_zeros((12, row), torch.int8, pin=True, row_bytes=row,
+    tensor = hp025.host_zeros((12, row), torch.int8, pin=True, row_bytes=row,
                            registrar=registrar, gate=MIB)  # fmt: skip
     assert tensor.shape == (12, row) and not tensor.any()
     sizes = [n for _, n in registrar.registered]
@@ -68,21 +90,21 @@ def test_large_buffer_is_pageable_and_registered_in_row_aligned_chunks(
     assert len(registrar.unregistered) == 4  # released with the tensor
 
 
-def test_small_buffer_keeps_torch_allocator() -> None:
+def test_small_buffer_keeps_torch_allocator(hp025: ModuleType) -> None:
     registrar = Recording()
-    tensor = hp.host_zeros((4, MIB), torch.int8, pin=False, registrar=registrar, gate=MIB)
+    tensor = hp025.host_zeros((4, MIB), torch.int8, pin=False, registrar=registrar, gate=MIB)
     assert registrar.registered == []
     assert tensor.shape == (4, MIB)
 
 
 def test_failed_registration_falls_back_to_pageable_with_one_warning(
-    monkeypatch: pytest.MonkeyPatch, warnings_logged: list[str]
+    hp025: ModuleType, monkeypatch: pytest.MonkeyPatch, warnings_logged: list[str]
 ) -> None:
-    monkeypatch.setattr(hp, "CHUNK_BYTES", 4 * MIB)
+    monkeypatch.setattr(hp025, "CHUNK_BYTES", 4 * MIB)
     registrar = Recording(fail_at=1)
-    first = hp.host_zeros((16, MIB), torch.int8, pin=True, registrar=registrar, gate=MIB,
+    first = hp025.host_zeros((16, MIB), torch.int8, pin=True, registrar=registrar, gate=MIB,
                           what="the CPU KV tier")  # fmt: skip
-    second = hp.host_zeros((16, MIB), torch.int8, pin=True, registrar=Recording(fail_at=0),
+    second = hp025.host_zeros((16, MIB), torch.int8, pin=True, registrar=Recording(fail_at=0),
                            gate=MIB)  # fmt: skip
     assert first.shape == second.shape == (16, MIB)
     assert registrar.unregistered == [registrar.registered[0][0]]  # all or none
@@ -92,7 +114,7 @@ def test_failed_registration_falls_back_to_pageable_with_one_warning(
     assert "LimitMEMLOCK" in warnings_logged[0]
 
 
-def test_arena_places_exact_page_aligned_slices() -> None:
+def test_arena_places_exact_page_aligned_slices(hp: ModuleType) -> None:
     registrar = Recording()
     arena = hp.HostArena(8 * MIB, registrar)
     a = torch.arange(1000, dtype=torch.float32)
@@ -106,13 +128,13 @@ def test_arena_places_exact_page_aligned_slices() -> None:
     assert arena.place(torch.ones(6 * MIB, dtype=torch.uint8)) is None  # over capacity
 
 
-def test_arena_registration_failure_returns_none() -> None:
+def test_arena_registration_failure_returns_none(hp: ModuleType) -> None:
     arena = hp.HostArena(8 * MIB, Recording(fail_at=0))
     assert arena.place(torch.ones(MIB, dtype=torch.uint8)) is None
     assert arena.placed_bytes == 0
 
 
-def test_arena_only_above_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_arena_only_above_gate(hp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(hp.GATE_ENV, str(64 * MIB))
     assert hp.make_arena(32 * MIB, pin=True) is None
     assert hp.make_arena(8 << 30, pin=False) is None

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -12,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_patching import pristine_025
-from tests.vllm_patches.conftest import collect_logs
-from vllm_offload import patching
+from tests.vllm_patches.conftest import collect_logs, patched_025
 
 GIB = 1 << 30
 BYTES_PER_BLOCK = 2 * 2 * 4 * 64 * 2 * 16  # demo model: layers x K,V x heads x dims x bf16 x 16
@@ -77,15 +73,7 @@ def kv_cache_utils(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[M
 
         yield kv_cache_utils
         return
-    site = pristine_025(tmp_path)
-    patching.apply(site)
-    name = "vllm.v1.core._kv_cache_utils_025"
-    spec = importlib.util.spec_from_file_location(name, site / "vllm/v1/core/kv_cache_utils.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    try:
-        spec.loader.exec_module(module)
+    with patched_025(tmp_path, "vllm/v1/core/kv_cache_utils.py") as module:
 
         def count_blocks(config: Any, groups: Any, available: int) -> SimpleNamespace:
             blocks = available // module._pool_bytes_per_block(config, groups)
@@ -93,8 +81,6 @@ def kv_cache_utils(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[M
 
         module.get_kv_cache_config_from_groups = count_blocks
         yield module
-    finally:
-        del sys.modules[name]
 
 
 POOL_64_BLOCKS = 64 * BYTES_PER_BLOCK * 8  # 64 blocks of 128 tokens: 8,064 usable
