@@ -16,6 +16,7 @@ by pid before it returns. Writes OUT/kill9-NAME.json and the two servers' logs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -186,7 +187,9 @@ def main() -> int:
             row["restart_failed"] = str(exc)
         finally:
             row["restart_exit_code"] = second.stop()
-        row["restart_log"] = lines(second.log_path, "Error", "error:", "memory", "Free memory")[-12:]
+        row["restart_log"] = lines(second.log_path, "Error", "error:", "memory", "Free memory")[
+            -12:
+        ]
     except (RuntimeError, TimeoutError) as exc:
         row["failed"] = str(exc)
     finally:
@@ -196,10 +199,8 @@ def main() -> int:
         stray = leftovers + [p for p in vllm_processes() if p not in leftovers]
         row["killed_leftovers"] = alive(stray)
         for p in stray:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(stray, timeout=15)
         while time.monotonic() - began < 30:
             used = gpu_state()["used_mib"]

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Issue #16: one vLLM release (its bundle unpacked in SITE, default /root/site) measured
+# on the GPU host through the project's own scripts; one device call per case, back to back:
+#   benchmarks/gpu/release.sh 0.32.0 pinned   # pinned_memory.py: registered vs torch-pinned
+#                                             # host buffers (the H2D figure for the others)
+#   benchmarks/gpu/release.sh 0.32.0 tier     # S0 patched no tier, S1 patched 40 GiB native
+#                                             # tier, S2 unpatched 40 GiB tier (DEBUG logs,
+#                                             # millisecond stamps for populate/register)
+#   benchmarks/gpu/release.sh 0.32.0 weights  # 8 GiB weight offload: UVA patched (S3) and
+#                                             # unpatched (S4), prefetch patched (S5)
+#   benchmarks/gpu/release.sh 0.32.0 decode   # bench decode,memory: baseline / uva8 / pf8
+#   benchmarks/gpu/release.sh 0.32.0 kill9    # kill9.py patched, then unpatched
+#   benchmarks/gpu/release.sh 0.32.0 reuse    # bench baseline vs native, today's defaults
+# Llama-3-8B shape, dummy weights, eager. H2D_GBPS (default: what the pinned case wrote
+# beside SITE, else 55.4) is pinned_memory's registered H2D figure; DEADLINE (s, default
+# 560) bounds the case so the call ends inside its limit.
+# At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
+set -uo pipefail
+release=${1:-0.32.0}
+case=${2:?pinned|tier|weights|decode|kill9|reuse}
+site=${SITE:-/root/site}
+h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
+h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
+deadline=${DEADLINE:-560}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+src=$PWD/.gpu/src  # the committed package and scripts (git archive HEAD), when present
+bench_dir=$([ -f "$src/benchmarks/server_memory.py" ] && echo "$src/benchmarks" || echo benchmarks)
+export PYTHONPATH=$site:$([ -d "$src" ] && echo "$src:")$PWD
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+model=benchmarks/models/llama-3-8b
+dummy=(--load-format dummy --skip-tokenizer-init --enforce-eager)
+left() { echo $((deadline - SECONDS)); }
+patch() { python3 -m vllm_offload patch "$1" --site "$site" 2>&1 | tail -2; }
+# One server through server_memory.py; its own --timeout and SIGTERM stop fit the time left.
+sm() {
+  local wait=$(($(left) - 110))
+  ((wait > 300)) && wait=300
+  ((wait < 60)) && { echo "skip $2: $(left) s left"; return; }
+  timeout -k 5 $((wait + 105)) python3 "$bench_dir/server_memory.py" --out "$out" \
+    --timeout "$wait" "$@"
+  leftovers
+}
+bench() {  # bench NAME ARGS...: `vllm-offload bench`, patched, 3 repeats, 4 GiB pools
+  timeout -k 10 $(($(left) - 15)) python3 -m vllm_offload bench --model $model \
+    --repeats 3 --pool-bytes $((4 << 30)) --gpu-memory-utilization 0.22 --token-ids \
+    --h2d-gbps "$h2d" --tier-gib 16 --out "$out/$1" "${@:2}" -- "${dummy[@]}"
+  leftovers
+}
+# Servers a timeout left behind (own sessions): vLLM's processes by title, serve launchers.
+leftovers() {
+  python3 - <<'EOF'
+import os, psutil
+mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+stray = []
+for p in psutil.process_iter(["name", "cmdline"]):
+    argv = p.info["cmdline"] or []
+    if p.pid not in mine and ((p.info["name"] or "").startswith(("VLLM", "EngineCore"))
+                              or argv[1:4] == ["-m", "vllm_offload", "serve"]):
+        stray.append(p)
+for p in stray:
+    print("killing leftover", p.pid, p.info["name"])
+    try:
+        p.kill()
+    except psutil.NoSuchProcess:
+        pass
+psutil.wait_procs(stray, timeout=20)
+EOF
+}
+keylines() {  # the servers' key lines, then the whole logs as one archive
+  local dir=$1
+  grep -HE "KV cache size|GPU pool :|CPU tier|egistered|MADV_POPULATE|Created mmap|\
+torch.zeros pinned|offloaded|Offloader|host arena|cudaHostRegister|host_register|\
+init engine|Model loading took|Traceback|Error|error:" "$dir"/*.log 2>/dev/null \
+    | grep -v "Tokenizer not available" | cut -c1-400 > "$dir/server-lines.txt"
+  (cd "$dir" && ls ./*.log >/dev/null 2>&1 && tar -cJf logs.tar.xz ./*.log && rm -f ./*.log)
+}
+{ echo "release $release, $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total,driver_version \
+  --format=csv; free -g; df -h /dev/shm; ulimit -l; python3 -c 'import torch; print(torch.__version__)'
+  python3 -m vllm_offload patch status --site "$site" 2>&1 | tail -3; } > "$out/host.txt" 2>&1
+case $case in
+pinned)
+  timeout 200 python3 benchmarks/pinned_memory.py --out "$out/pinned_memory.json"
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1])); h2d = next(r['h2d_gbps'] \
+for r in d['results'] if r['strategy'] == 'registered'); open(sys.argv[2], 'w').write(str(h2d))" \
+    "$out/pinned_memory.json" "$h2d_file"
+  echo "H2D (registered) $(cat "$h2d_file") GB/s"
+  ;;
+tier)
+  # 0.32 logs the tier's populate/registration at DEBUG only; the prefix adds milliseconds.
+  export VLLM_LOGGING_LEVEL=DEBUG VLLM_LOGGING_PREFIX='%(msecs)03d '
+  patch apply
+  sm --name s0-patched-none -- --model $model --kv-offload-backend none -- "${dummy[@]}"
+  sm --name s1-patched-tier40 -- --model $model --kv-offload-backend native \
+    --kv-offload-cpu-tier-gib 40 -- "${dummy[@]}"
+  patch revert
+  sm --name s2-unpatched-tier40 -- --model $model --allow-unpatched \
+    --kv-offload-backend native --kv-offload-cpu-tier-gib 40 -- "${dummy[@]}"
+  keylines "$out"
+  ;;
+weights)
+  patch apply
+  sm --name s3-patched-w8 -- --model $model --kv-offload-backend none \
+    --weights-offload-cpu-gib 8 -- "${dummy[@]}"
+  patch revert
+  sm --name s4-unpatched-w8 -- --model $model --allow-unpatched --kv-offload-backend none \
+    --weights-offload-cpu-gib 8 -- "${dummy[@]}"
+  patch apply
+  sm --name s5-patched-pf8 -- --model $model --kv-offload-backend none \
+    --weights-offload-cpu-gib 8 --weights-offload-backend prefetch -- "${dummy[@]}"
+  keylines "$out"
+  ;;
+decode)
+  patch apply
+  bench decode --arms baseline --arm "uva8=baseline --weights-offload-cpu-gib 8" \
+    --arm "pf8=baseline --weights-offload-cpu-gib 8 --weights-offload-backend prefetch" \
+    --workloads decode,memory --decode-batch 16 --prompt-tokens 128 --output-tokens 64
+  ;;
+kill9)
+  patch apply
+  timeout -k 10 $(($(left) / 2)) python3 benchmarks/gpu/kill9.py --name patched --out "$out"
+  leftovers
+  patch revert
+  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/kill9.py --name unpatched \
+    --out "$out" --serve-flag=--allow-unpatched
+  leftovers
+  keylines "$out"
+  ;;
+reuse)
+  # Today's defaults: 128-token GPU blocks, 256-token CPU chunks (no block/chunk flags).
+  patch apply
+  bench reuse --arms baseline,native --workloads reuse,sweep,memory --docs 8 \
+    --doc-tokens 8000 --settle-seconds 0.5 --rates max --max-concurrency 48 \
+    --rate-seconds 7 --prompt-tokens 512 --output-tokens 64
+  ;;
+*) echo "unknown case $case" >&2; exit 2 ;;
+esac
+for dir in "$out/decode" "$out/reuse"; do
+  [ -d "$dir" ] || continue
+  [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
+  rm -f "$dir"/summary.csv "$dir"/*.png
+  keylines "$dir"
+done
+find "$out" -type f | sort | xargs ls -la
