@@ -8,6 +8,7 @@ descriptions below feed ``--help`` and the docs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -436,6 +437,21 @@ def to_toml(config: DeploymentConfig) -> str:
         lines.append(f"\n[{section}]")
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
     return "\n".join(lines) + "\n"
+
+
+def file_tag(path: Path) -> str:
+    """An ETag of the file as it is now (its bytes' hash); '' when there is none."""
+    try:
+        return '"' + hashlib.sha256(path.read_bytes()).hexdigest()[:32] + '"'
+    except OSError:
+        return ""
+
+
+def sweep_temp_files(path: Path) -> None:
+    """Remove temp files a killed ``save`` left beside ``path``."""
+    for leftover in path.parent.glob(f".{path.name}.*"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
 
 
 def save(config: DeploymentConfig, path: Path) -> None:

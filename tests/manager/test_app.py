@@ -441,3 +441,44 @@ async def test_the_probe_sends_the_api_key_only_to_the_units_server(
             assert response.status_code == 502 and "AUTH Bearer the-key" in seen
     finally:
         fake.kill()
+
+
+async def test_a_save_on_a_stale_copy_is_refused(client: httpx.AsyncClient, env: Env) -> None:
+    """Issue #15: two pages saving at once silently kept the last one. The page sends the
+    ETag it loaded as If-Match; a save on a copy that changed since is 409."""
+    loaded = await client.get("/api/config", headers=BEARER)
+    tag = loaded.json()["etag"]
+    assert loaded.headers["etag"] == tag
+    config = loaded.json()["config"]
+    config["gpu"]["memory_utilization"] = 0.8
+    first = await client.put("/api/config", json={"config": config},
+                             headers={**BEARER, "If-Match": tag})  # fmt: skip
+    assert first.status_code == 202, first.text
+    saved = env.config_path.read_bytes()
+    config["gpu"]["memory_utilization"] = 0.7
+    second = await client.put("/api/config", json={"config": config},
+                              headers={**BEARER, "If-Match": tag})  # fmt: skip
+    assert second.status_code == 409 and "changed since you loaded it" in second.text
+    assert env.config_path.read_bytes() == saved
+
+
+async def test_guessing_the_token_is_limited(client: httpx.AsyncClient) -> None:
+    for _ in range(10):
+        wrong = await client.post("/login", data={"token": "guess"}, headers=ORIGIN)
+        assert wrong.status_code == 401
+    right = await client.post("/login", data={"token": TOKEN}, headers=ORIGIN)
+    assert right.status_code == 429  # even the right token, for the next minute
+
+
+async def test_no_page_loads_code_from_elsewhere(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/docs")).status_code == 404  # Swagger UI came from a CDN
+    assert (await client.get("/openapi.json")).status_code == 200
+
+
+def test_temp_files_a_killed_save_left_are_swept_at_start(env: Env) -> None:
+    from vllm_offload.manager import ManagerSettings, create_app
+
+    leftover = env.config_path.parent / f".{env.config_path.name}.k1ll3d"
+    leftover.write_text("half a config")
+    create_app(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
+    assert not leftover.exists() and env.config_path.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 import httpx
 import psutil
-from fastapi import FastAPI, Form, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Form, Header, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -136,7 +137,9 @@ class ConfigBody(BaseModel):
 
 
 def create_app(settings: ManagerSettings) -> FastAPI:
+    config_mod.sweep_temp_files(settings.config_path)  # left by a save that was killed
     sessions = Sessions(settings.token)
+    saving = threading.Lock()  # one save at a time: the If-Match check and the write
     sampler = Sampler(server_url(config_mod.load(settings.config_path)),
                       settings.sample_interval_s)  # fmt: skip
 
@@ -150,7 +153,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         monitor.stop()
         sampler.stop()
 
-    app = FastAPI(title="vllm-offload manager", lifespan=lifespan)
+    # No /docs or /redoc: they load Swagger UI from a CDN. The schema is /openapi.json.
+    app = FastAPI(title="vllm-offload manager", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.sampler = sampler
 
     @app.exception_handler(VllmOffloadError)
@@ -202,7 +206,10 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def login(request: Request, token: str = Form(..., max_length=512)) -> Response:
         if not origin_matches(request):
             raise HTTPException(403, "the Origin header is missing or names another site")
+        if not sessions.login_allowed():
+            raise HTTPException(429, "too many failed logins; wait a minute and try again")
         if not sessions.check_token(token.strip()):
+            sessions.login_failed()
             return HTMLResponse(page.LOGIN_FAILED, status_code=401)
         session_id, _csrf = sessions.create()
         response = RedirectResponse("/", status_code=303)
@@ -295,8 +302,10 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         return {"roots": [str(r) for r in model_roots(config)], "models": list_models(config)}
 
     @app.get("/api/config")
-    def get_config() -> dict[str, Any]:
-        return {"config": _load(settings).model_dump(), "path": str(settings.config_path)}
+    def get_config(response: Response) -> dict[str, Any]:
+        config = _load(settings)
+        response.headers["ETag"] = etag = config_mod.file_tag(settings.config_path)
+        return {"config": config.model_dump(), "path": str(settings.config_path), "etag": etag}
 
     def from_api(body: ConfigBody) -> config_mod.DeploymentConfig:
         """A config sent to the API: valid, and inside the fence the saved file sets."""
@@ -313,14 +322,24 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         }
 
     @app.put("/api/config", status_code=202)
-    def put_config(body: ConfigBody) -> dict[str, Any]:
+    def put_config(
+        body: ConfigBody, if_match: str | None = Header(None, max_length=200)
+    ) -> dict[str, Any]:
         config = from_api(body)
         plan = startable(config).plan
-        try:
-            config_mod.save(config, settings.config_path)
-        except OSError as exc:
-            raise HTTPException(507, f"could not save {settings.config_path}: {exc.strerror}; "
-                                     "the previous config is unchanged") from None  # fmt: skip
+        with saving:
+            if if_match is not None and if_match != config_mod.file_tag(settings.config_path):
+                raise Refused(
+                    "config",
+                    "the config changed since you loaded it (saved from elsewhere); load it "
+                    "again, then save",
+                )
+            try:
+                config_mod.save(config, settings.config_path)
+            except OSError as exc:
+                raise HTTPException(507, f"could not save {settings.config_path}: "
+                                         f"{exc.strerror}; the previous config is unchanged"
+                                    ) from None  # fmt: skip
         sampler.follow(server_url(config))
         try:
             settings.systemd.restart(settings.unit)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -16,12 +17,25 @@ SESSION_COOKIE = "vllm_offload_session"
 CSRF_HEADER = "X-CSRF-Token"
 SESSION_TTL_S = 12 * 3600
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+# Failed logins allowed per minute, from anyone: guessing the token is slowed to a crawl.
+FAILED_LOGINS_PER_MINUTE = 10
 
 
 @dataclass
 class Sessions:
     token: str
     _sessions: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> csrf, expiry
+    _failed_logins: deque[float] = field(
+        default_factory=lambda: deque(maxlen=FAILED_LOGINS_PER_MINUTE)
+    )
+
+    def login_allowed(self) -> bool:
+        """False while the last FAILED_LOGINS_PER_MINUTE failures are all within a minute."""
+        full = len(self._failed_logins) == FAILED_LOGINS_PER_MINUTE
+        return not (full and time.monotonic() - self._failed_logins[0] < 60)
+
+    def login_failed(self) -> None:
+        self._failed_logins.append(time.monotonic())
 
     def check_token(self, candidate: str) -> bool:
         return secrets.compare_digest(candidate.encode(), self.token.encode())

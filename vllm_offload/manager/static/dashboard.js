@@ -1,6 +1,6 @@
 const CSRF = document.querySelector('meta[name=csrf]').content;
 const WINDOW_S = 600;
-let samples = [], last = 0, currentConfig = null;
+let samples = [], last = 0, currentConfig = null, configTag = '';
 const GIB = 1073741824;
 async function api(path, opts = {}) {
   opts.headers = Object.assign({'X-CSRF-Token': CSRF, 'Content-Type': 'application/json'},
@@ -130,7 +130,7 @@ async function control(action) {
 }
 async function loadConfig() {
   const [c, m] = await Promise.all([api('/api/config'), api('/api/models')]);
-  currentConfig = c.config;
+  currentConfig = c.config; configTag = c.etag;
   const sel = document.getElementById('f-model');
   sel.replaceChildren(...m.models.map(x => el('option', {value: x.path}, x.name)));
   if (currentConfig.model.path) sel.value = currentConfig.model.path;
@@ -164,7 +164,8 @@ async function previewPlan(ev) {
 }
 async function saveConfig() {
   try {
-    await api('/api/config', {method: 'PUT', body: JSON.stringify(formConfig())});
+    await api('/api/config', {method: 'PUT', body: JSON.stringify(formConfig()),
+                              headers: {'If-Match': configTag}});
     show('form-msg', el('span', {class: 'ok'}, 'Saved. Restarting; waiting for the new model to answer…'));
     await loadConfig();
     for (let i = 0; i < 150; i++) {
