@@ -133,3 +133,18 @@ def test_manifest_lists_relative_paths(tmp_path: Path) -> None:
     manifest = json.loads((state / "installed.json").read_text())
     assert "etc/systemd/system/vllm.service" in manifest
     assert all(not os.path.isabs(p) for p in manifest)
+
+
+def test_both_units_are_sandboxed(tmp_path: Path) -> None:
+    """Issue #15: `systemd-analyze security` scored both units 7.7-8.0 "exposed"."""
+    import re
+
+    root = tmp_path / "a" / "b" / "c"
+    install.install(options(root))
+    for name in ("vllm.service", "vllm-manager.service"):
+        done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
+                               str(root / "etc/systemd/system" / name)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        match = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
+        assert match is not None, done.stdout + done.stderr
+        assert float(match.group(1)) <= 4.5, (name, match.group(1))  # 3.6 / 3.8 here
