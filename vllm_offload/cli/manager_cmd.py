@@ -65,6 +65,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     import uvicorn
 
     from vllm_offload.manager import ManagerSettings, create_app
+    from vllm_offload.manager.http import HeadTimeoutProtocol
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be 1-65535")
@@ -85,9 +86,10 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         config_path=args.config, token=token, unit=args.unit,
         systemd=Systemd.detect(args.systemd_root),
     )  # fmt: skip
-    # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503 instead of taking
-    # file descriptors until none is left (half-open connections exhausted them); idle
-    # keep-alive connections close after 5 s.
+    # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503; a connection
+    # that sends no request head within 10 s is closed, an idle keep-alive one after 5 s
+    # (half-open connections took every file descriptor before).
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
-                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5)  # fmt: skip
+                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
+                http=HeadTimeoutProtocol)  # fmt: skip
     return 0
