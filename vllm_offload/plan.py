@@ -223,60 +223,36 @@ def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]
     return best
 
 
-def make_plan(
+@dataclass(frozen=True)
+class GpuMemory:
+    """Where the weights go and how big the GPU KV pool is, per rank."""
+
+    total_bytes: int
+    budget_bytes: int
+    weights_offloaded_bytes: int
+    weights_gpu_bytes: int
+    kv_pool_bytes: int
+    # prefetch backend: every group_size layers, the last num_in_group live in host RAM
+    prefetch_group_size: int = 0
+    prefetch_num_in_group: int = 0
+    offloaded_layers: int = 0
+
+
+def plan_gpu_memory(
     config: DeploymentConfig,
     model: ModelFacts,
     host: HostFacts,
     platform: Platform,
-    env: dict[str, str] | None = None,
-) -> Plan:
-    """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
-    env = env or {}
-    warnings: list[str] = [f"could not read {what}" for what in model.unknown]
+    env: dict[str, str],
+    weight_bytes: int,
+    dtype_b: int,
+    block: int,
+) -> GpuMemory:
+    """Weights on the GPU or offloaded (as configured, or what does not fit), then the KV
+    pool from what is left (or as configured); raises PlanError when nothing is left.
+    ``dtype_b``: bytes per KV element."""
     tp = config.parallel.tensor_parallel_size
-    pp = config.parallel.pipeline_parallel_size
-    backend, backend_reason = resolve_kv_backend(config, host, platform)
-    # Found while planning, but the plan is still worth showing (`serve --dry-run` prints
-    # a GPU host's command anywhere): a deployment refuses to start while any is left.
-    problems: list[dict[str, str]] = []
-    if backend != "none" and platform != "cuda":
-        problems.append({
-            "field": "kv_offload.backend",
-            "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
-        })  # fmt: skip
-    block = config.kv_offload.block_size
-    if block == "auto":
-        plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
-        block = (
-            OFFLOAD_BLOCK_SIZE
-            if backend == "native" and plain_attention
-            else DEFAULT_BLOCK_SIZE[platform]
-        )
-    dtype_b = kv_dtype_bytes(model, config.model.dtype, config.model.kv_cache_dtype)
-    per_token = kv_bytes_per_token(model, dtype_b, tp)
-    per_block = per_token * block
-    configured_chunk = config.kv_offload.cpu_chunk_tokens
-    if configured_chunk == "auto":
-        chunk = max(OFFLOAD_CHUNK_TOKENS, block) if backend == "native" else block
-    elif configured_chunk % block:
-        raise PlanError(
-            "kv_offload.cpu_chunk_tokens",
-            f"{configured_chunk} is not a multiple of the block size ({block} tokens); use "
-            f"{-(-configured_chunk // block) * block}",
-        )
-    else:
-        chunk = configured_chunk
-
-    # The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served in
-    # 16 bits); quantised weights stay as stored.
-    weight_bytes = (
-        int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes)
-        if model.quantization is None
-        else model.weight_bytes
-    )
-    weights_per_rank = weight_bytes // (tp * pp)
-
-    # --- GPU side: weights, then the KV pool -----------------------------------------
+    weights_per_rank = weight_bytes // (tp * config.parallel.pipeline_parallel_size)
     group_size = num_in_group = offloaded_layers = 0  # prefetch layout, when it applies
     if platform == "cuda":
         if not host.gpus:
@@ -328,18 +304,71 @@ def make_plan(
                 f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
                 f"{config.gpu.memory_utilization:.0%} of {gpu_total / GIB:.1f} GiB: {fix}",
             )
+        return GpuMemory(gpu_total, budget, offloaded, weights_gpu, pool, group_size,
+                         num_in_group, offloaded_layers)  # fmt: skip
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if space:
+        pool = int(space) * GIB  # vLLM lets this variable override everything else
+    elif config.gpu.kv_cache_memory_bytes != "auto":
+        pool = config.gpu.kv_cache_memory_bytes
     else:
-        gpu_total = 0
-        budget = 0
-        offloaded = 0
-        weights_gpu = weights_per_rank
-        space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if space:
-            pool = int(space) * GIB  # vLLM lets this variable override everything else
-        elif config.gpu.kv_cache_memory_bytes != "auto":
-            pool = config.gpu.kv_cache_memory_bytes
-        else:
-            pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
+        pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
+    return GpuMemory(0, 0, 0, weights_per_rank, pool)
+
+
+def make_plan(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str] | None = None,
+) -> Plan:
+    """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
+    env = env or {}
+    warnings: list[str] = [f"could not read {what}" for what in model.unknown]
+    tp = config.parallel.tensor_parallel_size
+    pp = config.parallel.pipeline_parallel_size
+    backend, backend_reason = resolve_kv_backend(config, host, platform)
+    # Found while planning, but the plan is still worth showing (`serve --dry-run` prints
+    # a GPU host's command anywhere): a deployment refuses to start while any is left.
+    problems: list[dict[str, str]] = []
+    if backend != "none" and platform != "cuda":
+        problems.append({
+            "field": "kv_offload.backend",
+            "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
+        })  # fmt: skip
+    block = config.kv_offload.block_size
+    if block == "auto":
+        plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
+        block = (
+            OFFLOAD_BLOCK_SIZE
+            if backend == "native" and plain_attention
+            else DEFAULT_BLOCK_SIZE[platform]
+        )
+    dtype_b = kv_dtype_bytes(model, config.model.dtype, config.model.kv_cache_dtype)
+    per_token = kv_bytes_per_token(model, dtype_b, tp)
+    per_block = per_token * block
+    configured_chunk = config.kv_offload.cpu_chunk_tokens
+    if configured_chunk == "auto":
+        chunk = max(OFFLOAD_CHUNK_TOKENS, block) if backend == "native" else block
+    elif configured_chunk % block:
+        raise PlanError(
+            "kv_offload.cpu_chunk_tokens",
+            f"{configured_chunk} is not a multiple of the block size ({block} tokens); use "
+            f"{-(-configured_chunk // block) * block}",
+        )
+    else:
+        chunk = configured_chunk
+
+    # The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served in
+    # 16 bits); quantised weights stay as stored.
+    weight_bytes = (
+        int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes)
+        if model.quantization is None
+        else model.weight_bytes
+    )
+    gpu = plan_gpu_memory(config, model, host, platform, env, weight_bytes, dtype_b, block)
+    pool, offloaded = gpu.kv_pool_bytes, gpu.weights_offloaded_bytes
 
     num_blocks = pool // per_block if per_block else 0
     usable_blocks = max(0, num_blocks - 1)  # vLLM's block pool holds one null block back
@@ -422,13 +451,13 @@ def make_plan(
         kv_bytes_per_block=per_block,
         weight_bytes=weight_bytes,
         weight_bytes_source=model.weight_bytes_source,
-        weights_gpu_bytes=weights_gpu,
+        weights_gpu_bytes=gpu.weights_gpu_bytes,
         weights_offloaded_bytes=offloaded,
-        prefetch_group_size=group_size,
-        prefetch_num_in_group=num_in_group,
-        weights_offloaded_layers=offloaded_layers,
-        gpu_total_bytes=gpu_total,
-        gpu_budget_bytes=budget,
+        prefetch_group_size=gpu.prefetch_group_size,
+        prefetch_num_in_group=gpu.prefetch_num_in_group,
+        weights_offloaded_layers=gpu.offloaded_layers,
+        gpu_total_bytes=gpu.total_bytes,
+        gpu_budget_bytes=gpu.budget_bytes,
         gpu_kv_pool_bytes=pool,
         gpu_kv_pool_blocks=num_blocks,
         gpu_kv_pool_tokens=pool_tokens,
