@@ -316,6 +316,33 @@ def plan_gpu_memory(
     return GpuMemory(0, 0, 0, weights_per_rank, pool)
 
 
+def cpu_tier_bytes(
+    config: DeploymentConfig,
+    backend: str,
+    room: TierRoom,
+    per_token: int,
+    block: int,
+    warnings: list[str],
+) -> int:
+    """The CPU tier, all ranks together: none, as configured (the seed's num_cpu_blocks
+    translated, with a warning), or (auto) the room the host has, in whole GiB."""
+    tp = config.parallel.tensor_parallel_size
+    if backend == "none":
+        return 0
+    if (legacy_blocks := config.kv_offload.num_cpu_blocks) is not None:
+        # The seed counted blocks of its block size: vLLM's 16 tokens unless configured.
+        legacy_block = block if config.kv_offload.block_size != "auto" else 16
+        tier = legacy_blocks * per_token * legacy_block * tp
+        warnings.append(
+            f"kv_offload.num_cpu_blocks is deprecated: {legacy_blocks} blocks = "
+            f"{tier / GIB:.2f} GiB; set kv_offload.cpu_tier_gib = {tier / GIB:.2f} instead"
+        )
+        return tier
+    if config.kv_offload.cpu_tier_gib == "auto":
+        return room.bytes // GIB * GIB  # whole GiB: easy to read, easy to repeat
+    return int(config.kv_offload.cpu_tier_gib * GIB)
+
+
 def make_plan(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -409,21 +436,7 @@ def make_plan(
     # --- CPU tier -------------------------------------------------------------------
     reserve = ram_reserve(host)
     room = tier_room(host, reserve, offloaded * tp * pp, tp * pp)
-    if backend == "none":
-        tier = 0
-    elif config.kv_offload.num_cpu_blocks is not None:
-        # The seed counted blocks of its block size: vLLM's 16 tokens unless configured.
-        legacy_block = block if config.kv_offload.block_size != "auto" else 16
-        tier = config.kv_offload.num_cpu_blocks * per_token * legacy_block * tp
-        warnings.append(
-            f"kv_offload.num_cpu_blocks is deprecated: {config.kv_offload.num_cpu_blocks} "
-            f"blocks = {tier / GIB:.2f} GiB; set kv_offload.cpu_tier_gib = "
-            f"{tier / GIB:.2f} instead"
-        )
-    elif config.kv_offload.cpu_tier_gib == "auto":
-        tier = room.bytes // GIB * GIB  # whole GiB: easy to read, easy to repeat
-    else:
-        tier = int(config.kv_offload.cpu_tier_gib * GIB)
+    tier = cpu_tier_bytes(config, backend, room, per_token, block, warnings)
     tier_blocks = tier // (per_block * tp) if per_block else 0
     tier_tokens = tier_blocks * block
 
