@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_offload.bench.runner import free_port
+from vllm_offload.bench.server_process import free_port
 from vllm_offload.vllm_client import VllmClient
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")

@@ -33,7 +33,7 @@ import httpx
 import psutil
 
 from vllm_offload import demo_model
-from vllm_offload.bench.runner import free_port
+from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.vllm_client import VllmClient, wait_until
 

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import psutil
 
-from vllm_offload.bench.runner import GIB, VLLM_OFFLOAD, free_port, scan_log, split_serve_args
+from vllm_offload.bench.server_process import (
+    GIB,
+    VLLM_OFFLOAD,
+    free_port,
+    scan_log,
+    split_serve_args,
+)
 from vllm_offload.vllm_client import VllmClient
 
 

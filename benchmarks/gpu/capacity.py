@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_offload.bench.runner import VLLM_OFFLOAD, ServerProcess
+from vllm_offload.bench.server_process import VLLM_OFFLOAD, ServerProcess
 from vllm_offload.vllm_client import VllmClient
 
 MODEL = "benchmarks/models/llama-3-8b"

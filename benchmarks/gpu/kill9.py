@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from vllm_offload.bench.runner import ServerProcess
+from vllm_offload.bench.server_process import ServerProcess
 
 MODEL = "benchmarks/models/llama-3-8b"
 DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]

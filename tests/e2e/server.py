@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from vllm_offload.bench.runner import ServerProcess, free_port
+from vllm_offload.bench.server_process import ServerProcess, free_port
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
 START_TIMEOUT_S = 300
@@ -35,7 +35,7 @@ def server_env(scratch: Path) -> dict[str, str]:
 
 class Server:
     """`vllm-offload serve ...` (the console script) in its own session, through the bench
-    runner; stop() also waits until no process of its session is left."""
+    server process; stop() also waits until no process of its session is left."""
 
     def __init__(
         self,

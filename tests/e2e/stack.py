@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.server import server_env
-from vllm_offload.bench.runner import free_port
+from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install as units
 from vllm_offload.systemd.control import Systemd

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.manager.conftest import TOKEN, Env
-from vllm_offload.bench.runner import free_port
+from vllm_offload.bench.server_process import free_port
 from vllm_offload.vllm_client import wait_until
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_offload import model_facts
 from vllm_offload.bench import workloads
-from vllm_offload.bench.runner import GIB, ServerProcess, split_serve_args
+from vllm_offload.bench.server_process import GIB, ServerProcess, split_serve_args
 from vllm_offload.bench.workloads import Rate
 from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
 

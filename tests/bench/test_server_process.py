@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_offload.bench.runner import scan_log
+from vllm_offload.bench.server_process import scan_log
 
 # vLLM 0.25.0 on the H200, patched: UVA weight offload, the CPU KV tier, the prefetch backend.
 UVA = """\
