@@ -173,3 +173,27 @@ def test_save_keeps_the_files_owner_and_mode(tmp_path: Path) -> None:
     assert stat.st_mode & 0o777 == 0o640
     if os.getuid() == 0:
         assert (stat.st_uid, stat.st_gid) == (12345, 23456)
+
+
+def test_a_backup_that_cannot_be_written_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #15: on a full disk the .bak was truncated in place."""
+    import errno
+    import shutil
+
+    path = tmp_path / "config.toml"
+    config_mod.save(DeploymentConfig(), path)
+    config_mod.save(config_mod.with_overrides(DeploymentConfig(), {"server.port": 9}), path)
+    backup = path.with_suffix(".toml.bak")
+    old_backup, current = backup.read_bytes(), path.read_bytes()
+
+    def full_disk(source: Path, target: Path) -> None:
+        Path(target).write_bytes(Path(source).read_bytes()[:10])  # a partial copy
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copy2", full_disk)
+    with pytest.raises(OSError):
+        config_mod.save(config_mod.with_overrides(DeploymentConfig(), {"server.port": 10}), path)
+    assert backup.read_bytes() == old_backup and path.read_bytes() == current
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "config.toml.bak"]

@@ -473,9 +473,12 @@ def save(config: DeploymentConfig, path: Path) -> None:
             if old is not None and (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
                 with contextlib.suppress(PermissionError):  # only root may give files away
                     os.fchown(f.fileno(), old.st_uid, old.st_gid)
-        if path.exists():
-            shutil.copy2(path, path.with_suffix(path.suffix + ".bak"))
+        if path.exists():  # the backup is replaced whole too: a full disk keeps the old one
+            backup_tmp = path.with_name(f".{path.name}.bak-tmp")
+            shutil.copy2(path, backup_tmp)
+            os.replace(backup_tmp, path.with_suffix(path.suffix + ".bak"))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        path.with_name(f".{path.name}.bak-tmp").unlink(missing_ok=True)
         raise

@@ -482,3 +482,16 @@ def test_temp_files_a_killed_save_left_are_swept_at_start(env: Env) -> None:
     leftover.write_text("half a config")
     create_app(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
     assert not leftover.exists() and env.config_path.exists()
+
+
+async def test_the_logs_say_when_the_journal_is_out_of_reach(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #15: a manager user outside systemd-journal saw an empty Logs card and no
+    reason why the server stopped; the page now says what to do."""
+    from vllm_offload.manager import app as app_module
+
+    monkeypatch.setattr(app_module.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(app_module.os, "getgroups", lambda: [1000])
+    lines = (await client.get("/api/logs", headers=BEARER)).json()["lines"]
+    assert lines == [app_module.JOURNAL_HINT] and "systemd-journal group" in lines[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import threading
 import time
@@ -393,15 +394,34 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     @app.get("/api/logs")
     def logs(lines: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
         try:
-            return {"lines": settings.systemd.logs(settings.unit, lines)}
+            found = settings.systemd.logs(settings.unit, lines)
         except ServiceError as exc:
             raise HTTPException(502, str(exc)) from None
+        if not found and not journal_readable():
+            found = [JOURNAL_HINT]
+        return {"lines": found}
 
     @app.get("/api/detect")
     def detect_servers() -> dict[str, Any]:
         return {"servers": detect.find_vllm_servers()}
 
     return app
+
+
+JOURNAL_HINT = (
+    "(nothing to show: the manager's user may not read the journal. Add it to the "
+    "systemd-journal group to see the server's log here and the reason it stopped; "
+    "systemd has no per-unit permission, so it then reads every unit's log.)"
+)
+
+
+def journal_readable() -> bool:
+    """Whether this process may read other units' journal entries."""
+    try:
+        group = grp.getgrnam("systemd-journal").gr_gid
+    except KeyError:
+        group = None
+    return os.geteuid() == 0 or (group is not None and group in os.getgroups())
 
 
 def server_url(config: config_mod.DeploymentConfig) -> str:
