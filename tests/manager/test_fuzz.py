@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.manager.conftest import TOKEN, UNIT
 from vllm_offload import config as config_mod
@@ -75,3 +76,34 @@ def _restore_config() -> object:
     saved = CONFIG.read_bytes()
     yield
     CONFIG.write_bytes(saved)
+
+
+RISKY_FLAGS = ["--trust-remote-code", "--trust-remote", "--chat-template", "--middleware",
+               "--ssl-keyfile", "--allowed-local-media-path", "--tool-parser-plugin",
+               "--host", "--model", "--port", "--max-model-len", "--api-key"]  # fmt: skip
+
+
+@FUZZ
+@given(
+    flag=st.sampled_from(RISKY_FLAGS),
+    value=st.text(max_size=40),
+    fenced=st.sampled_from(["", "model_roots", "api_extra_args", "host", "api_key_file"]),
+)
+def test_fuzz_the_fence(flag: str, value: str, fenced: str) -> None:
+    """Issue #15's refusals under generated input: a config from the API that passes a
+    flag which loads code, reads paths or opens the server, or that touches a fenced key,
+    is refused (403 or 422) and changes nothing."""
+    from starlette.testclient import TestClient
+
+    config = config_mod.load(CONFIG).model_dump()
+    config["extra_args"] = [flag, value]
+    if fenced in ("model_roots", "api_extra_args"):
+        config["manager"][fenced] = ["/"]
+    elif fenced:
+        config["server"][fenced] = value or "0.0.0.0"
+    before = digest()
+    with TestClient(APP) as client:
+        response = client.put("/api/config", json={"config": config},
+                              headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    assert response.status_code in (403, 422), response.text
+    check(response, before)
