@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,21 +95,25 @@ def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
                                timeout=30, max_retries=0)  # fmt: skip
         outcomes: list[str] = []
+        streaming = [threading.Event() for _ in range(4)]
 
-        def stream() -> None:
+        def stream(started: threading.Event) -> None:
             try:
                 for _ in client.completions.create(model="demo", prompt="hello", stream=True,
-                                                   max_tokens=2000,
+                                                   max_tokens=8000,
                                                    extra_body={"ignore_eos": True}):  # fmt: skip
-                    pass
+                    started.set()
                 outcomes.append("finished")
             except openai.APIError as exc:
                 outcomes.append(type(exc).__name__)
 
-        threads = [threading.Thread(target=stream) for _ in range(4)]
+        threads = [threading.Thread(target=stream, args=(e,)) for e in streaming]
         for t in threads:
             t.start()
-        time.sleep(2)
+        # Killed while every stream is under way: its first tokens arrived, and 8,000 take
+        # far longer than the kill (a fixed pause let fast streams finish first).
+        for started in streaming:
+            assert started.wait(120), "a stream never started"
         old = tree(first)  # the API server, its EngineCore and worker, multiprocessing's helper
         assert len(old) >= 3, old
         os.kill(first, signal.SIGKILL)
