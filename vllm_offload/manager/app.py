@@ -1,4 +1,5 @@
-"""The manager: a thin FastAPI shell over config, plan, service and the metrics sampler."""
+"""The manager: a thin FastAPI shell over the config, deployment.prepare, the systemd unit
+and the metrics sampler; every API body is untrusted input (see fence.py)."""
 
 from __future__ import annotations
 
