@@ -297,8 +297,8 @@ def flag_name(token: str) -> str | None:
         return "--" + token[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
     if token.startswith("-") and len(token) > 1 and not token[1].isdigit():
         name = token.split("=", 1)[0]
-        # argparse reads -tp2 as -tp 2
-        return name.rstrip("0123456789") if name.rstrip("0123456789") in LAUNCHER_FLAGS else name
+        short = name.rstrip("0123456789")  # argparse reads -tp2 as -tp 2
+        return short if short in LAUNCHER_FLAGS else name
     return None
 
 

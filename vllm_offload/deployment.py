@@ -29,10 +29,6 @@ class Prepared:
     problems: tuple[VllmOffloadError, ...]  # why it must not start; none: it may
     notes: tuple[str, ...]  # what the launcher chose, and why
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
 
 def model_dir(config: DeploymentConfig) -> Path:
     """The configured model, or the built-in demo model (written on first use)."""
