@@ -71,6 +71,8 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         return max(problem.exit_code for problem in problems)
     if args.dry_run:
         return 0
+    # Here, not in deployment.prepare: the manager prepares a restart while the running
+    # server still holds the port.
     if (busy := _port_taken(config.server.host, config.server.port)) is not None:
         print(f"vllm-offload: error: {busy}", file=sys.stderr)
         return busy.exit_code

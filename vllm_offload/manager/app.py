@@ -161,8 +161,9 @@ def create_app(settings: ManagerSettings) -> FastAPI:
 
     @app.exception_handler(VllmOffloadError)
     async def refused(_request: Request, exc: VllmOffloadError) -> JSONResponse:
-        # One table (errors.OUTCOMES) decides the status: 422 bad input, 409 refused,
-        # 502 the service manager failed, 500 the machine is not as it must be.
+        # One table (errors.OUTCOMES) decides the status: 422 bad input, 409 refused here,
+        # 403 not the API's to change, 502 the service manager failed, 500 the machine is
+        # not as it must be.
         return JSONResponse({"detail": exc.detail()}, status_code=exc.http_status)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -305,8 +306,10 @@ def create_app(settings: ManagerSettings) -> FastAPI:
 
     @app.get("/api/config")
     def get_config(response: Response) -> dict[str, Any]:
-        config = _load(settings)
+        # The tag first: if the file changes in between, a save on this copy is refused
+        # (409), never taken over a version the page did not show.
         response.headers["ETag"] = etag = config_mod.file_tag(settings.config_path)
+        config = _load(settings)
         return {"config": config.model_dump(), "path": str(settings.config_path), "etag": etag}
 
     def from_api(body: ConfigBody) -> config_mod.DeploymentConfig:

@@ -93,6 +93,8 @@ class Sampler:
         """The client for ``server_url``, made anew once it changes."""
         server = self._server
         if server is None or server.base_url != self.server_url:
+            if server is not None:
+                server.close()
             server = self._server = VllmClient(self.server_url, timeout_s=0.8)
         return server
 
