@@ -7,7 +7,8 @@
 #                                             # tier, S2 unpatched 40 GiB tier (DEBUG logs,
 #                                             # millisecond stamps for populate/register)
 #   benchmarks/gpu/release.sh 0.32.0 weights  # 8 GiB weight offload: UVA patched (S3) and
-#                                             # unpatched (S4), prefetch patched (S5)
+#                                             # unpatched (S4), prefetch patched (S5) and
+#                                             # unpatched (S6)
 #   benchmarks/gpu/release.sh 0.32.0 decode   # bench decode,memory: baseline / uva8 / pf8
 #   benchmarks/gpu/release.sh 0.32.0 kill9    # kill9.py patched, then unpatched
 #   benchmarks/gpu/release.sh 0.32.0 reuse    # bench baseline vs native, today's defaults
@@ -107,6 +108,9 @@ weights)
     --weights-offload-cpu-gib 8 -- "${dummy[@]}"
   patch apply
   sm --name s5-patched-pf8 -- --model $model --kv-offload-backend none \
+    --weights-offload-cpu-gib 8 --weights-offload-backend prefetch -- "${dummy[@]}"
+  patch revert
+  sm --name s6-unpatched-pf8 -- --model $model --allow-unpatched --kv-offload-backend none \
     --weights-offload-cpu-gib 8 --weights-offload-backend prefetch -- "${dummy[@]}"
   keylines "$out"
   ;;

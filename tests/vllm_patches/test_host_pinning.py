@@ -6,6 +6,7 @@ both series; host_zeros (the CPU KV tier) only in 0.25.0's: 0.32.0 maps its tier
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -141,3 +142,58 @@ def test_arena_only_above_gate(hp: ModuleType, monkeypatch: pytest.MonkeyPatch) 
     arena = hp.make_arena(64 * MIB, pin=True)
     assert isinstance(arena, hp.HostArena)
     assert arena.capacity == 64 * MIB + hp.ARENA_SLACK_BYTES  # address space, not committed
+
+
+def test_unsized_arena_reserves_the_hosts_ram_without_committing_it() -> None:
+    from vllm.utils import host_pinning
+
+    assert host_pinning.make_unsized_arena(pin=False) is None
+    before = _rss_bytes()
+    arena = host_pinning.make_unsized_arena(pin=True)
+    assert arena is not None
+    assert arena.capacity == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert _rss_bytes() - before < 64 * MIB  # address space only
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_prefetch_offloader_keeps_each_weight_in_the_arena() -> None:
+    """0.32.0 unpatched gave every prefetch-offloaded parameter its own torch-pinned
+    tensor (power-of-two rounded); patched, contiguous ones go to the exact-size arena and
+    strided ones keep a tensor of their own layout."""
+    from vllm.model_executor.offloader.prefetch import _CpuParamOffloader
+    from vllm.utils import host_pinning
+
+    registrar = Recording()
+    arena = host_pinning.HostArena(64 * MIB, registrar)
+    module = torch.nn.Module()
+    module.weight = torch.nn.Parameter(torch.randn(300, 700), requires_grad=False)
+    module.strided = torch.nn.Parameter(torch.randn(64, 32).t(), requires_grad=False)
+    expected = module.weight.data.clone()
+
+    weight = _CpuParamOffloader(module, "weight", arena=arena)
+    strided = _CpuParamOffloader(module, "strided", arena=arena)
+
+    storage = weight._cpu_storage
+    assert storage is not None and module.weight.data.data_ptr() == storage.data_ptr()
+    assert torch.equal(storage, expected)
+    assert arena.placed_bytes == weight.offloaded_bytes == 300 * 700 * 4
+    assert registrar.registered == [(storage.data_ptr(), 300 * 700 * 4)]
+    assert strided._cpu_storage is not None and strided._cpu_storage.stride() == (1, 32)
+
+
+def test_processed_weight_goes_back_into_its_own_host_tensor() -> None:
+    """device_loading_context copied each processed weight into a new pinned tensor,
+    doubling prefetch offload's host RAM; patched, it copies back into the tensor it came
+    from when the layout is the same and that tensor is pinned where a pinned one is
+    wanted. (The copy itself needs a GPU: measured in docs/benchmarks.md.)"""
+    from vllm.model_executor.model_loader.utils import _restorable
+
+    home = torch.zeros(4, 8)
+    assert _restorable(home, torch.ones(4, 8), pin=False)
+    assert not _restorable(home, torch.ones(8, 4), pin=False)  # reshaped by processing
+    assert not _restorable(home, torch.ones(4, 8, dtype=torch.float16), pin=False)
+    assert not _restorable(home, torch.ones(8, 4).t(), pin=False)  # other strides
+    assert not _restorable(home, torch.ones(4, 8), pin=True)  # pageable, pinned wanted
