@@ -9,6 +9,8 @@
 #   benchmarks/gpu/release.sh 0.32.0 weights  # 8 GiB weight offload: UVA patched (S3) and
 #                                             # unpatched (S4), prefetch patched (S5) and
 #                                             # unpatched (S6)
+#   benchmarks/gpu/release.sh 0.32.0 weights-files  # S3, S5, S6 from real (random) weight
+#                                             # files instead of dummy weights
 #   benchmarks/gpu/release.sh 0.32.0 decode   # bench decode,memory: baseline / uva8 / pf8
 #   benchmarks/gpu/release.sh 0.32.0 kill9    # kill9.py patched, then unpatched
 #   benchmarks/gpu/release.sh 0.32.0 reuse    # bench baseline vs native, today's defaults
@@ -18,7 +20,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|decode|kill9|reuse}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -112,6 +114,29 @@ weights)
   patch revert
   sm --name s6-unpatched-pf8 -- --model $model --allow-unpatched --kv-offload-backend none \
     --weights-offload-cpu-gib 8 --weights-offload-backend prefetch -- "${dummy[@]}"
+  keylines "$out"
+  ;;
+weights-files)
+  # The weights case's start times with real weight files: dummy weights fill CPU-resident
+  # (prefetch-offloaded) parameters with the CPU's random generator, which UVA's GPU views
+  # never pay. Random bf16 safetensors, read warm from the page cache by every arm.
+  ckpt=/root/ckpt-llama-3-8b
+  [ -f $ckpt/model.safetensors.index.json ] || \
+    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
+  files=(--skip-tokenizer-init --enforce-eager)
+  for round in 1 2; do  # interleaved: the first server after boot pays one-off costs
+    patch apply
+    sm --name f5-patched-pf8-$round -- --model $ckpt --kv-offload-backend none \
+      --weights-offload-cpu-gib 8 --weights-offload-backend prefetch -- "${files[@]}"
+    sm --name f3-patched-w8-$round -- --model $ckpt --kv-offload-backend none \
+      --weights-offload-cpu-gib 8 -- "${files[@]}"
+    patch revert
+    sm --name f6-unpatched-pf8-$round -- --model $ckpt --allow-unpatched \
+      --kv-offload-backend none --weights-offload-cpu-gib 8 --weights-offload-backend prefetch \
+      -- "${files[@]}"
+  done
+  python3 -c 'import json, sys; [print(json.dumps(json.load(open(f)))) for f in sys.argv[1:]]' \
+    "$out"/f*.json > "$out/weights-files.jsonl" && rm "$out"/f*.json
   keylines "$out"
   ;;
 decode)
