@@ -241,6 +241,30 @@ class ManagerSection(_Section):
         "built-in tuning flags (e.g. '--trust-remote-code', which runs the model folder's "
         "code). Set in the file only.",
     )
+    wedge_after_s: float = Field(
+        120.0,
+        ge=10,
+        le=86400,
+        description="Seconds with requests waiting or running and no progress (no token "
+        "generated, no prompt finished, the GPU KV cache unchanged) before the manager "
+        "calls the server wedged; /health stays 200 in that state. Set in the file only.",
+    )
+    restart_wedged: bool = Field(
+        False,
+        description="Restart a wedged server automatically (at most "
+        "restart_wedged_per_hour times an hour); false: the page offers a restart. Set in "
+        "the file only.",
+    )
+    restart_wedged_per_hour: int = Field(
+        3, ge=1, le=60, description="Most automatic restarts of a wedged server per hour."
+    )
+    stalled_load_after_s: float = Field(
+        60.0,
+        ge=5,
+        le=86400,
+        description="Seconds requests may wait on a KV load from the CPU tier without a "
+        "break before the manager reports stalled loads (vLLM puts no time limit on them).",
+    )
 
 
 # vLLM server flags the launcher writes from the config, and the key that owns each. Given

@@ -41,6 +41,7 @@ class Stack:
     manager_url: str
     model_dir: Path
     systemd: Systemd
+    config: Path
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def supervised(tmp_path: Path) -> Iterator[Stack]:
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
             wait_server(deployment.server_port)
-            yield Stack(url, model, deployment.systemd)
+            yield Stack(url, model, deployment.systemd, deployment.config)
     finally:
         subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
         os.killpg(init.pid, signal.SIGTERM)

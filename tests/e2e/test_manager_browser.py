@@ -54,6 +54,8 @@ def test_manager_in_a_browser(stack: tuple[str, str]) -> None:
         page.wait_for_timeout(3000)
         assert page.evaluate("samples.length") >= first + 2
         expect(page.locator("#l4")).to_contain_text("now:")
+        # The CPU-tier card says what it cannot show, and why (no tier runs on a CPU host).
+        expect(page.locator("#buying")).to_contain_text("this server has no CPU tier")
 
         # Restart from the page: a new PID, healthy again.
         pid_before = page.evaluate("fetch('/api/status').then(r => r.json()).then(s => s.pid)")

@@ -16,7 +16,13 @@ from typing import Any, Literal
 import httpx
 import psutil
 from fastapi import FastAPI, Form, Header, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+)
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,7 +30,7 @@ from vllm_offload import config as config_mod
 from vllm_offload import deployment, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.manager import detect, fence, page
+from vllm_offload.manager import detect, fence, page, wedge
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
@@ -145,7 +151,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     sampler = Sampler(server_url(config_mod.load(settings.config_path)),
                       settings.sample_interval_s)  # fmt: skip
 
-    monitor = UnitMonitor(settings.systemd, settings.unit, sampler)
+    def manager_section() -> config_mod.ManagerSection:
+        """[manager] as the file says now; its defaults (no automatic restart) while the
+        file cannot be read."""
+        try:
+            return config_mod.load(settings.config_path).manager
+        except config_mod.ConfigError:
+            return config_mod.ManagerSection()
+
+    monitor = UnitMonitor(settings.systemd, settings.unit, sampler, limits=manager_section)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -173,7 +187,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         # Before anything reads the body: an anonymous caller learns nothing, not even a 422.
-        if request.url.path.startswith("/api/") or request.url.path == "/logout":
+        if request.url.path.startswith("/api/") or request.url.path in ("/logout", "/metrics"):
             try:
                 authenticate(request, sessions)
             except HTTPException as exc:
@@ -254,10 +268,12 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                     f"the cause, then press Start. Last error: {reason or 'none logged'}"
                 )
         problems: list[dict[str, str]] = []
+        tier_bytes = 0
         try:
             prepared = prepare(config)
             plan: dict[str, Any] | str = prepared.plan.to_json()
             problems = [p.detail() for p in prepared.problems]
+            tier_bytes = prepared.plan.cpu_tier_bytes
         except VllmOffloadError as exc:
             plan = str(exc)
         return {
@@ -273,7 +289,14 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "plan": plan,
             "problems": problems,
             "events": list(monitor.watch.events),
+            "wedge": wedge_status(monitor, config.manager),
+            "tier": sampler.tier_card(tier_bytes),
         }
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> str:
+        """The manager's own view for Prometheus (Authorization: Bearer <token>)."""
+        return wedge.prometheus_text(monitor.wedge, healthy=sampler.server_healthy)
 
     @app.get("/api/metrics")
     def metrics(since: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
@@ -426,6 +449,19 @@ def journal_readable() -> bool:
     except KeyError:
         group = None
     return os.geteuid() == 0 or (group is not None and group in os.getgroups())
+
+
+def wedge_status(monitor: UnitMonitor, limits: config_mod.ManagerSection) -> dict[str, Any]:
+    watch = monitor.wedge
+    return {
+        "wedged": watch.wedged,
+        "loads_stalled": watch.loads_stalled,
+        "stalled_s": round(watch.stalled_s, 1),
+        "reason": watch.reason,
+        "wedge_after_s": limits.wedge_after_s,
+        "restart_wedged": limits.restart_wedged,
+        "restarts_last_hour": watch.restarts_within(time.time()),
+    }
 
 
 def server_url(config: config_mod.DeploymentConfig) -> str:

@@ -14,6 +14,7 @@ import httpx
 import psutil
 
 from vllm_offload.hardware import nvml_devices
+from vllm_offload.manager import tier_report, wedge
 from vllm_offload.vllm_client import VllmClient, sum_samples
 
 HISTORY_S = 600
@@ -38,7 +39,8 @@ TOTALS = {"vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_total"}
 TTFT = "vllm:time_to_first_token_seconds"
 
 
-VLLM_METRICS = {*GAUGES, *COUNTERS, f"{TTFT}_sum", f"{TTFT}_count"}
+VLLM_METRICS = {*GAUGES, *COUNTERS, *wedge.SOURCES, *tier_report.SOURCES, f"{TTFT}_sum",
+                f"{TTFT}_count"}  # fmt: skip
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
@@ -82,6 +84,13 @@ class Sampler:
     interval_s: float = 1.0
     samples: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_S))
     server_healthy: bool = False
+    # The last sample's scrape of vLLM's /metrics; None when the server did not answer.
+    latest: dict[str, float] | None = None
+    # The CPU tier's counters over the last ten minutes, and when served tokens last grew.
+    tier: deque[tuple[float, tier_report.Totals]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_S)
+    )
+    served_moved_at: float | None = None
     _previous: dict[str, float] = field(default_factory=dict)
     _previous_t: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -102,7 +111,9 @@ class Sampler:
         """Sample the server at ``server_url`` from now on (a saved host or port)."""
         if server_url != self.server_url:
             self.server_url = server_url
-            self._previous, self.server_healthy = {}, False
+            self._previous, self.server_healthy, self.latest = {}, False, None
+            self.tier.clear()
+            self.served_moved_at = None
 
     def start(self) -> None:
         psutil.cpu_percent()  # prime: the first call has no interval to measure
@@ -140,7 +151,7 @@ class Sampler:
             "gpus": _gpus(),
         }
         self.server_healthy = self.probe_health()
-        scraped = self._scrape() if self.server_healthy else None
+        scraped = self.latest = self._scrape() if self.server_healthy else None
         vllm: dict[str, float | None] = {}
         if scraped is not None:
             for source, name in GAUGES.items():
@@ -160,10 +171,27 @@ class Sampler:
                     total / count
                 )
             self._previous, self._previous_t = scraped, now
+            self._track_tier(tier_report.Totals.from_metrics(scraped))
         sample["vllm"] = vllm
         with self._lock:
             self.samples.append(sample)
         return sample
+
+    def _track_tier(self, totals: tier_report.Totals) -> None:
+        moment = time.monotonic()
+        last = self.tier[-1][1] if self.tier else None
+        if self.served_moved_at is None or (last and totals.served_tokens > last.served_tokens):
+            self.served_moved_at = moment
+        with self._lock:
+            self.tier.append((moment, totals))
+
+    def tier_card(self, tier_bytes: int) -> dict[str, Any]:
+        """tier_report.report over what this sampler has seen."""
+        with self._lock:
+            first, latest = (self.tier[0][1], self.tier[-1][1]) if self.tier else (None, None)
+        quiet = 0.0 if self.served_moved_at is None else time.monotonic() - self.served_moved_at
+        fresh = latest if self.latest is not None else None
+        return tier_report.report(fresh, first, tier_bytes, quiet)
 
     def since(self, t: float) -> list[dict[str, Any]]:
         with self._lock:

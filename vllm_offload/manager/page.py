@@ -51,7 +51,8 @@ def dashboard(csrf: str, unit: str) -> str:
   the CPU tier in host RAM keeps blocks for reuse (repeated prompts) and preemption.</p>
   <table id="plan"></table></div>
  <div class="card"><h2>What the CPU tier is buying</h2><p class="hint">Prompt tokens loaded
-  from host RAM instead of being computed again, and the time to first token with and without
+  from host RAM instead of being computed again, the prefill time that saved (at this server's
+  measured prefill rate), the traffic it cost, and the time to first token with and without
   such hits.</p><table id="buying"></table><h2 class="spaced">Disks</h2>
   <table id="disks"></table></div>
 </div>

@@ -1,5 +1,5 @@
-"""The server unit as the page shows it: its health, and the restarts, crashes and
-recoveries between polls, watched whether or not a page is open."""
+"""The server unit as the page shows it: its health (a wedged server included), and the
+restarts, crashes and recoveries between polls, watched whether or not a page is open."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_offload.config import ManagerSection
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.wedge import Counters, WedgeWatch
 from vllm_offload.systemd.control import ServiceError, ServiceStatus, Systemd
 
 logger = logging.getLogger(__name__)
@@ -113,7 +116,11 @@ class UnitMonitor:
     unit: str
     sampler: Sampler
     interval_s: float = 2.0
+    # The [manager] settings now (read on every poll: the file is theirs, not the API's).
+    limits: Callable[[], ManagerSection] = ManagerSection
     watch: ServiceWatch = field(default_factory=ServiceWatch)
+    wedge: WedgeWatch = field(default_factory=WedgeWatch)
+    _wedge_pid: int | None = None
     _latest: tuple[float, ServiceStatus, str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -145,6 +152,7 @@ class UnitMonitor:
             self._loop_at = time.monotonic()
             try:
                 self.poll()
+                self._restart_if_wedged()
             except ServiceError:
                 pass  # the page shows the error when asked
             except Exception:  # out of file descriptors, a bug: log it, keep watching
@@ -167,9 +175,49 @@ class UnitMonitor:
 
     def _poll_locked(self) -> tuple[ServiceStatus, str]:
         unit = self.systemd.status(self.unit)
-        health = self.watch.observe(unit.main_pid, health_of(unit, self.sampler.server_healthy))
+        health = health_of(unit, self.sampler.server_healthy)
+        if unit.main_pid != self._wedge_pid:
+            self.wedge.forget()
+            self._wedge_pid = unit.main_pid
+        if health == "healthy":
+            limits = self.limits()
+            counters = Counters.from_metrics(self.sampler.latest or {})
+            for text in self.wedge.observe(time.monotonic(), counters, limits.wedge_after_s,
+                                           limits.stalled_load_after_s):  # fmt: skip
+                self._event(text)
+            if self.wedge.wedged:
+                health = "wedged"
+        health = self.watch.observe(unit.main_pid, health)
         self._latest = (time.monotonic(), unit, health)
         return unit, health
+
+    def _event(self, text: str) -> None:
+        self.watch.events.append({"t": round(time.time(), 1), "text": text})
+
+    def _restart_if_wedged(self) -> None:
+        """With manager.restart_wedged, restart a wedged server, within the hourly
+        allowance; each restart, and each one the allowance refused, is an event."""
+        limits = self.limits()
+        if not (self.wedge.wedged and limits.restart_wedged):
+            return
+        now = time.time()
+        if not self.wedge.may_restart(now, limits.restart_wedged_per_hour):
+            if not self.wedge.allowance_spent:
+                self.wedge.allowance_spent = True
+                self._event(f"wedged, not restarting: {limits.restart_wedged_per_hour} "
+                            "automatic restarts in the last hour "
+                            "(manager.restart_wedged_per_hour); restart it by hand")  # fmt: skip
+            return
+        self.wedge.restarts.append(now)
+        self._event(f"restarting the server (manager.restart_wedged): {self.wedge.reason}")
+        try:
+            self.systemd.kill(self.unit)
+            self.systemd.restart(self.unit)
+        except ServiceError as exc:
+            self._event(f"the restart failed: {exc}")
+        finally:
+            self.wedge.forget()
+            self.changed()
 
     def changed(self) -> None:
         """A control action was sent: the next reader polls afresh."""

@@ -103,9 +103,9 @@ class Systemd:
                 "be busy: try again, or look at `systemctl status` by hand"
             ) from None
 
-    def _control(self, verb: str, unit: str) -> None:
+    def _control(self, verb: str, unit: str, *options: str) -> None:
         unit = validate_unit(unit)
-        done = self._run([*self.systemctl, *self._root_args(), verb, f"{unit}.service"])
+        done = self._run([*self.systemctl, *self._root_args(), verb, *options, f"{unit}.service"])
         if done.returncode != 0:
             raise ServiceError(
                 f"systemctl {verb} {unit}.service failed ({done.returncode}): "
@@ -128,6 +128,11 @@ class Systemd:
     def restart(self, unit: str) -> None:
         self._reset_if_failed(unit)
         self._control("restart", unit)
+
+    def kill(self, unit: str) -> None:
+        """SIGKILL every process of the unit: a wedged server cannot drain, and a stop would
+        wait TimeoutStopSec for it. Its Restart= policy, or a restart, brings it back."""
+        self._control("kill", unit, "--signal=SIGKILL")
 
     def status(self, unit: str) -> ServiceStatus:
         unit = validate_unit(unit)

@@ -86,10 +86,6 @@ async function pollMetrics() {
     const s = samples[samples.length - 1];
     if (s) {
       show('disks', ...(s.disks || []).map(d => row(d.mount, fmt(d.used_percent) + ' % used')));
-      show('buying',
-        row('Prompt tokens served from the CPU tier (total)', fmt(s.vllm.cpu_tier_hit_tokens_total, 0)),
-        row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
-        row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     }
   } catch (e) { console.log(e); }
 }
@@ -107,12 +103,32 @@ async function pollStatus() {
       row('PID', s.pid || '–'), row('Uptime', s.uptime_s == null ? '–' : fmt(s.uptime_s, 0) + ' s'),
       row('Model', s.model), row('Answers to', s.served_name),
       ...(s.reason ? [row('Why', error(s.reason))] : []),
+      ...(s.wedge.wedged ? [row('Wedged', error(s.wedge.reason + (s.wedge.restart_wedged
+        ? ' (restarting it: manager.restart_wedged)' : ' (press Restart)')))] : []),
+      ...(s.wedge.loads_stalled ? [row('KV loads', error('stalled: requests wait on a KV '
+        + 'load from the CPU tier'))] : []),
       ...(s.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`))));
     show('events', ...(s.events.length ? s.events.slice(-8).reverse()
       .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), e.text)) : [row('nothing yet', '')]));
+    show('buying', ...tierRows(s.tier),
+      row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
+      row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     show('plan', ...(typeof s.plan === 'string'
       ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))] : planRows(s.plan)));
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
+}
+function tierRows(t) {
+  if (!t.available) return [row('CPU tier', t.why)];
+  const span = (name, w) => [
+    row(`${name}: prompt tokens from the tier / computed again`,
+      `${fmt(w.served_tokens, 0)} / ${fmt(w.computed_tokens, 0)}`),
+    row(`${name}: prefill time saved`, w.prefill_saved_s == null
+      ? 'no prefill measured yet' : fmt(w.prefill_saved_s, 1) + ' s'),
+    row(`${name}: stored / loaded`, `${fmt(w.store_bytes / 1e9, 2)} / ${fmt(w.load_bytes / 1e9, 2)} GB`)];
+  return [row('Holds', t.used_bytes == null ? 'not exported by this vLLM'
+      : `${fmt(t.used_bytes / GIB, 2)} of ${fmt(t.size_bytes / GIB, 1)} GiB`),
+    ...span('Last 10 min', t.last_10_min), ...span('Since start', t.since_start),
+    ...(t.verdict ? [row('Verdict', error(t.verdict))] : [])];
 }
 function planRows(p) {
   return [row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`),

@@ -1,0 +1,77 @@
+"""The wedge decision on counters as vLLM exports them (the real server, stopped and
+progressing, is in tests/e2e/test_wedge_browser.py)."""
+
+from __future__ import annotations
+
+from vllm_offload.manager.wedge import Counters, WedgeWatch, prometheus_text
+
+
+def counters(prompt: float = 100, generated: float = 50, kv: float = 0.1, running: float = 1,
+             waiting: float = 0, loads: float = 0) -> Counters:  # fmt: skip
+    return Counters(running=running, waiting=waiting, prompt_tokens=prompt,
+                    generation_tokens=generated, gpu_kv_usage=kv, kv_loads=loads)  # fmt: skip
+
+
+def test_no_progress_with_work_pending_is_a_wedge_once_the_bound_passes() -> None:
+    watch = WedgeWatch()
+    assert watch.observe(0, counters(), 120, 60) == []
+    assert watch.observe(119, counters(), 120, 60) == [] and not watch.wedged
+    [event] = watch.observe(121, counters(), 120, 60)
+    assert watch.wedged and event.startswith("wedged: no progress for 121 s: 1 running")
+    assert "generation tokens 50" in event
+    assert watch.observe(122, counters(generated=51), 120, 60) == [
+        "progress again: no longer wedged"
+    ]
+    assert not watch.wedged
+
+
+def test_progress_of_any_kind_keeps_it_healthy() -> None:
+    """Tokens generated, a prompt finished, or a long prefill allocating KV blocks chunk by
+    chunk (vLLM counts prompt tokens only when the prefill completes)."""
+    for moved in (counters(generated=51), counters(prompt=101), counters(kv=0.11)):
+        watch = WedgeWatch()
+        watch.observe(0, counters(), 10, 60)
+        watch.observe(9, counters(), 10, 60)
+        watch.observe(30, moved, 10, 60)
+        assert not watch.wedged and watch.stalled_s == 0
+
+
+def test_an_idle_server_is_never_wedged() -> None:
+    watch = WedgeWatch()
+    for t in range(0, 1000, 100):
+        watch.observe(t, counters(running=0), 10, 60)
+    assert not watch.wedged
+    watch.observe(1000, counters(running=0, waiting=2), 10, 60)  # work arrives: clock starts
+    assert watch.observe(1005, counters(running=0, waiting=2), 10, 60) == []
+    assert watch.observe(1011, counters(running=0, waiting=2), 10, 60)[0].startswith("wedged")
+
+
+def test_missing_scrape_decides_nothing_and_needs_the_counters() -> None:
+    watch = WedgeWatch()
+    watch.observe(0, counters(), 10, 60)
+    assert watch.observe(100, None, 10, 60) == [] and not watch.wedged
+    assert Counters.from_metrics({"vllm:num_requests_running": 1}) is None
+    full = {"vllm:num_requests_running": 1, "vllm:num_requests_waiting": 0,
+            "vllm:prompt_tokens": 5, "vllm:generation_tokens": 6,
+            "vllm:kv_cache_usage_perc": 0.5}  # fmt: skip
+    assert Counters.from_metrics(full) == counters(prompt=5, generated=6, kv=0.5)
+
+
+def test_loads_pending_without_a_break_stall() -> None:
+    watch = WedgeWatch()
+    watch.observe(0, counters(loads=1), 600, 60)
+    assert watch.observe(30, counters(loads=1, generated=60), 600, 60) == []
+    assert watch.observe(61, counters(loads=2, generated=70), 600, 60) == [
+        "KV loads stalled: 2 request(s) waiting on a KV load for 61 s"
+    ]
+    assert not watch.wedged  # other requests progress: loads stalled, server not wedged
+    assert watch.observe(62, counters(loads=0, generated=80), 600, 60) == ["KV loads moving again"]
+
+
+def test_restart_allowance_per_hour_and_metrics() -> None:
+    watch = WedgeWatch()
+    watch.restarts.extend([0.0, 1000.0, 2000.0])
+    assert not watch.may_restart(3000.0, 3) and watch.may_restart(3601.0, 3)
+    text = prometheus_text(watch, healthy=True)
+    assert "vllm_offload:server_wedged 0.0" in text and "vllm_offload:server_healthy 1.0" in text
+    assert "# TYPE vllm_offload:wedge_restarts_last_hour gauge" in text

@@ -1,0 +1,89 @@
+"""Is the CPU tier paying off? From vLLM's own counters: prompt tokens served from the
+tier against those computed again, the prefill time that saved (at the prefill rate this
+server measured), what the tier holds, and the store traffic it cost; over the last ten
+minutes and since the server started. Users report "offload did nothing for me" and "a
+busy tier looked idle": this says which, in numbers, and says so plainly when the tier
+has stored much and served nothing for an hour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# vLLM metric -> Totals field. Counters run since the server started.
+SOURCES = {
+    "vllm:external_prefix_cache_hits": "served_tokens",
+    "vllm:prefix_cache_hits": "gpu_hit_tokens",
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:request_prefill_time_seconds_sum": "prefill_s",
+    "vllm:kv_offload_store_bytes": "store_bytes",
+    "vllm:kv_offload_load_bytes": "load_bytes",
+    "vllm:kv_offload_cpu_cache_usage_perc": "usage",
+}
+QUIET_VERDICT_S = 3600.0
+STORED_MUCH_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Totals:
+    served_tokens: float = 0.0
+    gpu_hit_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    prefill_s: float = 0.0
+    store_bytes: float = 0.0
+    load_bytes: float = 0.0
+    usage: float | None = None  # fraction of the tier in use; None: not exported
+
+    @classmethod
+    def from_metrics(cls, scraped: dict[str, float]) -> Totals:
+        values = {key: scraped.get(name, 0.0) for name, key in SOURCES.items() if key != "usage"}
+        return cls(**values, usage=scraped.get("vllm:kv_offload_cpu_cache_usage_perc"))
+
+    @property
+    def computed_tokens(self) -> float:
+        """Prompt tokens prefilled again: neither a GPU prefix hit nor a tier hit."""
+        return max(0.0, self.prompt_tokens - self.gpu_hit_tokens - self.served_tokens)
+
+
+def _span(now: Totals, then: Totals, prefill_tokens_per_s: float | None) -> dict[str, Any]:
+    served = max(0.0, now.served_tokens - then.served_tokens)
+    return {
+        "served_tokens": served,
+        "computed_tokens": max(0.0, now.computed_tokens - then.computed_tokens),
+        "prefill_saved_s": None if prefill_tokens_per_s is None else served / prefill_tokens_per_s,
+        "store_bytes": max(0.0, now.store_bytes - then.store_bytes),
+        "load_bytes": max(0.0, now.load_bytes - then.load_bytes),
+    }
+
+
+def report(
+    latest: Totals | None,
+    window_start: Totals | None,
+    tier_bytes: int,
+    served_quiet_s: float,
+) -> dict[str, Any]:
+    """The CPU-tier card: ``latest`` counters, those at the start of the ten-minute window,
+    the planned tier size, and how long the served-token counter has not moved."""
+    if tier_bytes <= 0:
+        return {"available": False, "why": "this server has no CPU tier (kv_offload)"}
+    if latest is None:
+        return {"available": False, "why": "the server is not answering /metrics"}
+    rate = latest.computed_tokens / latest.prefill_s if latest.prefill_s > 0 else None
+    since_start = _span(latest, Totals(), rate)
+    verdict = None
+    if served_quiet_s >= QUIET_VERDICT_S and since_start["store_bytes"] >= STORED_MUCH_BYTES:
+        verdict = (
+            f"nothing reused for {served_quiet_s / 3600:.1f} h while "
+            f"{since_start['store_bytes'] / (1 << 30):.1f} GiB were stored: consider "
+            "kv_offload.store_threshold = 2 (copy a chunk to the tier only once it was "
+            "looked up twice)"
+        )
+    return {
+        "available": True,
+        "size_bytes": tier_bytes,
+        "used_bytes": None if latest.usage is None else latest.usage * tier_bytes,
+        "prefill_tokens_per_s": rate,
+        "last_10_min": _span(latest, window_start or Totals(), rate),
+        "since_start": since_start,
+        "verdict": verdict,
+    }
