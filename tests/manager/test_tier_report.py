@@ -23,7 +23,7 @@ def test_served_against_computed_and_the_prefill_time_saved() -> None:
     card = report(now, then, 16 * GIB, served_quiet_s=5)
     assert now.computed_tokens == 20_000
     assert card["prefill_tokens_per_s"] == 10_000  # 20,000 computed in 2 s of prefill
-    assert card["used_bytes"] == 4 * GIB
+    assert card["filled_bytes"] == 3 * GIB and card["busy"] == 0.25
     window = card["last_10_min"]
     assert window["served_tokens"] == 8000 and window["computed_tokens"] == 10_000
     assert window["prefill_saved_s"] == 0.8 and window["store_bytes"] == 2 * GIB
@@ -42,6 +42,7 @@ def test_what_is_not_available_is_said() -> None:
     assert report(None, None, 0, 0) == {
         "available": False, "why": "this server has no CPU tier (kv_offload)"}  # fmt: skip
     assert report(None, None, GIB, 0)["why"] == "the server is not answering /metrics"
-    card = report(Totals.from_metrics(metrics(prompt=10)), None, GIB, 0)
-    assert card["used_bytes"] is None  # vLLM exported no usage gauge
+    card = report(Totals.from_metrics(metrics(prompt=10, stored=5 * GIB)), None, GIB, 0)
+    assert card["filled_bytes"] == GIB  # full: it evicts to store more
+    assert card["busy"] is None  # vLLM exported no transfer gauge
     assert card["prefill_tokens_per_s"] is None  # no prefill measured yet

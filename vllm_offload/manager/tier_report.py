@@ -1,6 +1,6 @@
 """Is the CPU tier paying off? From vLLM's own counters: prompt tokens served from the
 tier against those computed again, the prefill time that saved (at the prefill rate this
-server measured), what the tier holds, and the store traffic it cost; over the last ten
+server measured), how full the tier is, and the store traffic it cost; over the last ten
 minutes and since the server started. Users report "offload did nothing for me" and "a
 busy tier looked idle": this says which, in numbers, and says so plainly when the tier
 has stored much and served nothing for an hour."""
@@ -18,7 +18,7 @@ SOURCES = {
     "vllm:request_prefill_time_seconds_sum": "prefill_s",
     "vllm:kv_offload_store_bytes": "store_bytes",
     "vllm:kv_offload_load_bytes": "load_bytes",
-    "vllm:kv_offload_cpu_cache_usage_perc": "usage",
+    "vllm:kv_offload_cpu_cache_usage_perc": "busy",
 }
 QUIET_VERDICT_S = 3600.0
 STORED_MUCH_BYTES = 1 << 30
@@ -32,12 +32,14 @@ class Totals:
     prefill_s: float = 0.0
     store_bytes: float = 0.0
     load_bytes: float = 0.0
-    usage: float | None = None  # fraction of the tier in use; None: not exported
+    # Fraction of the tier pinned by transfers in flight (vLLM's "usage" gauge: not how
+    # full it is; measured on the H200, 0.0 with 23 GB stored). None: not exported.
+    busy: float | None = None
 
     @classmethod
     def from_metrics(cls, scraped: dict[str, float]) -> Totals:
-        values = {key: scraped.get(name, 0.0) for name, key in SOURCES.items() if key != "usage"}
-        return cls(**values, usage=scraped.get("vllm:kv_offload_cpu_cache_usage_perc"))
+        values = {key: scraped.get(name, 0.0) for name, key in SOURCES.items() if key != "busy"}
+        return cls(**values, busy=scraped.get("vllm:kv_offload_cpu_cache_usage_perc"))
 
     @property
     def computed_tokens(self) -> float:
@@ -81,7 +83,10 @@ def report(
     return {
         "available": True,
         "size_bytes": tier_bytes,
-        "used_bytes": None if latest.usage is None else latest.usage * tier_bytes,
+        # vLLM exports no fill level. The tier frees nothing it stored (it evicts to make
+        # room), so it holds what was stored since the start, up to its size.
+        "filled_bytes": min(float(tier_bytes), latest.store_bytes),
+        "busy": latest.busy,
         "prefill_tokens_per_s": rate,
         "last_10_min": _span(latest, window_start or Totals(), rate),
         "since_start": since_start,

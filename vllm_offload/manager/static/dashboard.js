@@ -125,8 +125,9 @@ function tierRows(t) {
     row(`${name}: prefill time saved`, w.prefill_saved_s == null
       ? 'no prefill measured yet' : fmt(w.prefill_saved_s, 1) + ' s'),
     row(`${name}: stored / loaded`, `${fmt(w.store_bytes / 1e9, 2)} / ${fmt(w.load_bytes / 1e9, 2)} GB`)];
-  return [row('Holds', t.used_bytes == null ? 'not exported by this vLLM'
-      : `${fmt(t.used_bytes / GIB, 2)} of ${fmt(t.size_bytes / GIB, 1)} GiB`),
+  return [row('Filled (what it stored, up to its size)',
+      `${fmt(t.filled_bytes / GIB, 2)} of ${fmt(t.size_bytes / GIB, 1)} GiB`),
+    row('Busy with transfers now', t.busy == null ? 'not exported by this vLLM' : fmt(t.busy * 100, 1) + ' %'),
     ...span('Last 10 min', t.last_10_min), ...span('Since start', t.since_start),
     ...(t.verdict ? [row('Verdict', error(t.verdict))] : [])];
 }
