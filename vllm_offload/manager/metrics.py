@@ -35,7 +35,6 @@ COUNTERS = {
     "vllm:kv_offload_load_bytes": "offload_load_bytes_per_s",
     "vllm:kv_offload_store_bytes": "offload_store_bytes_per_s",
 }
-TOTALS = {"vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_total"}
 TTFT = "vllm:time_to_first_token_seconds"
 
 
@@ -87,9 +86,7 @@ class Sampler:
     # The last sample's scrape of vLLM's /metrics; None when the server did not answer.
     latest: dict[str, float] | None = None
     # The CPU tier's counters over the last ten minutes, and when served tokens last grew.
-    tier: deque[tuple[float, tier_report.Totals]] = field(
-        default_factory=lambda: deque(maxlen=HISTORY_S)
-    )
+    tier: deque[tier_report.Totals] = field(default_factory=lambda: deque(maxlen=HISTORY_S))
     served_moved_at: float | None = None
     _previous: dict[str, float] = field(default_factory=dict)
     _previous_t: float = 0.0
@@ -160,8 +157,6 @@ class Sampler:
             for source, name in COUNTERS.items():
                 if dt > 0 and source in scraped and source in self._previous:
                     vllm[name] = max(0.0, (scraped[source] - self._previous[source]) / dt)
-            for source, name in TOTALS.items():
-                vllm[name] = scraped.get(source)
             count = scraped.get(f"{TTFT}_count", 0.0) - self._previous.get(f"{TTFT}_count", 0.0)
             if self._previous and count > 0:
                 total = scraped[f"{TTFT}_sum"] - self._previous[f"{TTFT}_sum"]
@@ -178,17 +173,16 @@ class Sampler:
         return sample
 
     def _track_tier(self, totals: tier_report.Totals) -> None:
-        moment = time.monotonic()
-        last = self.tier[-1][1] if self.tier else None
+        last = self.tier[-1] if self.tier else None
         if self.served_moved_at is None or (last and totals.served_tokens > last.served_tokens):
-            self.served_moved_at = moment
+            self.served_moved_at = time.monotonic()
         with self._lock:
-            self.tier.append((moment, totals))
+            self.tier.append(totals)
 
     def tier_card(self, tier_bytes: int) -> dict[str, Any]:
         """tier_report.report over what this sampler has seen."""
         with self._lock:
-            first, latest = (self.tier[0][1], self.tier[-1][1]) if self.tier else (None, None)
+            first, latest = (self.tier[0], self.tier[-1]) if self.tier else (None, None)
         quiet = 0.0 if self.served_moved_at is None else time.monotonic() - self.served_moved_at
         fresh = latest if self.latest is not None else None
         return tier_report.report(fresh, first, tier_bytes, quiet)

@@ -197,8 +197,10 @@ class UnitMonitor:
     def _restart_if_wedged(self) -> None:
         """With manager.restart_wedged, restart a wedged server, within the hourly
         allowance; each restart, and each one the allowance refused, is an event."""
+        if not self.wedge.wedged:
+            return  # the common case: no second read of the config file per poll
         limits = self.limits()
-        if not (self.wedge.wedged and limits.restart_wedged):
+        if not limits.restart_wedged:
             return
         now = time.time()
         if not self.wedge.may_restart(now, limits.restart_wedged_per_hour):
