@@ -46,9 +46,10 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     assert [row["rate_rps"] for row in run["sweep"]] == [None, 2.0, "max"]
     assert all(row["errors"] == 0 and row["output_tok_per_s"] > 0 for row in run["sweep"])
     sync, _, saturated = run["sweep"]
-    # One client keeps one request in flight, the closed loop's four clients several (2.87
-    # measured here; not a speed claim: a 2-core box may serve 4 at once no faster).
-    assert sync["mean_in_flight"] <= 1.01 and saturated["mean_in_flight"] > 2
+    # One client keeps one request in flight, the closed loop's four clients more than one
+    # (2.87 measured on an idle box, 1.83 in a CI run sharing its 2 cores: the clients' own
+    # streaming work competes with vLLM there, so only the overlap itself is asserted).
+    assert sync["mean_in_flight"] <= 1.01 and saturated["mean_in_flight"] > 1
     assert run["decode"]["errors"] == 0 and run["decode"]["decode_tok_per_s"] > 0
     assert results["decode_floor"] == {}  # no weights offloaded, no ceiling
     rows = list(csv.DictReader((out / "summary.csv").open()))
