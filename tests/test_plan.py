@@ -164,13 +164,16 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
     plan = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(24), "cuda")
     assert sorted(plan.to_json()) == sorted([
         "platform", "model_path", "architecture", "kv_offload_backend",
-        "kv_offload_backend_reason", "block_size_tokens", "cpu_chunk_tokens", "kv_dtype_bytes",
+        "kv_offload_backend_reason", "block_size_tokens", "cpu_chunk_tokens", "kv_cache_dtype",
+        "kv_dtype_bytes",
         "kv_bytes_per_token",
         "kv_bytes_per_block", "weight_bytes", "weight_bytes_source", "weights_gpu_bytes",
         "weights_offloaded_bytes", "prefetch_group_size", "prefetch_num_in_group",
         "weights_offloaded_layers", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
         "gpu_kv_pool_blocks", "gpu_kv_pool_tokens", "longest_request_tokens", "model_max_tokens",
         "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
+        "min_concurrent_requests", "h2d_bytes_per_s", "h2d_source", "decode_steps_per_s_ceiling",
+        "decisions",
         "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
         "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "server_ram_bytes",
         "cpu_tier_room_ram_bytes", "cpu_tier_room_shm_bytes", "tensor_parallel_size",

@@ -85,10 +85,12 @@ class ModelSection(_Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight and activation dtype."
     )
-    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+    kv_cache_dtype: Literal["auto", "fp8", "fit"] = Field(
         "auto",
-        description="KV cache element type: 'auto' (the model's dtype) or 'fp8' "
-        "(half the bytes per token, so twice the tokens in both tiers).",
+        description="KV cache element type: 'auto' (the model's dtype), 'fp8' (half the "
+        "bytes per token, so twice the tokens in both tiers), or 'fit': fp8 only when the "
+        "model's dtype cannot hold max_model_len x gpu.min_concurrent_requests tokens "
+        "without offloading more weights.",
     )
 
     @model_validator(mode="after")
@@ -108,6 +110,14 @@ class GpuSection(_Section):
     kv_cache_memory_bytes: int | Auto = Field(
         "auto",
         description="Size the GPU KV pool exactly, in bytes, instead of from memory_utilization.",
+    )
+    min_concurrent_requests: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Full-length requests (model.max_model_len tokens each) the GPU KV pool "
+        "must hold at once. With max_model_len a number and weights_offload.cpu_gib = "
+        "'auto', the planner offloads the fewest weights that make room for them.",
     )
 
     @model_validator(mode="after")
@@ -179,7 +189,9 @@ class WeightsOffloadSection(_Section):
     cpu_gib: float | Auto = Field(
         0.0,
         description="GiB of weights kept in host RAM and streamed to the GPU each step "
-        "(vLLM --cpu-offload-gb). 'auto': what does not fit the GPU.",
+        "(vLLM --cpu-offload-gb). 'auto': the fewest that let the GPU KV pool hold "
+        "model.max_model_len x gpu.min_concurrent_requests tokens (max_model_len 'auto': "
+        "what does not fit the GPU, with room for one 4,096-token request).",
     )
     params: list[str] = Field(
         default_factory=list,

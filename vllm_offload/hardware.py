@@ -1,4 +1,5 @@
-"""What the host offers: GPUs (NVML), RAM, /dev/shm, memlock limit, CPUs.
+"""What the host offers: GPUs (NVML, with their PCIe link), RAM, /dev/shm, memlock limit,
+CPUs, and whether it is WSL2.
 
 ``probe()`` reads this machine; ``declared()`` describes a machine the user
 names (``--gpu-mem-gib 24``) so a plan can be made for a card that is not here.
@@ -27,6 +28,10 @@ class GpuFacts:
     name: str
     total_bytes: int
     free_bytes: int
+    # The PCIe link the GPU and host can run at (NVML's maximum: the current one drops
+    # while idle); None where unknown (a declared GPU).
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class HostFacts:
     memlock_limit_bytes: int | None  # None: unlimited
     cpu_count: int
     gpu_source: str  # "nvml", "declared" or "none": where the GPU figures came from
+    # CAP_IPC_LOCK (root has it): page locking is not bounded by the memlock limit.
+    ipc_lock: bool = False
+    wsl: bool = False  # Windows Subsystem for Linux 2
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -72,12 +80,21 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
         for i, handle in enumerate(handles):
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             name = nvml.nvmlDeviceGetName(handle)
+            link: list[int | None] = []
+            for query in (nvml.nvmlDeviceGetMaxPcieLinkGeneration,
+                          nvml.nvmlDeviceGetMaxPcieLinkWidth):  # fmt: skip
+                try:
+                    link.append(int(query(handle)))
+                except nvml.NVMLError:  # not a PCIe device (SXM boards still report it)
+                    link.append(None)
             gpus.append(
                 GpuFacts(
                     index=i,
                     name=name.decode() if isinstance(name, bytes) else str(name),
                     total_bytes=int(mem.total),
                     free_bytes=int(mem.free),
+                    pcie_generation=link[0],
+                    pcie_width=link[1],
                 )
             )
     return tuple(gpus)
@@ -86,6 +103,26 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
 def _memlock_limit() -> int | None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _ipc_lock() -> bool:
+    """Whether this process holds CAP_IPC_LOCK (bit 14 of its effective capabilities)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 14 & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _wsl() -> bool:
+    try:
+        with open("/proc/sys/kernel/osrelease") as release:
+            return "microsoft" in release.read().lower()
+    except OSError:
+        return False
 
 
 def _shm_free() -> int:
@@ -106,6 +143,8 @@ def probe() -> HostFacts:
         memlock_limit_bytes=_memlock_limit(),
         cpu_count=os.cpu_count() or 1,
         gpu_source="nvml" if gpus else "none",
+        ipc_lock=_ipc_lock(),
+        wsl=_wsl(),
     )
 
 
@@ -116,7 +155,8 @@ def declared(
     gpu_count: int = 1,
     ram_gib: float | None = None,
 ) -> HostFacts:
-    """``base`` with the GPUs (and optionally the RAM) replaced by declared ones."""
+    """``base`` with the GPUs (and optionally the RAM) replaced by declared ones. A declared
+    RAM comes with a /dev/shm of half of it, the size Linux gives that tmpfs by default."""
     facts = base
     if gpu_mem_gib is not None:
         size = int(gpu_mem_gib * GIB)
@@ -129,5 +169,7 @@ def declared(
         facts = replace(facts, gpus=gpus, gpu_source="declared")
     if ram_gib is not None:
         ram = int(ram_gib * GIB)
-        facts = replace(facts, ram_total_bytes=ram, ram_available_bytes=ram, shm_free_bytes=ram)
+        facts = replace(
+            facts, ram_total_bytes=ram, ram_available_bytes=ram, shm_free_bytes=ram // 2
+        )
     return facts

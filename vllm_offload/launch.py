@@ -84,10 +84,11 @@ def max_model_len_arg(plan: Plan) -> str:
     """A configured length as it is (the planner checked it fits); 'auto' as vLLM's own
     auto-fit, which sizes it from the pool it measures, so the estimate of a GPU pool the
     planner makes before anything is loaded can never start a server whose longest request
-    does not fit."""
-    return (
-        str(plan.max_model_len) if plan.max_model_len_source == "configured" else AUTO_MAX_MODEL_LEN
-    )
+    does not fit. vLLM's auto-fit is for one request: for several at once the planner's
+    length goes (vLLM still refuses to start if its measured pool cannot hold one)."""
+    if plan.max_model_len_source == "configured" or plan.min_concurrent_requests > 1:
+        return str(plan.max_model_len)
+    return AUTO_MAX_MODEL_LEN
 
 
 def served_name(config: DeploymentConfig, model_dir: Path) -> str:
@@ -112,8 +113,8 @@ def build(
     ]  # fmt: skip
     if config.model.dtype != "auto":
         args += ["--dtype", config.model.dtype]
-    if config.model.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", config.model.kv_cache_dtype]
+    if plan.kv_cache_dtype != "auto":  # as resolved: 'fit' may have chosen fp8
+        args += ["--kv-cache-dtype", plan.kv_cache_dtype]
     if plan.platform == "cuda":
         args += ["--gpu-memory-utilization", str(config.gpu.memory_utilization)]
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
@@ -213,7 +214,8 @@ def preflight(plan: Plan) -> list[PreflightError]:
             f"vLLM places the CPU tier in /dev/shm, which has "
             f"{plan.shm_free_bytes / GIB:.2f} GiB free (vLLM uses some itself); set "
             f"cpu_tier_gib <= {plan.cpu_tier_room_shm_bytes // GIB} or enlarge /dev/shm "
-            "(e.g. docker --shm-size)",
+            "(`mount -o remount,size=100G /dev/shm`, or docker --shm-size; README: Giving "
+            "/dev/shm more room)",
         ))  # fmt: skip
     return errors
 

@@ -9,10 +9,10 @@ Every figure carries its unit in its name.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from vllm_offload.config import DeploymentConfig
+from vllm_offload.config import DeploymentConfig, flag_name
 from vllm_offload.errors import FieldError
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import DTYPE_BYTES, LayerKind, ModelFacts
@@ -50,6 +50,16 @@ OFFLOAD_BLOCK_SIZE = 128
 OFFLOAD_CHUNK_TOKENS = 256
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
+# Offloading weights 'auto' without a length to reach leaves room for one request this long.
+AUTO_OFFLOAD_ROOM_TOKENS = 4096
+# Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
+# (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
+# links are this scaled by their transfer rate and width; every weight-offload decode step
+# reads all offloaded bytes over it (UVA) or copies them in (prefetch).
+H2D_GEN5_X16_BYTES_PER_S = 55.47e9
+PCIE_GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+# Without a GPU to ask (a declared card): the link of an RTX 4090 / A6000-class card.
+ASSUMED_PCIE = (4, 16)
 
 
 class PlanError(FieldError):
@@ -108,6 +118,45 @@ def request_kv_bytes(
     return total
 
 
+def pool_bytes_for(
+    model: ModelFacts, dtype_bytes: int, block: int, tp: int, tokens: int, requests: int
+) -> int:
+    """The GPU KV pool, in bytes, that holds ``requests`` requests of ``tokens`` each in
+    whole blocks, plus the one block vLLM's pool holds back."""
+    per_block = kv_bytes_per_token(model, dtype_bytes, tp) * block
+    if per_block == 0:
+        return 0
+    per_request = -(-request_kv_bytes(model, dtype_bytes, tokens, block, tp) // per_block)
+    return (requests * per_request + 1) * per_block
+
+
+def longest_for(
+    model: ModelFacts, dtype_bytes: int, block: int, tp: int, pool: int, requests: int, cap: int
+) -> int:
+    """The longest request (up to ``cap`` tokens) of which ``requests`` fit ``pool`` bytes;
+    0 when not even one block each does."""
+    low, high = 0, cap  # pool_bytes_for grows with tokens: bisect for the last that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if pool_bytes_for(model, dtype_bytes, block, tp, mid, requests) <= pool:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def h2d_bytes_per_s(host: HostFacts) -> tuple[float, str]:
+    """Host->GPU copy speed of registered memory on this host's link, and where it is from."""
+    gpu = min(host.gpus, key=lambda g: (g.pcie_generation or 99, g.pcie_width or 99), default=None)
+    gen, width = (gpu.pcie_generation, gpu.pcie_width) if gpu else (None, None)
+    link = "read from NVML"
+    if gen not in PCIE_GT_PER_S or not width:
+        (gen, width), link = ASSUMED_PCIE, "assumed: no GPU here to ask"
+    speed = H2D_GEN5_X16_BYTES_PER_S * PCIE_GT_PER_S[gen] / PCIE_GT_PER_S[5] * width / 16
+    how = "measured on an H200" if (gen, width) == (5, 16) else "an H200's Gen5 x16 figure scaled"
+    return speed, f"PCIe Gen{gen} x{width}, {link}; {how}"
+
+
 @dataclass(frozen=True)
 class Plan:
     platform: Platform
@@ -117,6 +166,7 @@ class Plan:
     kv_offload_backend_reason: str
     block_size_tokens: int
     cpu_chunk_tokens: int  # tokens the CPU tier moves as one chunk (a multiple of the block)
+    kv_cache_dtype: Literal["auto", "fp8"]  # resolved: 'fit' becomes one of these
     kv_dtype_bytes: int
     kv_bytes_per_token: int  # per rank, all layers
     kv_bytes_per_block: int  # per rank, all layers
@@ -139,6 +189,7 @@ class Plan:
     max_model_len: int
     max_model_len_source: Literal["configured", "auto"]
     max_concurrency_at_full_length: float
+    min_concurrent_requests: int  # full-length requests the pool must hold (gpu.*)
     cpu_tier_bytes: int
     cpu_tier_blocks: int
     cpu_tier_tokens: int
@@ -150,6 +201,11 @@ class Plan:
     cpu_tier_room_ram_bytes: int  # the largest tier the host RAM holds (see TierRoom)
     cpu_tier_room_shm_bytes: int  # the largest /dev/shm holds
     tensor_parallel_size: int
+    # Weight offload's cost: each decode step moves every offloaded byte host->GPU.
+    h2d_bytes_per_s: float
+    h2d_source: str
+    decode_steps_per_s_ceiling: float | None  # None: no weights offloaded
+    decisions: list[str] = field(default_factory=list)  # what each 'auto' became, and why
     warnings: list[str] = field(default_factory=list)
     unplanned: list[str] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)  # field + message each
@@ -238,6 +294,51 @@ class GpuMemory:
     offloaded_layers: int = 0
 
 
+@dataclass(frozen=True)
+class GpuBudget:
+    """One rank's GPU memory before the KV pool: what vLLM may use, its working memory,
+    and the weights (whole decoder layers are what can be offloaded)."""
+
+    total_bytes: int
+    budget_bytes: int
+    overhead_bytes: int  # without the prefetch backend's layer buffers
+    weights_bytes: int
+    layer_bytes: int
+    layers: int  # decoder layers on this rank
+    prefetch_buffer_bytes: int  # the prefetch backend's GPU buffers, when it offloads
+
+    @property
+    def offloadable_bytes(self) -> int:
+        return min(self.weights_bytes, self.layer_bytes * self.layers)
+
+    def largest_pool_bytes(self) -> int:
+        """The KV pool left with every decoder layer's weights in host RAM."""
+        return (self.budget_bytes - (self.weights_bytes - self.offloadable_bytes)
+                - self.overhead_bytes - self.prefetch_buffer_bytes)  # fmt: skip
+
+
+def gpu_budget(config: DeploymentConfig, model: ModelFacts, host: HostFacts,
+               weight_bytes: int) -> GpuBudget:  # fmt: skip
+    tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
+    if not host.gpus:
+        raise PlanError("gpu", "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N")
+    total = min(g.total_bytes for g in host.gpus)
+    # Tensor parallelism splits every layer; pipeline stages hold whole layers.
+    layer = decoder_layer_bytes(model, weight_bytes, compute_dtype_bytes(model, config.model.dtype))
+    layer //= tp
+    prefetch = config.weights_offload.backend == "prefetch"
+    return GpuBudget(
+        total_bytes=total,
+        budget_bytes=int(total * config.gpu.memory_utilization),
+        overhead_bytes=gpu_overhead_bytes(model),
+        weights_bytes=weight_bytes // (tp * pp),
+        layer_bytes=layer,
+        layers=max(1, model.num_layers // pp),
+        # the GPU buffers offloaded layers are copied into
+        prefetch_buffer_bytes=config.weights_offload.prefetch_step * layer if prefetch else 0,
+    )
+
+
 def plan_gpu_memory(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -247,73 +348,142 @@ def plan_gpu_memory(
     weight_bytes: int,
     dtype_b: int,
     block: int,
+    target: tuple[int, int],
+    decisions: list[str],
 ) -> GpuMemory:
-    """Weights on the GPU or offloaded (as configured, or what does not fit), then the KV
-    pool from what is left (or as configured); raises PlanError when nothing is left.
-    ``dtype_b``: bytes per KV element."""
+    """Weights on the GPU or offloaded (as configured, or the fewest that leave a pool for
+    ``target``: (tokens, requests)), then the KV pool from what is left (or as configured);
+    raises PlanError when nothing is left. ``dtype_b``: bytes per KV element."""
     tp = config.parallel.tensor_parallel_size
-    weights_per_rank = weight_bytes // (tp * config.parallel.pipeline_parallel_size)
     group_size = num_in_group = offloaded_layers = 0  # prefetch layout, when it applies
-    if platform == "cuda":
-        if not host.gpus:
-            raise PlanError(
-                "gpu",
-                "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N",
-            )
-        gpu_total = min(g.total_bytes for g in host.gpus)
-        budget = int(gpu_total * config.gpu.memory_utilization)
-        overhead = gpu_overhead_bytes(model)
-        offload = config.weights_offload.cpu_gib
-        prefetch = config.weights_offload.backend == "prefetch" and offload != 0.0
-        # Tensor parallelism splits every layer; pipeline stages hold whole layers.
-        layer_bytes = (
-            decoder_layer_bytes(model, weight_bytes, compute_dtype_bytes(model, config.model.dtype))
-            // tp
-        )
-        if prefetch:  # the GPU buffers offloaded layers are copied into
-            overhead += config.weights_offload.prefetch_step * layer_bytes
-        if offload == "auto":
-            # Offload what does not fit, leaving room for one 4,096-token request (or one
-            # at the model's limit, if shorter); rounded up to 0.1 GiB, the figure shown.
-            room_for_kv = request_kv_bytes(
-                model, dtype_b, min(model.max_position_embeddings or 4096, 4096), block, tp
-            )
-            need = weights_per_rank + overhead + room_for_kv - budget
-            offloaded = int(math.ceil(need / GIB * 10) / 10 * GIB) if need > 0 else 0
-        else:
-            offloaded = min(int(offload * GIB), weights_per_rank)
-        if prefetch and offloaded > 0:
-            needed = min(model.num_layers, math.ceil(offloaded / layer_bytes))
-            group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
-            offloaded = offloaded_layers * layer_bytes
-        weights_gpu = weights_per_rank - offloaded
-        if config.gpu.kv_cache_memory_bytes != "auto":
+    if platform != "cuda":
+        weights_per_rank = weight_bytes // (tp * config.parallel.pipeline_parallel_size)
+        space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if space:
+            pool = int(space) * GIB  # vLLM lets this variable override everything else
+        elif config.gpu.kv_cache_memory_bytes != "auto":
             pool = config.gpu.kv_cache_memory_bytes
         else:
-            pool = budget - weights_gpu - overhead
-        if pool <= 0:
-            fix = (
-                "set weights_offload.cpu_gib (or 'auto') to keep part of the weights in host RAM"
-                if offloaded == 0
-                else "offload more weights (weights_offload.cpu_gib) or raise "
-                "gpu.memory_utilization"
-            )
-            raise PlanError(
-                "weights_offload.cpu_gib",
-                f"the weights ({weights_per_rank / GIB:.2f} GiB per GPU) and vLLM's working "
-                f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
-                f"{config.gpu.memory_utilization:.0%} of {gpu_total / GIB:.1f} GiB: {fix}",
-            )
-        return GpuMemory(gpu_total, budget, offloaded, weights_gpu, pool, group_size,
-                         num_in_group, offloaded_layers)  # fmt: skip
-    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
-    if space:
-        pool = int(space) * GIB  # vLLM lets this variable override everything else
-    elif config.gpu.kv_cache_memory_bytes != "auto":
-        pool = config.gpu.kv_cache_memory_bytes
+            pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
+        return GpuMemory(0, 0, 0, weights_per_rank, pool)
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    fixed_pool = config.gpu.kv_cache_memory_bytes
+    offload = config.weights_offload.cpu_gib
+    if offload == "auto":
+        tokens, requests = target
+        room = (
+            fixed_pool
+            if fixed_pool != "auto"
+            else pool_bytes_for(model, dtype_b, block, tp, tokens, requests)
+        )
+        need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+        if need > 0:
+            need += gpu.prefetch_buffer_bytes
+        if need > gpu.offloadable_bytes:
+            raise unreachable(config, model, host, weight_bytes, dtype_b, block, target, room)
+        # rounded up to 0.1 GiB, the figure shown
+        offloaded = min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes)
+        offloaded = max(0, offloaded)
     else:
-        pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
-    return GpuMemory(0, 0, 0, weights_per_rank, pool)
+        offloaded = min(int(offload * GIB), gpu.weights_bytes)
+    overhead = gpu.overhead_bytes + (gpu.prefetch_buffer_bytes if offloaded else 0)
+    if gpu.prefetch_buffer_bytes and offloaded > 0:
+        needed = min(model.num_layers, math.ceil(offloaded / gpu.layer_bytes))
+        group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
+        offloaded = offloaded_layers * gpu.layer_bytes
+    if offload == "auto":
+        tokens, requests = target
+        what = f"{_gib(offloaded)} per GPU" + (
+            f" ({offloaded_layers} whole layers)" if offloaded_layers else ""
+        )
+        room_for = (
+            f"the configured {_gib(fixed_pool)} GPU KV pool"
+            if fixed_pool != "auto"
+            else f"a GPU KV pool of {requests} x {tokens:,} tokens"
+        )
+        decisions.append(
+            f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
+            if offloaded
+            else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}"
+        )
+    weights_gpu = gpu.weights_bytes - offloaded
+    pool = fixed_pool if fixed_pool != "auto" else gpu.budget_bytes - weights_gpu - overhead
+    if pool <= 0:
+        fix = (
+            "set weights_offload.cpu_gib (or 'auto') to keep part of the weights in host RAM"
+            if offloaded == 0
+            else "offload more weights (weights_offload.cpu_gib) or raise gpu.memory_utilization"
+        )
+        raise PlanError(
+            "weights_offload.cpu_gib",
+            f"the weights ({gpu.weights_bytes / GIB:.2f} GiB per GPU) and vLLM's working "
+            f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
+            f"{config.gpu.memory_utilization:.0%} of {gpu.total_bytes / GIB:.1f} GiB: {fix}",
+        )
+    return GpuMemory(gpu.total_bytes, gpu.budget_bytes, offloaded, weights_gpu, pool,
+                     group_size, num_in_group, offloaded_layers)  # fmt: skip
+
+
+def reachable_tokens(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    weight_bytes: int,
+    dtype_b: int,
+    block: int,
+    requests: int,
+) -> int:
+    """The longest request of which ``requests`` fit the GPU pool left with every decoder
+    layer's weights offloaded (capped at the model's limit)."""
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    cap = model.max_position_embeddings or 1 << 24
+    tp = config.parallel.tensor_parallel_size
+    return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
+
+
+def unreachable(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    weight_bytes: int,
+    dtype_b: int,
+    block: int,
+    target: tuple[int, int],
+    room: int,
+) -> PlanError:
+    """Why no weight offload reaches ``target``, the longest length that is reachable, and
+    what else would reach further, each with its number."""
+    tokens, requests = target
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
+    helps = []
+    if dtype_b > 1:
+        fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
+        helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
+    if config.gpu.memory_utilization < 0.95:
+        roomier = config.model_copy(update={"gpu": config.gpu.model_copy(
+            update={"memory_utilization": 0.95})})  # fmt: skip
+        more = reachable_tokens(roomier, model, host, weight_bytes, dtype_b, block, requests)
+        helps.append(f"gpu.memory_utilization = 0.95 ({more:,} tokens)")
+    if host.gpus:
+        tp = config.parallel.tensor_parallel_size * 2
+        wider = config.model_copy(update={"parallel": config.parallel.model_copy(
+            update={"tensor_parallel_size": tp})})  # fmt: skip
+        twice = replace(host, gpus=tuple(replace(host.gpus[0], index=i) for i in range(tp)))
+        more = reachable_tokens(wider, model, twice, weight_bytes, dtype_b, block, requests)
+        helps.append(f"{tp} GPUs (parallel.tensor_parallel_size = {tp}: {more:,} tokens)")
+    field_name = "model.max_model_len" if config.model.max_model_len != "auto" else "gpu"
+    limit = f"set model.max_model_len <= {best:,}" if best > 0 else "no request length fits at all"
+    return PlanError(
+        field_name,
+        f"{requests} request(s) of {tokens:,} tokens need a {_gib(room)} GPU KV pool, but "
+        f"even with every decoder layer's weights in host RAM "
+        f"({_gib(gpu.offloadable_bytes)} per GPU) the pool is "
+        f"{_gib(max(0, gpu.largest_pool_bytes()))}: {limit}"
+        + (f" (gpu.min_concurrent_requests = {requests})" if requests > 1 else "")
+        + ". What else would reach further: "
+        + "; ".join(helps or ["a GPU with more memory"]),
+    )
 
 
 def cpu_tier_bytes(
@@ -343,6 +513,112 @@ def cpu_tier_bytes(
     return int(config.kv_offload.cpu_tier_gib * GIB)
 
 
+def without_hybrid_manager(model: ModelFacts) -> ModelFacts:
+    """The model as vLLM plans it when its hybrid KV cache manager is off: sliding-window
+    layers keep every token, like full attention."""
+    layers = tuple(
+        replace(layer, kind="full", window=None) if layer.kind == "sliding" else layer
+        for layer in model.layers
+    )
+    return replace(model, layers=layers)
+
+
+def combination_checks(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    env: dict[str, str],
+    backend: str,
+    pinned_per_rank_bytes: int,
+    problems: list[dict[str, str]],
+    warnings: list[str],
+) -> None:
+    """Combinations known to fail or to run badly with vLLM 0.32, each refused (a problem)
+    or warned about with where it comes from upstream."""
+    if backend != "none" and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        problems.append({
+            "field": "PYTORCH_CUDA_ALLOC_CONF",
+            "message": "vLLM refuses a KV connector (the CPU tier) with "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (config/vllm.py "
+            "_verify_kv_transfer_compat, vllm-project/vllm#41237, #42404): remove it from the "
+            "server's environment (the unit's EnvironmentFile) or set kv_offload.backend = none",
+        })  # fmt: skip
+    if backend == "lmcache" and any(layer.kind == "linear" for layer in model.layers):
+        problems.append({
+            "field": "kv_offload.backend",
+            "message": "LMCache's connector does not support vLLM's hybrid KV cache manager, so "
+            "vLLM turns it off, and a model with linear-attention (Mamba) layers then fails to "
+            "start ('Failed to promote local KV cache specs', vllm-project/vllm#42911); use "
+            "kv_offload.backend = native, which keeps it",
+        })  # fmt: skip
+    if backend == "lmcache" and any(layer.kind == "sliding" for layer in model.layers):
+        warnings.append(
+            "with LMCache vLLM turns its hybrid KV cache manager off, so sliding-window layers "
+            "keep every token (planned so here; vllm-project/vllm#41847); the native tier "
+            "keeps the window"
+        )
+    drafting = any(flag_name(token) == "--speculative-config" for token in config.extra_args)
+    if backend == "native" and drafting:
+        warnings.append(
+            "with a speculative drafter (EAGLE, MTP) the native tier leaves each prompt's "
+            "last chunk out of storing and of hits (vLLM 0.32 offloading/scheduler.py, after "
+            "vllm-project/vllm#46971 and #52735): up to kv_offload.cpu_chunk_tokens fewer "
+            "tokens served per hit"
+        )
+    limit = host.memlock_limit_bytes
+    if limit is not None and not host.ipc_lock and pinned_per_rank_bytes > limit:
+        problems.append({
+            "field": "kv_offload.cpu_tier_gib",
+            "message": f"the memlock limit here is {limit / GIB:.2f} GiB (ulimit -l) but vLLM "
+            f"page-locks {pinned_per_rank_bytes / GIB:.2f} GiB per process (CPU tier and "
+            "offloaded weights); past the limit cudaHostRegister fails and vLLM only warns, "
+            "then copies from pageable memory several times slower: run the installed unit "
+            "(LimitMEMLOCK=infinity), or raise the limit (`ulimit -l unlimited`, memlock in "
+            "/etc/security/limits.conf)",
+        })  # fmt: skip
+    if host.wsl and env.get("VLLM_WSL2_ENABLE_PIN_MEMORY", "0") == "1":
+        warnings.append(
+            "WSL2: pinned memory is on (VLLM_WSL2_ENABLE_PIN_MEMORY=1); Windows caps it at "
+            "about half the RAM given to WSL, so keep the CPU tier and offloaded weights below"
+        )
+    elif host.wsl:
+        warnings.append(
+            "WSL2: vLLM turns pinned memory off here unless VLLM_WSL2_ENABLE_PIN_MEMORY=1 (its "
+            "platforms/cuda.py), so the CPU tier and weight offload copy from pageable "
+            "memory, several times slower; set it in the server's environment"
+        )
+
+
+def fit_kv_cache_dtype(
+    config: DeploymentConfig, model: ModelFacts, host: HostFacts, platform: Platform,
+    env: dict[str, str],
+) -> tuple[Literal["auto", "fp8"], str]:  # fmt: skip
+    """model.kv_cache_dtype = 'fit': the model's dtype unless it cannot hold the target
+    (max_model_len x min_concurrent_requests) without offloading more weights; then fp8."""
+    if platform != "cuda":
+        return "auto", "the model's dtype (fp8 KV needs an NVIDIA GPU)"
+    if config.model.max_model_len == "auto":
+        return "auto", "the model's dtype (no length to reach: model.max_model_len is auto)"
+    as_model = config.model_copy(update={"model": config.model.model_copy(
+        update={"kv_cache_dtype": "auto"})})  # fmt: skip
+    target = f"{config.gpu.min_concurrent_requests} x {config.model.max_model_len:,} tokens"
+    try:
+        fitted = make_plan(as_model, model, host, platform, env)
+    except PlanError:
+        return "fp8", f"at the model's dtype {target} do not fit the GPU"
+    if config.weights_offload.cpu_gib != "auto":
+        return "auto", f"{target} fit at the model's dtype"
+    without_target = as_model.model_copy(update={"model": as_model.model.model_copy(
+        update={"max_model_len": "auto"})})  # fmt: skip
+    base = make_plan(without_target, model, host, platform, env).weights_offloaded_bytes
+    if fitted.weights_offloaded_bytes > base:
+        return "fp8", (
+            f"at the model's dtype {target} need {_gib(fitted.weights_offloaded_bytes)} of "
+            f"weights offloaded, {_gib(base)} without them"
+        )
+    return "auto", f"{target} fit at the model's dtype without offloading more weights"
+
+
 def make_plan(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -353,9 +629,12 @@ def make_plan(
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
     env = env or {}
     warnings: list[str] = [f"could not read {what}" for what in model.unknown]
+    decisions: list[str] = []
     tp = config.parallel.tensor_parallel_size
     pp = config.parallel.pipeline_parallel_size
     backend, backend_reason = resolve_kv_backend(config, host, platform)
+    if config.kv_offload.backend == "auto":
+        decisions.append(f"kv_offload.backend {backend_reason.replace(': ', f' -> {backend}: ')}")
     # Found while planning, but the plan is still worth showing (`serve --dry-run` prints
     # a GPU host's command anywhere): a deployment refuses to start while any is left.
     problems: list[dict[str, str]] = []
@@ -364,6 +643,9 @@ def make_plan(
             "field": "kv_offload.backend",
             "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
         })  # fmt: skip
+    as_read = model
+    if backend == "lmcache":
+        model = without_hybrid_manager(model)
     block = config.kv_offload.block_size
     if block == "auto":
         plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
@@ -372,7 +654,19 @@ def make_plan(
             if backend == "native" and plain_attention
             else DEFAULT_BLOCK_SIZE[platform]
         )
-    dtype_b = kv_dtype_bytes(model, config.model.dtype, config.model.kv_cache_dtype)
+        decisions.append(
+            f"kv_offload.block_size auto -> {block}: "
+            + (
+                "bigger host<->GPU copies for the native tier"
+                if block == OFFLOAD_BLOCK_SIZE
+                else f"vLLM's default on this platform ({platform})"
+            )
+        )
+    kv_cache_dtype = config.model.kv_cache_dtype
+    if kv_cache_dtype == "fit":
+        kv_cache_dtype, why = fit_kv_cache_dtype(config, model, host, platform, env)
+        decisions.append(f"model.kv_cache_dtype fit -> {kv_cache_dtype}: {why}")
+    dtype_b = kv_dtype_bytes(model, config.model.dtype, kv_cache_dtype)
     per_token = kv_bytes_per_token(model, dtype_b, tp)
     per_block = per_token * block
     configured_chunk = config.kv_offload.cpu_chunk_tokens
@@ -394,33 +688,72 @@ def make_plan(
         if model.quantization is None
         else model.weight_bytes
     )
-    gpu = plan_gpu_memory(config, model, host, platform, env, weight_bytes, dtype_b, block)
+    requests = config.gpu.min_concurrent_requests
+    model_limit = model.max_position_embeddings
+    target_tokens = (
+        config.model.max_model_len
+        if config.model.max_model_len != "auto"
+        else min(model_limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS)
+    )
+    gpu = plan_gpu_memory(config, model, host, platform, env, weight_bytes, dtype_b, block,
+                          (target_tokens, requests), decisions)  # fmt: skip
     pool, offloaded = gpu.kv_pool_bytes, gpu.weights_offloaded_bytes
 
     num_blocks = pool // per_block if per_block else 0
     usable_blocks = max(0, num_blocks - 1)  # vLLM's block pool holds one null block back
-    longest = usable_blocks * block
-    model_max = model.max_position_embeddings or longest
+    # Sliding-window layers keep only their window, so one request may run past the blocks
+    # a full-attention model could give it (up to the model's limit).
+    longest = longest_for(model, dtype_b, block, tp, pool, 1,
+                          max(usable_blocks * block, model_limit or 0))  # fmt: skip
+    model_max = model_limit or longest
 
     if config.model.max_model_len == "auto":
-        max_len = min(model_max, longest)
+        max_len = (
+            min(model_max, longest)
+            if requests == 1
+            else longest_for(model, dtype_b, block, tp, pool, requests, model_max)
+        )
         len_source: Literal["configured", "auto"] = "auto"
         if max_len <= 0:
             raise PlanError(
                 "gpu.kv_cache_memory_bytes",
                 f"the GPU KV pool ({pool / GIB:.2f} GiB) holds no whole block of "
-                f"{block} tokens ({per_block} bytes); give the pool more memory",
+                f"{block} tokens ({per_block} bytes) for each of {requests} request(s); give "
+                "the pool more memory",
             )
+        held = "one request" if requests == 1 else f"{requests} requests at once"
+        decisions.append(
+            f"model.max_model_len auto -> {max_len:,}: "
+            + (
+                "the model's limit"
+                if max_len == model_max
+                else f"the longest the GPU KV pool holds for {held}"
+            )
+        )
     else:
         max_len = config.model.max_model_len
         len_source = "configured"
+        offload_hint = (
+            "; or set weights_offload.cpu_gib = 'auto' to offload the weights that make room"
+            if platform == "cuda" and config.weights_offload.cpu_gib != "auto"
+            else ""
+        )
         if max_len > longest:
             raise PlanError(
                 "model.max_model_len",
                 f"{max_len} tokens do not fit the GPU KV pool, which holds {longest} tokens "
                 f"for one request. The CPU tier does not extend one request (vLLM keeps a "
                 f"request's whole KV on the GPU); set model.max_model_len <= {longest} or "
-                "'auto'",
+                f"'auto'{offload_hint}",
+            )
+        if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > pool:
+            reach = longest_for(model, dtype_b, block, tp, pool, requests, max_len)
+            request_blocks = -(-request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block)
+            raise PlanError(
+                "gpu.min_concurrent_requests",
+                f"the GPU KV pool holds {usable_blocks // request_blocks} request(s) of "
+                f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
+                f"to {reach}{offload_hint}",
             )
         if model.max_position_embeddings and max_len > model.max_position_embeddings:
             warnings.append(
@@ -439,6 +772,13 @@ def make_plan(
     tier = cpu_tier_bytes(config, backend, room, per_token, block, warnings)
     tier_blocks = tier // (per_block * tp) if per_block else 0
     tier_tokens = tier_blocks * block
+    if backend != "none" and config.kv_offload.cpu_tier_gib == "auto":
+        bound = "host RAM" if room.ram_bytes <= room.shm_bytes else "/dev/shm"
+        decisions.append(
+            f"kv_offload.cpu_tier_gib auto -> {tier // GIB}: the room {bound} leaves (RAM "
+            f"{_gib(room.ram_bytes)} after reserve, vLLM and offloaded weights; /dev/shm "
+            f"{_gib(room.shm_bytes)}), whole GiB"
+        )
 
     if backend != "none" and tier_tokens < max_len:
         warnings.append(
@@ -451,6 +791,19 @@ def make_plan(
             "long requests will queue one at a time"
         )
 
+    pinned_per_rank = (tier if backend == "native" else 0) // (tp * pp) + offloaded
+    combination_checks(config, as_read, host, env, backend, pinned_per_rank, problems, warnings)
+
+    # --- what weight offload costs ---------------------------------------------------
+    speed, speed_source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")
+    ceiling = speed / offloaded if offloaded and speed else None
+    if ceiling is not None:
+        decisions.append(
+            f"decode speed cost: each step moves {_gib(offloaded)} of weights host->GPU at "
+            f"~{speed / 1e9:.1f} GB/s ({speed_source}): at most {ceiling:.1f} steps/s, "
+            "i.e. tokens/s per request"
+        )
+
     return Plan(
         platform=platform,
         model_path=model.path,
@@ -459,6 +812,7 @@ def make_plan(
         kv_offload_backend_reason=backend_reason,
         block_size_tokens=block,
         cpu_chunk_tokens=chunk,
+        kv_cache_dtype=kv_cache_dtype,
         kv_dtype_bytes=dtype_b,
         kv_bytes_per_token=per_token,
         kv_bytes_per_block=per_block,
@@ -479,6 +833,7 @@ def make_plan(
         max_model_len=max_len,
         max_model_len_source=len_source,
         max_concurrency_at_full_length=round(concurrency, 2),
+        min_concurrent_requests=requests,
         cpu_tier_bytes=tier,
         cpu_tier_blocks=tier_blocks,
         cpu_tier_tokens=tier_tokens,
@@ -490,6 +845,10 @@ def make_plan(
         cpu_tier_room_ram_bytes=room.ram_bytes,
         cpu_tier_room_shm_bytes=room.shm_bytes,
         tensor_parallel_size=tp,
+        h2d_bytes_per_s=speed,
+        h2d_source=speed_source,
+        decode_steps_per_s_ceiling=None if ceiling is None else round(ceiling, 2),
+        decisions=decisions,
         warnings=warnings,
         unplanned=list(model.unknown),
         problems=problems,
@@ -529,7 +888,16 @@ def render(plan: Plan) -> str:
             f"{plan.max_model_len:,} tokens ({plan.max_model_len_source}; "
             f"model limit {plan.model_max_tokens:,})",
         ),
-        ("concurrency", f"{plan.max_concurrency_at_full_length:.2f} requests at full length"),
+        (
+            "concurrency",
+            f"{plan.max_concurrency_at_full_length:.2f} requests at full length"
+            + (
+                f" (at least {plan.min_concurrent_requests} asked)"
+                if plan.min_concurrent_requests > 1
+                else ""
+            ),
+        ),
+        ("KV cache dtype", f"{plan.kv_cache_dtype} ({plan.kv_dtype_bytes} bytes per element)"),
         ("CPU KV tier", f"{plan.kv_offload_backend} ({plan.kv_offload_backend_reason})"),
         (
             "  size",
@@ -546,5 +914,7 @@ def render(plan: Plan) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += [f"chose: {d}" for d in plan.decisions]
     lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.problems]
     return "\n".join(lines)

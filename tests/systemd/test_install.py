@@ -46,7 +46,9 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     token = root / "etc/vllm-offload/manager-token"
     assert token in written and oct(token.stat().st_mode & 0o777) == "0o600"
     env = root / "etc/default/vllm-offload"
-    assert env.read_text().count("expandable_segments:True") == 1
+    # Issue #18: the file once set expandable_segments:True, which vLLM 0.32 refuses with
+    # the CPU tier: the default install could not start a GPU server.
+    assert not [line for line in env.read_text().splitlines() if not line.startswith("#")]
     # Issue #15: not beside the config, in the directory the manager's user owns (and so
     # could replace the server's environment with LD_PRELOAD).
     assert env.parent != root / "etc/vllm-offload"

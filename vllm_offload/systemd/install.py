@@ -28,9 +28,9 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "systemd"  # the repository's 
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-offload")
 MANIFEST = "installed.json"
 ENV_FILE_TEXT = """\
-# Environment of the vllm-offload server (systemd EnvironmentFile).
-# Fewer fragmentation OOMs when the KV pool and activations share the GPU.
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# Environment of the vllm-offload server (systemd EnvironmentFile): NAME=value, one a line.
+# Not PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: vLLM 0.32 refuses it together with
+# a KV connector (the CPU tier), so `vllm-offload serve` refuses it first and says so.
 """
 
 
