@@ -96,8 +96,10 @@ def test_auto_offloads_the_fewest_weights_for_the_target(
     expected = expected_offload(plan, cfg, tokens, requests)
     assert plan.weights_offloaded_bytes == min(expected, plan.weight_bytes)
     # The pool holds what was asked, and 0.1 GiB less offloaded would not have.
-    need = (requests * math.ceil(kv_bytes(cfg, tokens, plan.block_size_tokens)
-                                 / plan.kv_bytes_per_block) + 1) * plan.kv_bytes_per_block  # fmt: skip
+    request_blocks = math.ceil(
+        kv_bytes(cfg, tokens, plan.block_size_tokens) / plan.kv_bytes_per_block
+    )
+    need = (requests * request_blocks + 1) * plan.kv_bytes_per_block
     assert plan.gpu_kv_pool_bytes >= need
     assert plan.max_concurrency_at_full_length >= requests
     if plan.weights_offloaded_bytes:
@@ -258,8 +260,9 @@ def test_memlock_below_the_tier_is_refused(tmp_path: Path) -> None:
     facts = model_facts.read(directory)
     limited = replace(make_host(24), memlock_limit_bytes=8 << 20, ipc_lock=False)
     (problem,) = make_plan(config, facts, limited, "cuda").problems
-    assert problem["field"] == "kv_offload.cpu_tier_gib" and "LimitMEMLOCK=infinity" in (
-        problem["message"]
+    assert (
+        problem["field"] == "kv_offload.cpu_tier_gib"
+        and "LimitMEMLOCK=infinity" in (problem["message"])
     )
     # root (CAP_IPC_LOCK) and an unlimited or large enough limit pass
     for host in (replace(limited, ipc_lock=True), replace(limited, memlock_limit_bytes=None),

@@ -649,19 +649,12 @@ def make_plan(
     block = config.kv_offload.block_size
     if block == "auto":
         plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
-        block = (
-            OFFLOAD_BLOCK_SIZE
-            if backend == "native" and plain_attention
-            else DEFAULT_BLOCK_SIZE[platform]
-        )
-        decisions.append(
-            f"kv_offload.block_size auto -> {block}: "
-            + (
-                "bigger host<->GPU copies for the native tier"
-                if block == OFFLOAD_BLOCK_SIZE
-                else f"vLLM's default on this platform ({platform})"
-            )
-        )
+        if backend == "native" and plain_attention:
+            block, why = OFFLOAD_BLOCK_SIZE, "bigger host<->GPU copies for the native tier"
+        else:
+            block = DEFAULT_BLOCK_SIZE[platform]
+            why = "vLLM's default" if platform == "cuda" else "the CPU backend's (a multiple of 32)"
+        decisions.append(f"kv_offload.block_size auto -> {block}: {why}")
     kv_cache_dtype = config.model.kv_cache_dtype
     if kv_cache_dtype == "fit":
         kv_cache_dtype, why = fit_kv_cache_dtype(config, model, host, platform, env)

@@ -72,6 +72,14 @@ def test_manager_in_a_browser(stack: tuple[str, str]) -> None:
         page.click("#preview")
         expect(page.locator("#form-error")).to_contain_text("gpu.memory_utilization")
         page.fill("#f-util", "0.9")
+        # A target instead of a knob (#18): 16 full-length requests at once; the preview says
+        # what the planner chose for them (the 64 MiB pool holds 255 blocks of 128 tokens).
+        page.fill("#f-conc", "16")
+        page.click("#preview")
+        expect(page.locator("#form-msg")).to_contain_text(
+            "model.max_model_len auto -> 1,920: the longest the GPU KV pool holds for 16 requests"
+        )
+        page.fill("#f-conc", "1")
 
         # Switch to the second model and see it answer.
         page.select_option("#f-model", label="demo-b")

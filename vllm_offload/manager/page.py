@@ -65,6 +65,12 @@ def dashboard(csrf: str, unit: str) -> str:
    <label for="f-model">Model</label><select id="f-model"></select>
    <label for="f-len">Longest request, tokens (max_model_len, or auto)</label>
    <input id="f-len">
+   <label for="f-conc">Full-length requests the GPU must hold at once</label>
+   <input id="f-conc" type="number" min="1">
+   <label for="f-weights">Weights in host RAM, GiB (auto: the fewest that make room for the
+    two above)</label><input id="f-weights">
+   <label for="f-kvdtype">KV cache dtype</label><select id="f-kvdtype">
+    <option>auto</option><option>fp8</option><option>fit</option></select>
    <label for="f-util">GPU memory vLLM may use (0-1)</label><input id="f-util">
    <label for="f-backend">CPU KV tier</label><select id="f-backend">
     <option>auto</option><option>native</option><option>lmcache</option><option>none</option>

@@ -137,6 +137,8 @@ function planRows(p) {
     row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`),
     row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`),
     row('Weights on GPU / offloaded', `${fmt(p.weights_gpu_bytes / GIB, 2)} / ${fmt(p.weights_offloaded_bytes / GIB, 2)} GiB`),
+    row('KV cache dtype', `${p.kv_cache_dtype} (${p.kv_dtype_bytes} bytes per element)`),
+    ...(p.decisions || []).map(d => row('Chose', d)),
     ...(p.warnings || []).map(w => row('Warning', error(w)))];
 }
 async function control(action) {
@@ -153,6 +155,9 @@ async function loadConfig() {
   if (currentConfig.model.path) sel.value = currentConfig.model.path;
   document.getElementById('f-len').value = currentConfig.model.max_model_len;
   document.getElementById('f-util').value = currentConfig.gpu.memory_utilization;
+  document.getElementById('f-conc').value = currentConfig.gpu.min_concurrent_requests;
+  document.getElementById('f-weights').value = currentConfig.weights_offload.cpu_gib;
+  document.getElementById('f-kvdtype').value = currentConfig.model.kv_cache_dtype;
   document.getElementById('f-backend').value = currentConfig.kv_offload.backend;
   document.getElementById('f-tier').value = currentConfig.kv_offload.cpu_tier_gib;
 }
@@ -163,6 +168,9 @@ function formConfig() {
   c.model.served_name = '';
   c.model.max_model_len = num(document.getElementById('f-len').value);
   c.gpu.memory_utilization = num(document.getElementById('f-util').value);
+  c.gpu.min_concurrent_requests = num(document.getElementById('f-conc').value);
+  c.weights_offload.cpu_gib = num(document.getElementById('f-weights').value);
+  c.model.kv_cache_dtype = document.getElementById('f-kvdtype').value;
   c.kv_offload.backend = document.getElementById('f-backend').value;
   c.kv_offload.cpu_tier_gib = num(document.getElementById('f-tier').value);
   return {config: c};
