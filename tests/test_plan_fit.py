@@ -253,21 +253,15 @@ def test_speculative_decoding_with_the_tier_warns(tmp_path: Path) -> None:
     assert not any("speculative" in w for w in plan_of(directory, 24).warnings)
 
 
-def test_memlock_below_the_tier_is_refused(tmp_path: Path) -> None:
+def test_a_low_memlock_limit_is_not_refused(tmp_path: Path) -> None:
+    """Measured on the H200 host (benchmarks/results/h200-vllm-0.32.0/host-checks/):
+    cudaHostRegister page-locked 4 GiB at 55.4 GB/s under an 8 MiB memlock limit without
+    CAP_IPC_LOCK; the driver does not count it. A refusal would block a tier that works."""
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory),
                                                  "kv_offload.cpu_tier_gib": 16})  # fmt: skip
-    facts = model_facts.read(directory)
-    limited = replace(make_host(24), memlock_limit_bytes=8 << 20, ipc_lock=False)
-    (problem,) = make_plan(config, facts, limited, "cuda").problems
-    assert (
-        problem["field"] == "kv_offload.cpu_tier_gib"
-        and "LimitMEMLOCK=infinity" in (problem["message"])
-    )
-    # root (CAP_IPC_LOCK) and an unlimited or large enough limit pass
-    for host in (replace(limited, ipc_lock=True), replace(limited, memlock_limit_bytes=None),
-                 replace(limited, memlock_limit_bytes=17 * GIB)):  # fmt: skip
-        assert make_plan(config, facts, host, "cuda").problems == []
+    limited = replace(make_host(24), memlock_limit_bytes=8 << 20)
+    assert make_plan(config, model_facts.read(directory), limited, "cuda").problems == []
 
 
 def test_wsl2_is_explained(tmp_path: Path) -> None:

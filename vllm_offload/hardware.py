@@ -43,8 +43,6 @@ class HostFacts:
     memlock_limit_bytes: int | None  # None: unlimited
     cpu_count: int
     gpu_source: str  # "nvml", "declared" or "none": where the GPU figures came from
-    # CAP_IPC_LOCK (root has it): page locking is not bounded by the memlock limit.
-    ipc_lock: bool = False
     wsl: bool = False  # Windows Subsystem for Linux 2
 
     @property
@@ -105,18 +103,6 @@ def _memlock_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def _ipc_lock() -> bool:
-    """Whether this process holds CAP_IPC_LOCK (bit 14 of its effective capabilities)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> 14 & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
 def _wsl() -> bool:
     try:
         with open("/proc/sys/kernel/osrelease") as release:
@@ -143,7 +129,6 @@ def probe() -> HostFacts:
         memlock_limit_bytes=_memlock_limit(),
         cpu_count=os.cpu_count() or 1,
         gpu_source="nvml" if gpus else "none",
-        ipc_lock=_ipc_lock(),
         wsl=_wsl(),
     )
 
