@@ -177,6 +177,8 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
         "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
         "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "server_ram_bytes",
         "cpu_tier_room_ram_bytes", "cpu_tier_room_shm_bytes", "tensor_parallel_size",
+        "disk_tier_path", "disk_tier_root", "disk_tier_bytes", "disk_tier_tokens",
+        "disk_reserve_bytes",
         "warnings", "unplanned", "problems",
     ])  # fmt: skip
 

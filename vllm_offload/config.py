@@ -165,6 +165,19 @@ class KvOffloadSection(_Section):
         "many times (0 or 1: store every chunk). 2 skips prompts never seen again, at "
         "the price of missing the first reuse.",
     )
+    disk_path: str = Field(
+        "",
+        description="Directory of the disk tier behind the CPU tier (an NVMe filesystem, "
+        "not tmpfs): KV chunks the CPU tier evicts are kept there, and found again after "
+        "a restart. Empty: no disk tier. Native backend only. Set in the file only: the "
+        "manager's API cannot change it.",
+    )
+    disk_gib: float | Auto = Field(
+        "auto",
+        description="Most GiB the disk tier may hold (least recently used chunks go first); "
+        "it also always leaves a free-space reserve on that filesystem (5 %, at least 10 "
+        "GiB). 'auto': half of the filesystem's size less that reserve.",
+    )
     num_cpu_blocks: int | None = Field(
         None,
         ge=1,
@@ -176,6 +189,10 @@ class KvOffloadSection(_Section):
     def _positive_tier(self) -> KvOffloadSection:
         if isinstance(self.cpu_tier_gib, float) and self.cpu_tier_gib < 0:
             raise ValueError("cpu_tier_gib must be >= 0 or 'auto'")
+        if isinstance(self.disk_gib, float) and self.disk_gib <= 0:
+            raise ValueError("disk_gib must be > 0 or 'auto' (no disk tier: disk_path = '')")
+        if self.disk_path and not self.disk_path.startswith("/"):
+            raise ValueError("disk_path must be an absolute path (or '' for no disk tier)")
         if isinstance(self.cpu_chunk_tokens, int) and not 1 <= self.cpu_chunk_tokens <= 65536:
             raise ValueError("cpu_chunk_tokens must be 1-65536 tokens or 'auto'")
         if isinstance(self.block_size, int) and (

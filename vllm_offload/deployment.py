@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import demo_model, launch, model_facts, patching
+from vllm_offload import demo_model, hardware, launch, model_facts, patching
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
@@ -43,7 +43,9 @@ def plan_for(
     """The plan of ``config`` with the model in ``directory`` on ``host``; raises
     ModelFactsError or PlanError, each naming the field."""
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
-    return make_plan(config, model_facts.read(directory), host, platform, dict(environ))
+    path = config.kv_offload.disk_path
+    disk = hardware.probe_disk(path) if path else None
+    return make_plan(config, model_facts.read(directory), host, platform, dict(environ), disk)
 
 
 def prepare(

@@ -8,6 +8,7 @@ Both return the same immutable record, so the planner never knows which it got.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -130,6 +131,78 @@ def probe() -> HostFacts:
         cpu_count=os.cpu_count() or 1,
         gpu_source="nvml" if gpus else "none",
         wsl=_wsl(),
+    )
+
+
+# Filesystems that are RAM (a disk tier there takes the RAM the CPU tier needs) and ones
+# reached over the network (every KV read a round trip).
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "fuse.sshfs", "9p",
+    "lustre", "gpfs", "beegfs", "fuse.s3fs", "fuse.glusterfs", "afs",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DiskFacts:
+    """The disk tier's directory as this host has it."""
+
+    path: str
+    exists: bool
+    writable: bool
+    filesystem: str  # the mount's type ('' unknown)
+    total_bytes: int
+    free_bytes: int
+    o_direct: bool | None  # None: not probed (missing or not writable)
+
+
+def _filesystem(path: str) -> str:
+    """The type of the mount holding ``path`` (the longest mount point above it)."""
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _o_direct(directory: str) -> bool:
+    """Whether files in ``directory`` open with O_DIRECT (a probe file, removed at once)."""
+    probe = os.path.join(directory, f".vllm-offload-odirect-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
+
+
+def probe_disk(path: str) -> DiskFacts:
+    real = os.path.realpath(path)
+    exists = os.path.isdir(real)
+    writable = exists and os.access(real, os.W_OK | os.X_OK)
+    total = free = 0
+    if exists:
+        usage = shutil.disk_usage(real)
+        total, free = usage.total, usage.free
+    return DiskFacts(
+        path=path,
+        exists=exists,
+        writable=writable,
+        filesystem=_filesystem(real),
+        total_bytes=total,
+        free_bytes=free,
+        o_direct=_o_direct(real) if writable else None,
     )
 
 

@@ -29,6 +29,8 @@ from vllm_offload.vllm_version import (
     v2_runner_ignores_cpu_offload,
 )
 
+# The OffloadingConnector spec that puts secondary tiers behind the CPU tier.
+DISK_TIER_SPEC = "TieringOffloadingSpec"
 # LMCache's in-process connector is configured through its environment.
 LMCACHE_CHUNK_TOKENS = 256
 # Patch 0001's check of the CPU tier against host RAM keeps this much free; the launcher
@@ -70,6 +72,18 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
             extra["block_size"] = plan.cpu_chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
             extra["store_threshold"] = config.kv_offload.store_threshold
+        if plan.disk_tier_bytes:
+            # vLLM's tiering spec: the CPU tier in front, its filesystem tier behind, bounded
+            # by our subclass (vLLM's own out-of-tree tier hook loads it by module path).
+            extra["spec_name"] = DISK_TIER_SPEC
+            extra["secondary_tiers"] = [{
+                "type": "BoundedFsTier",
+                "module_path": "vllm_offload.disk_tier",
+                "root_dir": plan.disk_tier_root,
+                "budget_root": plan.disk_tier_path,
+                "max_bytes": plan.disk_tier_bytes,
+                "min_free_bytes": plan.disk_reserve_bytes,
+            }]  # fmt: skip
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",

@@ -6,6 +6,7 @@ vLLM import. The record is immutable and small.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ class ModelFacts:
     vocab_size: int = 0
     tie_word_embeddings: bool = False
     unknown: tuple[str, ...] = ()  # what could not be read, in words
+    # config.json's bytes and every weight file's name, size and mtime, hashed: the disk
+    # tier keeps a model's KV under it, so changed weights at the same path find none.
+    fingerprint: str = ""
 
     @property
     def dtype_bytes(self) -> int:
@@ -199,6 +203,18 @@ def _estimate_weight_bytes(cfg: dict[str, Any], dtype_bytes: int) -> int:
     return int((layers * (attn + mlp) + embeddings) * dtype_bytes)
 
 
+WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def fingerprint(model_dir: Path) -> str:
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    files = sorted({f for pattern in WEIGHT_FILE_PATTERNS for f in model_dir.glob(pattern)})
+    for weights in files:
+        stat = weights.stat()
+        digest.update(f"{weights.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
 def read(model_dir: Path) -> ModelFacts:
     """Read a local HF model directory; raise ModelFactsError saying what is wrong."""
     if not model_dir.is_dir():
@@ -250,4 +266,5 @@ def read(model_dir: Path) -> ModelFacts:
         vocab_size=int(cfg.get("vocab_size") or 0),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         unknown=tuple(unknown),
+        fingerprint=fingerprint(model_dir),
     )

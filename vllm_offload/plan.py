@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from vllm_offload.config import DeploymentConfig, flag_name
 from vllm_offload.errors import FieldError
-from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.hardware import GIB, NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts, HostFacts
 from vllm_offload.model_facts import DTYPE_BYTES, LayerKind, ModelFacts
 
 Platform = Literal["cuda", "cpu"]
@@ -50,6 +50,11 @@ OFFLOAD_BLOCK_SIZE = 128
 OFFLOAD_CHUNK_TOKENS = 256
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
+# The disk tier never lets its filesystem's free space fall below this (the launcher hands
+# it to the tier, which evicts to keep it); 'auto' sizes the tier at half of what is left.
+DISK_RESERVE_BYTES = 10 * GIB
+DISK_RESERVE_FRACTION = 0.05
+DISK_AUTO_SHARE = 0.5
 # Offloading weights 'auto' without a length to reach leaves room for one request this long.
 AUTO_OFFLOAD_ROOM_TOKENS = 4096
 # Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
@@ -200,6 +205,13 @@ class Plan:
     server_ram_bytes: int  # what vLLM's own processes are expected to hold
     cpu_tier_room_ram_bytes: int  # the largest tier the host RAM holds (see TierRoom)
     cpu_tier_room_shm_bytes: int  # the largest /dev/shm holds
+    # The disk tier behind the CPU tier (0 bytes: none): its directory, the folder of this
+    # model's files in it, and the free space it keeps on that filesystem.
+    disk_tier_path: str
+    disk_tier_root: str
+    disk_tier_bytes: int
+    disk_tier_tokens: int
+    disk_reserve_bytes: int
     tensor_parallel_size: int
     # Weight offload's cost: each decode step moves every offloaded byte host->GPU.
     h2d_bytes_per_s: float
@@ -577,6 +589,77 @@ def combination_checks(
         )
 
 
+@dataclass(frozen=True)
+class DiskTier:
+    root: str
+    bytes: int
+    reserve_bytes: int
+
+
+def plan_disk_tier(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    disk: DiskFacts | None,
+    backend: str,
+    request_bytes: int,
+    decisions: list[str],
+    warnings: list[str],
+    problems: list[dict[str, str]],
+) -> DiskTier:
+    """The disk tier as configured, or no disk tier (with a problem saying why not)."""
+    path = config.kv_offload.disk_path
+    if not path:
+        return DiskTier("", 0, 0)
+
+    def refuse(field_name: str, message: str) -> DiskTier:
+        problems.append({"field": field_name, "message": message})
+        return DiskTier("", 0, 0)
+
+    if backend != "native":
+        return refuse("kv_offload.disk_path", "the disk tier sits behind vLLM's native CPU "
+                      "tier: set kv_offload.backend = native, or disk_path = ''")  # fmt: skip
+    if disk is None or not disk.exists:
+        return refuse("kv_offload.disk_path", f"{path} does not exist; create it (`mkdir -p "
+                      f"{path}`, writable by the server's user) or set disk_path = ''")  # fmt: skip
+    if not disk.writable:
+        return refuse("kv_offload.disk_path", f"{path} is not writable here; give the server's "
+                      "user write access (chown/chmod) or choose another directory")  # fmt: skip
+    if disk.filesystem in RAM_FILESYSTEMS:
+        return refuse("kv_offload.disk_path", f"{path} is on {disk.filesystem}, which is "
+                      "RAM (the CPU tier's); choose a directory on a disk (NVMe)")  # fmt: skip
+    reserve = max(DISK_RESERVE_BYTES, int(disk.total_bytes * DISK_RESERVE_FRACTION))
+    room = max(0, disk.total_bytes - reserve)
+    if config.kv_offload.disk_gib == "auto":
+        size = int(room * DISK_AUTO_SHARE) // GIB * GIB
+        decisions.append(
+            f"kv_offload.disk_gib auto -> {size // GIB}: half of {path}'s "
+            f"{_gib(disk.total_bytes)} less the {_gib(reserve)} it always keeps free"
+        )
+    else:
+        size = int(config.kv_offload.disk_gib * GIB)
+        if size > room:
+            return refuse("kv_offload.disk_gib", f"{path} is a {_gib(disk.total_bytes)} "
+                          f"filesystem and keeps {_gib(reserve)} free: set disk_gib <= "
+                          f"{room // GIB}")  # fmt: skip
+    if size < request_bytes:
+        return refuse("kv_offload.disk_gib", f"a {_gib(size)} disk tier holds less than one "
+                      f"full-length request ({_gib(request_bytes)}); give it more, or set "
+                      "disk_path = ''")  # fmt: skip
+    if disk.filesystem in NETWORK_FILESYSTEMS:
+        warnings.append(
+            f"the disk tier {path} is on {disk.filesystem}, a network filesystem: every KV "
+            "read is a round trip; a local NVMe directory is much faster"
+        )
+    if disk.o_direct is False:
+        warnings.append(
+            f"{path} does not take O_DIRECT: vLLM's disk tier falls back to buffered I/O, "
+            "and its reads and writes go through the page cache (RAM the CPU tier needs)"
+        )
+    # Each model's files under its own folder: changed weights at the same path (a new
+    # fingerprint) never find another model's KV.
+    return DiskTier(f"{path.rstrip('/')}/{model.fingerprint}", size, reserve)
+
+
 def fit_kv_cache_dtype(
     config: DeploymentConfig, model: ModelFacts, host: HostFacts, platform: Platform,
     env: dict[str, str],
@@ -613,6 +696,7 @@ def make_plan(
     host: HostFacts,
     platform: Platform,
     env: dict[str, str] | None = None,
+    disk: DiskFacts | None = None,
 ) -> Plan:
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
     env = env or {}
@@ -761,6 +845,10 @@ def make_plan(
             f"{_gib(room.shm_bytes)}), whole GiB"
         )
 
+    request_bytes = request_kv_bytes(model, dtype_b, max_len, block, tp) * tp
+    disk_tier = plan_disk_tier(config, model, disk, backend, request_bytes, decisions, warnings,
+                               problems)  # fmt: skip
+
     if backend != "none" and tier_tokens < max_len:
         warnings.append(
             f"the CPU tier ({tier_tokens} tokens) is smaller than one full-length "
@@ -827,6 +915,11 @@ def make_plan(
         server_ram_bytes=server_ram_bytes(tp * pp),
         cpu_tier_room_ram_bytes=room.ram_bytes,
         cpu_tier_room_shm_bytes=room.shm_bytes,
+        disk_tier_path=config.kv_offload.disk_path if disk_tier.bytes else "",
+        disk_tier_root=disk_tier.root,
+        disk_tier_bytes=disk_tier.bytes,
+        disk_tier_tokens=disk_tier.bytes // (per_token * tp) // block * block if per_token else 0,
+        disk_reserve_bytes=disk_tier.reserve_bytes,
         tensor_parallel_size=tp,
         h2d_bytes_per_s=speed,
         h2d_source=speed_source,
@@ -895,6 +988,13 @@ def render(plan: Plan) -> str:
         ),
         ("/dev/shm free", _gib(plan.shm_free_bytes)),
     ]
+    if plan.disk_tier_bytes:
+        rows.append((
+            "disk KV tier",
+            f"{_gib(plan.disk_tier_bytes)} = {plan.disk_tier_tokens:,} tokens at "
+            f"{plan.disk_tier_path}, keeping {_gib(plan.disk_reserve_bytes)} free (survives "
+            "restarts)",
+        ))  # fmt: skip
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"chose: {d}" for d in plan.decisions]

@@ -10,6 +10,7 @@ import pytest
 
 from tests.manager.conftest import BEARER, TOKEN, Env, login
 from vllm_offload import config as config_mod
+from vllm_offload import disk_layout
 from vllm_offload.manager.auth import SESSION_COOKIE
 from vllm_offload.manager.metrics import parse_vllm_metrics
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.anyio
 ORIGIN = {"Origin": "http://testserver"}
 GETS = ["/api/status", "/api/metrics", "/api/models", "/api/config", "/api/logs", "/api/detect"]
 UNSAFE = [("post", "/api/service/restart"), ("post", "/api/config/preview"),
-          ("put", "/api/config"), ("post", "/api/probe")]  # fmt: skip
+          ("put", "/api/config"), ("post", "/api/probe"), ("post", "/api/cache/clear")]  # fmt: skip
 
 
 async def test_healthz_is_open(client: httpx.AsyncClient) -> None:
@@ -336,6 +337,7 @@ async def test_the_sampler_follows_a_port_saved_from_the_page(
         ({"manager__api_extra_args": ["--trust-remote-code"]}, "manager.api_extra_args"),
         ({"server__host": "0.0.0.0"}, "server.host"),
         ({"server__api_key_file": "/etc/shadow"}, "server.api_key_file"),
+        ({"kv_offload__disk_path": "/etc"}, "kv_offload.disk_path"),  # written, cleared
         ({"extra_args": ["--trust-remote-code"]}, "extra_args"),
         ({"extra_args": ["--trust-remote"]}, "extra_args"),  # vLLM takes the abbreviation
         ({"extra_args": ["--chat-template", "/etc/passwd"]}, "extra_args"),
@@ -495,3 +497,30 @@ async def test_the_logs_say_when_the_journal_is_out_of_reach(
     monkeypatch.setattr(app_module.os, "getgroups", lambda: [1000])
     lines = (await client.get("/api/logs", headers=BEARER)).json()["lines"]
     assert lines == [app_module.JOURNAL_HINT] and "systemd-journal group" in lines[0]
+
+
+async def test_clearing_the_disk_tier(client: httpx.AsyncClient, env: Env, tmp_path: Path) -> None:
+    """#20: the page's button does what `cache clear` does: 409 without a disk tier or while
+    a server holds it, and with a session it needs the CSRF token like every write."""
+    nothing = await client.post("/api/cache/clear", headers=BEARER)
+    assert nothing.status_code == 409
+    assert nothing.json()["detail"]["field"] == "kv_offload.disk_path"
+    disk = tmp_path / "nvme"
+    block = disk / "fingerprint" / "m_0123456789ab_r0" / "abc" / "de_g0" / "abcde.bin"
+    block.parent.mkdir(parents=True)
+    block.write_bytes(b"kv" * 512)
+    config = config_mod.load(env.config_path)  # the administrator sets the path, in the file
+    config_mod.save(config_mod.with_overrides(config, {"kv_offload.disk_path": str(disk)}),
+                    env.config_path)  # fmt: skip
+    server = disk_layout.hold(disk)  # a running server's disk tier
+    try:
+        busy = await client.post("/api/cache/clear", headers=BEARER)
+        assert busy.status_code == 409 and "running server" in busy.json()["detail"]["message"]
+        assert block.exists()
+    finally:
+        os.close(server)
+    csrf = await login(client)
+    refused = await client.post("/api/cache/clear", headers=ORIGIN)
+    assert refused.status_code == 403 and block.exists()
+    done = await client.post("/api/cache/clear", headers={"X-CSRF-Token": csrf, **ORIGIN})
+    assert done.json() == {"files": 1, "bytes": 1024} and not block.exists()

@@ -8,6 +8,7 @@ import sys
 from vllm_offload import __version__
 from vllm_offload.cli import (
     bench_cmd,
+    cache_cmd,
     config_cmd,
     demo_model_cmd,
     manager_cmd,
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         service_cmd,
         patch_cmd,
         bench_cmd,
+        cache_cmd,
         demo_model_cmd,
     ):
         module.add_parser(subparsers)

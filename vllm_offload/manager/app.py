@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_offload import config as config_mod
-from vllm_offload import deployment, hardware, launch, vllm_version
+from vllm_offload import deployment, disk_layout, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import detect, fence, page, wedge
@@ -321,6 +321,14 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         finally:
             monitor.changed()
         return {"status": f"{action} requested"}
+
+    @app.post("/api/cache/clear")
+    def cache_clear() -> dict[str, Any]:
+        """Empty the disk tier, as `vllm-offload cache clear` does: refused (409) while the
+        server uses it."""
+        config = _load(settings)
+        files, removed = disk_layout.clear_tier(config.kv_offload.disk_path)
+        return {"files": files, "bytes": removed}
 
     @app.get("/api/models")
     def models() -> dict[str, Any]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from vllm_offload.config import DeploymentConfig, flag_name
 from vllm_offload.errors import Forbidden
 
-# Config keys only the file may set.
+# Config keys only the file may set. kv_offload.disk_path: the server writes there and
+# `cache clear` deletes there.
 FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "server.host",
-               "server.api_key_file")  # fmt: skip
+               "server.api_key_file", "kv_offload.disk_path")  # fmt: skip
 # vLLM flags the API may pass in extra_args: tuning that loads no code, touches no path
 # and opens nothing. Any other needs manager.api_extra_args in the file (or is there
 # already, as the administrator wrote it).

@@ -77,7 +77,9 @@ def dashboard(csrf: str, unit: str) -> str:
    </select>
    <label for="f-tier">CPU KV tier size, GiB (or auto)</label><input id="f-tier">
    <p><button type="submit" id="preview">Preview plan</button>
-   <button type="button" class="primary" id="save">Save &amp; restart</button></p>
+   <button type="button" class="primary" id="save">Save &amp; restart</button>
+   <button type="button" id="clear-disk" title="Delete the disk KV tier's files (server
+    stopped only)">Clear disk tier</button></p>
   </form><div id="form-msg"></div></div>
  <div class="card"><h2>Other vLLM servers on this host</h2><p class="hint">Found by their
   listening ports and /v1/models, whoever started them.</p><table id="detect"></table></div>

@@ -204,6 +204,12 @@ async function saveConfig() {
     showError({message: 'the server did not answer within 5 minutes; see the logs'});
   } catch (e) { showError(e); }
 }
+async function clearDisk() {
+  try {
+    const r = await api('/api/cache/clear', {method: 'POST'});
+    show('form-msg', el('span', {class: 'ok'}, `Disk tier cleared: ${fmt(r.files, 0)} files, ${fmt(r.bytes / GIB, 2)} GiB`));
+  } catch (e) { showError(e); }
+}
 async function pollLogs() {
   try {
     const n = document.getElementById('log-lines').value;
@@ -226,6 +232,7 @@ document.getElementById('logout').addEventListener('click',
   () => api('/logout', {method: 'POST'}).finally(() => { location = '/login'; }));
 document.getElementById('settings').addEventListener('submit', previewPlan);
 document.getElementById('save').addEventListener('click', saveConfig);
+document.getElementById('clear-disk').addEventListener('click', clearDisk);
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
 setInterval(pollDetect, 15000);

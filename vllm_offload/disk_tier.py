@@ -1,0 +1,139 @@
+"""The disk tier behind the CPU tier: vLLM 0.32's filesystem tier, bounded.
+
+vLLM's ``fs`` secondary tier (``vllm.v1.kv_offload.tiering.fs``) writes one file per
+chunk under a root directory and never deletes one, so files pile up until the disk is
+full. ``BoundedFsTier`` is that tier with a budget: the files under ``budget_root`` (every
+model's, so switching models does not leak space) never exceed ``max_bytes``, the
+filesystem keeps ``min_free_bytes`` free, and the least recently used files go first (a
+load counts as a use). It plugs in through vLLM's own out-of-tree tier hook
+(``"type": "BoundedFsTier", "module_path": "vllm_offload.disk_tier"`` in
+``secondary_tiers``), so no vLLM code is changed and no upstream code is copied.
+
+Eviction can race a lookup (a file found, then deleted before it is read): the load
+then fails, and vLLM's fs tier marks those blocks a miss and recomputes them. Wrong KV is
+never served. This module runs inside vLLM's scheduler process; it imports vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
+from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+from vllm_offload import disk_layout
+from vllm_offload.disk_layout import PARTIAL_FILE_SUFFIX, block_files
+
+logger = init_logger(__name__)
+
+
+class DiskBudget:
+    """Block files by recency with their sizes; evicts the least recent to stay in bounds.
+    Files of stores in flight are counted (so the bound holds while they are written) and
+    never evicted."""
+
+    def __init__(self, root: Path, max_bytes: int, min_free_bytes: int) -> None:
+        self.root, self.max_bytes, self.min_free_bytes = root, max_bytes, min_free_bytes
+        self.files: OrderedDict[str, int] = OrderedDict()
+        self.used_bytes = 0
+        self.evicted_bytes = 0
+        self.writing: set[str] = set()
+        found = []
+        for entry in block_files(root):
+            if entry.name.endswith(PARTIAL_FILE_SUFFIX):  # a write a crash cut short
+                Path(entry.path).unlink(missing_ok=True)
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            found.append((stat.st_mtime_ns, entry.path, stat.st_size))
+        for _, path, size in sorted(found):  # oldest first: evicted first
+            self.files[path] = size
+            self.used_bytes += size
+        self.evict()
+
+    def add(self, paths: Iterable[str], size: int) -> None:
+        """Files about to be written (counted now, protected until ``written``)."""
+        for path in paths:
+            self.used_bytes += size - self.files.pop(path, 0)
+            self.files[path] = size
+            self.writing.add(path)
+        self.evict()
+
+    def written(self, paths: Iterable[str], ok: bool) -> None:
+        for path in paths:
+            self.writing.discard(path)
+            if not ok and not os.path.exists(path):
+                self.used_bytes -= self.files.pop(path, 0)
+
+    def touch(self, paths: Iterable[str]) -> None:
+        """Files being read: the most recently used now (their mtime says so to the next
+        start, which orders what it finds by mtime)."""
+        for path in paths:
+            if path in self.files:
+                self.files.move_to_end(path)
+                with contextlib.suppress(OSError):
+                    os.utime(path)
+
+    def evict(self) -> None:
+        """Delete the least recently used files until the budget and the free-space reserve
+        both hold (files being written excepted)."""
+        short = max(0, self.min_free_bytes - shutil.disk_usage(self.root).free)
+        freed = 0
+        for path in list(self.files):
+            if self.used_bytes <= self.max_bytes and freed >= short:
+                break
+            if path in self.writing:
+                continue
+            size = self.files.pop(path)
+            Path(path).unlink(missing_ok=True)
+            self.used_bytes -= size
+            self.evicted_bytes += size
+            freed += size
+
+
+class BoundedFsTier(FileSystemTierManager):
+    """vLLM's filesystem tier within ``max_bytes`` under ``budget_root`` and a free-space
+    reserve of ``min_free_bytes``; least recently used files go first."""
+
+    def __init__(
+        self, *, budget_root: str, max_bytes: int, min_free_bytes: int, **kwargs: Any
+    ) -> None:
+        # In use from before the first file is written until this process ends: `cache
+        # clear` refuses meanwhile.
+        self._in_use = disk_layout.hold(Path(budget_root))
+        super().__init__(**kwargs)
+        began = time.monotonic()
+        self.budget = DiskBudget(Path(budget_root), int(max_bytes), int(min_free_bytes))
+        self._stores: dict[Any, list[str]] = {}
+        logger.info(
+            "Disk tier at %s: %.2f of %.2f GiB used by %d files from before (read in %.1f s)",
+            budget_root, self.budget.used_bytes / (1 << 30), int(max_bytes) / (1 << 30),
+            len(self.budget.files), time.monotonic() - began,
+        )  # fmt: skip
+
+    def _paths(self, job: TransferJob) -> list[str]:
+        return [self.file_mapper.get_file_name(key) for key in job.keys]
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        paths = self._paths(job_metadata)
+        self.budget.add(paths, self._block_size)
+        self._stores[job_metadata.job_id] = paths
+        super().submit_store(job_metadata)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self.budget.touch(self._paths(job_metadata))
+        super().submit_load(job_metadata)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results = list(super().get_finished_jobs())
+        for result in results:
+            if (paths := self._stores.pop(result.job_id, None)) is not None:
+                self.budget.written(paths, result.success)
+        return results
