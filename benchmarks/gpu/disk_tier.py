@@ -97,7 +97,7 @@ def main() -> None:
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     cpu = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", str(args.cpu_gib)]
     disk = ["--kv-offload-disk-path", str(args.disk)]
-    bound_gib = round(args.docs * doc_bytes / 3 / 2**30, 2)
+    bound_gib = result["bound_gib"] = round(args.docs * doc_bytes / 3 / 2**30, 2)
     arms: dict[str, tuple[list[str], tuple[int, ...]]] = {  # flags, passes
         "none": (["--kv-offload-backend", "none"], (1, 2)),
         "cpu": (cpu, (1, 2)),
@@ -143,8 +143,8 @@ def main() -> None:
             print(name, "failed:", exc, flush=True)
         finally:
             server.stop()
-    result["bound_gib"] = bound_gib
-    (args.out / "disk_tier.json").write_text(json.dumps(result, indent=1) + "\n")
+        # after every arm: a call cut short still leaves what was measured
+        (args.out / "disk_tier.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
