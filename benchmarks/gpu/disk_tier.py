@@ -73,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--disk", type=Path, required=True, help="the disk tier's directory")
+    parser.add_argument("--model", default=MODEL, help="a model folder (config.json suffices)")
     parser.add_argument("--pool-tokens", type=int, default=32768)
     parser.add_argument("--cpu-gib", type=float, default=4)
     parser.add_argument("--disk-gib", type=float, default=16)
@@ -110,7 +111,7 @@ def main() -> None:
         if name == "bound":
             disk_layout.clear_tier(str(args.disk))
         server = ServerProcess(
-            serve_args=["--model", MODEL, *pool, *flags, "--", *DUMMY],
+            serve_args=["--model", args.model, *pool, *flags, "--", *DUMMY],
             log_path=args.out / f"{name.replace('+', '-')}.log",
         )
         arm: dict[str, Any] = {"flags": flags}
