@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,24 @@ NAMESPACE_FILE = "config.json"
 # A running server holds this shared; clearing takes it exclusively, so it never deletes
 # under a server (and a server starting meanwhile waits for the clear to finish).
 LOCK_FILE = ".vllm-offload-disk-tier.lock"
+# What the running tier holds, written by it every few seconds for the manager's page.
+STATUS_FILE = ".vllm-offload-disk-tier.json"
+
+
+def write_status(root: Path, status: dict[str, float]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{STATUS_FILE}.", dir=root)
+    with os.fdopen(fd, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, root / STATUS_FILE)
+
+
+def read_status(path: str) -> dict[str, float] | None:
+    """The running (or last) tier's own account of what it holds; None if there is none."""
+    try:
+        status = json.loads((Path(path) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def hold(root: Path) -> int:
@@ -50,9 +70,11 @@ def block_files(root: Path) -> Iterator[os.DirEntry[str]]:
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Delete the tier's files under ``root`` (block files, namespace config files) and the
-    directories that leaves empty; nothing else. Returns (files, bytes) removed."""
+    """Delete the tier's files under ``root`` (block files, namespace config files, its
+    status file) and the directories that leaves empty; nothing else (the lock file stays:
+    a server starting meanwhile may be waiting on it). Returns (files, bytes) removed."""
     files = removed = 0
+    (root / STATUS_FILE).unlink(missing_ok=True)
     for entry in block_files(root):
         size = entry.stat(follow_symlinks=False).st_size
         Path(entry.path).unlink(missing_ok=True)

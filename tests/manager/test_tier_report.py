@@ -3,9 +3,13 @@ GPU run in docs/benchmarks.md shows real ones)."""
 
 from __future__ import annotations
 
-from vllm_offload.manager.tier_report import Totals, report
+import json
+from pathlib import Path
+
+from vllm_offload.manager.tier_report import Totals, disk_report, report
 
 GIB = 1 << 30
+RESULTS = Path(__file__).parents[2] / "benchmarks/results/h200-vllm-0.32.0"
 
 
 def metrics(**values: float) -> dict[str, float]:
@@ -46,3 +50,22 @@ def test_what_is_not_available_is_said() -> None:
     assert card["filled_bytes"] == GIB  # full: it evicts to store more
     assert card["busy"] is None  # vLLM exported no transfer gauge
     assert card["prefill_tokens_per_s"] is None  # no prefill measured yet
+
+
+def test_the_disk_tier_card_from_what_vllm_exported_on_the_h200() -> None:
+    """Counter lines as vLLM 0.32 exported them with the disk tier on the H200
+    (benchmarks/results/h200-vllm-0.32.0/disk-tier/short/disk_tier.json, cpu+disk arm):
+    8.59 GB read from disk in 5.83 s of transfers, 13.39 GB written in 13.17 s."""
+    from vllm_offload.manager.metrics import parse_vllm_metrics
+
+    raw = RESULTS / "disk-tier/short/disk_tier.json"
+    text = "\n".join(json.loads(raw.read_text())["arms"]["cpu+disk"]["metric_lines"]) + "\n"
+    now = Totals.from_metrics(parse_vllm_metrics(text))
+    card = disk_report(now, None, 16 * GIB, {"used_bytes": 11.6 * GIB, "evicted_bytes": 0})
+    since = card["since_start"]
+    assert since["read_bytes"] == 8.589934592e9 and since["write_bytes"] == 1.3388218368e10
+    assert round(since["read_bytes_per_s"] / 1e9, 2) == 1.47
+    assert round(since["write_bytes_per_s"] / 1e9, 2) == 1.02
+    assert card["held_bytes"] == 11.6 * GIB and card["size_bytes"] == 16 * GIB
+    assert disk_report(now, None, 0, None)["why"].startswith("this server has no disk tier")
+    assert disk_report(now, None, GIB, None)["held_bytes"] is None  # not reported yet

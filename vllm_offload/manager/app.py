@@ -268,12 +268,14 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                     f"the cause, then press Start. Last error: {reason or 'none logged'}"
                 )
         problems: list[dict[str, str]] = []
-        tier_bytes = 0
+        tier_bytes = disk_bytes = 0
+        disk_path = ""
         try:
             prepared = prepare(config)
             plan: dict[str, Any] | str = prepared.plan.to_json()
             problems = [p.detail() for p in prepared.problems]
             tier_bytes = prepared.plan.cpu_tier_bytes
+            disk_bytes, disk_path = prepared.plan.disk_tier_bytes, prepared.plan.disk_tier_path
         except VllmOffloadError as exc:
             plan = str(exc)
         return {
@@ -291,6 +293,9 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "events": list(monitor.watch.events),
             "wedge": wedge_status(monitor, config.manager),
             "tier": sampler.tier_card(tier_bytes),
+            "disk": sampler.disk_card(
+                disk_bytes, disk_layout.read_status(disk_path) if disk_path else None
+            ),
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)

@@ -187,6 +187,13 @@ class Sampler:
         fresh = latest if self.latest is not None else None
         return tier_report.report(fresh, first, tier_bytes, quiet)
 
+    def disk_card(self, disk_bytes: int, status: dict[str, float] | None) -> dict[str, Any]:
+        """tier_report.disk_report over what this sampler has seen."""
+        with self._lock:
+            first, latest = (self.tier[0], self.tier[-1]) if self.tier else (None, None)
+        fresh = latest if self.latest is not None else None
+        return tier_report.disk_report(fresh, first, disk_bytes, status)
+
     def since(self, t: float) -> list[dict[str, Any]]:
         with self._lock:
             return [s for s in self.samples if s["t"] > t]

@@ -19,6 +19,11 @@ SOURCES = {
     "vllm:kv_offload_store_bytes": "store_bytes",
     "vllm:kv_offload_load_bytes": "load_bytes",
     "vllm:kv_offload_cpu_cache_usage_perc": "busy",
+    # vLLM 0.32's tiering metrics; only secondary tiers (the disk tier) export these.
+    "vllm:kv_offload_tiering_read_bytes": "disk_read_bytes",
+    "vllm:kv_offload_tiering_read_time": "disk_read_s",
+    "vllm:kv_offload_tiering_write_bytes": "disk_write_bytes",
+    "vllm:kv_offload_tiering_write_time": "disk_write_s",
 }
 QUIET_VERDICT_S = 3600.0
 STORED_MUCH_BYTES = 1 << 30
@@ -32,6 +37,10 @@ class Totals:
     prefill_s: float = 0.0
     store_bytes: float = 0.0
     load_bytes: float = 0.0
+    disk_read_bytes: float = 0.0
+    disk_read_s: float = 0.0  # summed over transfers (several run at once)
+    disk_write_bytes: float = 0.0
+    disk_write_s: float = 0.0
     # Fraction of the tier pinned by transfers in flight (vLLM's "usage" gauge: not how
     # full it is; measured on the H200, 0.0 with 23 GB stored). None: not exported.
     busy: float | None = None
@@ -91,4 +100,41 @@ def report(
         "last_10_min": _span(latest, window_start or Totals(), rate),
         "since_start": since_start,
         "verdict": verdict,
+    }
+
+
+def _disk_span(now: Totals, then: Totals) -> dict[str, Any]:
+    read, wrote = (
+        now.disk_read_bytes - then.disk_read_bytes,
+        now.disk_write_bytes - then.disk_write_bytes,
+    )
+    read_s, write_s = now.disk_read_s - then.disk_read_s, now.disk_write_s - then.disk_write_s
+    return {
+        "read_bytes": max(0.0, read),
+        "write_bytes": max(0.0, wrote),
+        "read_bytes_per_s": read / read_s if read_s > 0 else None,
+        "write_bytes_per_s": wrote / write_s if write_s > 0 else None,
+    }
+
+
+def disk_report(
+    latest: Totals | None,
+    window_start: Totals | None,
+    disk_bytes: int,
+    status: dict[str, float] | None,
+) -> dict[str, Any]:
+    """The disk tier's card: its size, what it holds (its own account, ``status``), what it
+    read (served) and wrote over the last ten minutes and since the start, and at what
+    speed per transfer."""
+    if disk_bytes <= 0:
+        return {"available": False, "why": "this server has no disk tier (kv_offload.disk_path)"}
+    if latest is None:
+        return {"available": False, "why": "the server is not answering /metrics"}
+    return {
+        "available": True,
+        "size_bytes": disk_bytes,
+        "held_bytes": None if status is None else status.get("used_bytes"),
+        "evicted_bytes": None if status is None else status.get("evicted_bytes"),
+        "last_10_min": _disk_span(latest, window_start or Totals()),
+        "since_start": _disk_span(latest, Totals()),
     }

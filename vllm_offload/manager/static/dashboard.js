@@ -110,7 +110,7 @@ async function pollStatus() {
       ...(s.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`))));
     show('events', ...(s.events.length ? s.events.slice(-8).reverse()
       .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), e.text)) : [row('nothing yet', '')]));
-    show('buying', ...tierRows(s.tier),
+    show('buying', ...tierRows(s.tier), ...diskRows(s.disk),
       row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
       row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     show('plan', ...(typeof s.plan === 'string'
@@ -131,11 +131,22 @@ function tierRows(t) {
     ...span('Last 10 min', t.last_10_min), ...span('Since start', t.since_start),
     ...(t.verdict ? [row('Verdict', error(t.verdict))] : [])];
 }
+function diskRows(d) {
+  if (!d || !d.available) return [];  // no disk tier: nothing to show
+  const speed = v => v == null ? '–' : fmt(v / 1e9, 2) + ' GB/s';
+  const span = (name, w) => [
+    row(`Disk tier, ${name}: read (served) / written`, `${fmt(w.read_bytes / 1e9, 2)} / ${fmt(w.write_bytes / 1e9, 2)} GB`),
+    row(`Disk tier, ${name}: speed per transfer, read / write`, `${speed(w.read_bytes_per_s)} / ${speed(w.write_bytes_per_s)}`)];
+  return [row('Disk tier holds', d.held_bytes == null ? 'not reported yet'
+      : `${fmt(d.held_bytes / GIB, 2)} of ${fmt(d.size_bytes / GIB, 1)} GiB (evicted ${fmt((d.evicted_bytes || 0) / GIB, 2)} GiB)`),
+    ...span('last 10 min', d.last_10_min), ...span('since start', d.since_start)];
+}
 function planRows(p) {
   return [row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`),
     row('Longest request (must fit the GPU pool)', fmt(p.longest_request_tokens, 0) + ' tokens'),
     row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`),
     row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`),
+    ...(p.disk_tier_bytes ? [row('Disk KV tier', `${fmt(p.disk_tier_bytes / GIB, 0)} GiB = ${fmt(p.disk_tier_tokens, 0)} tokens at ${p.disk_tier_path}`)] : []),
     row('Weights on GPU / offloaded', `${fmt(p.weights_gpu_bytes / GIB, 2)} / ${fmt(p.weights_offloaded_bytes / GIB, 2)} GiB`),
     row('KV cache dtype', `${p.kv_cache_dtype} (${p.kv_dtype_bytes} bytes per element)`),
     ...(p.decisions || []).map(d => row('Chose', d)),
