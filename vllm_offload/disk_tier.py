@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ from vllm_offload.disk_layout import PARTIAL_FILE_SUFFIX, block_files
 logger = init_logger(__name__)
 
 STATUS_EVERY_S = 5.0  # how often the tier's account for the manager's page is rewritten
+# Past its budget the tier evicts down to this share of it, so the unlinks (on a thread of
+# their own) have room to lag without the disk holding more than the budget.
+LOW_WATER = 0.9
 
 
 class DiskBudget:
@@ -57,6 +60,7 @@ class DiskBudget:
         self._unlinking_bytes = 0
         self._lock = threading.Lock()
         self._chores: queue.Queue[tuple[str, int]] = queue.Queue()
+        self.report: Callable[[], None] | None = None  # called every STATUS_EVERY_S or so
         threading.Thread(target=self._do_chores, name="disk-tier-unlink", daemon=True).start()
         found = []
         for entry in block_files(root):
@@ -71,16 +75,23 @@ class DiskBudget:
         self.evict()
 
     def _do_chores(self) -> None:
+        reported = 0.0
         while True:
-            path, size = self._chores.get()
-            with contextlib.suppress(OSError):
-                if size:  # evicted: delete it
-                    os.unlink(path)
-                else:  # read: record the use for the next start
-                    os.utime(path)
-            with self._lock:
-                self._unlinking_bytes -= size
-            self._chores.task_done()
+            with contextlib.suppress(queue.Empty):
+                self._do_chore(*self._chores.get(timeout=STATUS_EVERY_S))
+            if self.report is not None and time.monotonic() - reported >= STATUS_EVERY_S:
+                reported = time.monotonic()
+                self.report()
+
+    def _do_chore(self, path: str, size: int) -> None:
+        with contextlib.suppress(OSError):
+            if size:  # evicted: delete it
+                os.unlink(path)
+            else:  # read: record the use for the next start
+                os.utime(path)
+        with self._lock:
+            self._unlinking_bytes -= size
+        self._chores.task_done()
 
     def settle(self) -> None:
         """Wait until every eviction has left the disk (tests, shutdown)."""
@@ -109,14 +120,19 @@ class DiskBudget:
                 self._chores.put((path, 0))
 
     def evict(self) -> None:
-        """Evict the least recently used files until the budget and the free-space reserve
-        both hold (files being written excepted)."""
+        """Past the budget, evict the least recently used files down to LOW_WATER of it, and
+        as many as the free-space reserve needs (files being written excepted). The disk
+        holds the files counted plus those not yet unlinked: should the unlink thread fall
+        that far behind, this thread unlinks too, so the bound holds on disk."""
         with self._lock:
             free = shutil.disk_usage(self.root).free + self._unlinking_bytes
         short = max(0, self.min_free_bytes - free)
+        target = (
+            self.max_bytes if self.used_bytes <= self.max_bytes else int(self.max_bytes * LOW_WATER)
+        )
         victims, freed, used = [], 0, self.used_bytes
         for path, size in self.files.items():  # oldest first; stops as soon as it may
-            if used <= self.max_bytes and freed >= short:
+            if used <= target and freed >= short:
                 break
             if path not in self.writing:
                 victims.append(path)
@@ -128,6 +144,11 @@ class DiskBudget:
             with self._lock:
                 self._unlinking_bytes += size
             self._chores.put((path, size))
+        while self.used_bytes + self._unlinking_bytes > self.max_bytes:
+            try:
+                self._do_chore(*self._chores.get_nowait())
+            except queue.Empty:
+                break
 
 
 class BoundedFsTier(FileSystemTierManager):
@@ -145,6 +166,7 @@ class BoundedFsTier(FileSystemTierManager):
         self.budget = DiskBudget(Path(budget_root), int(max_bytes), int(min_free_bytes))
         self._stores: dict[Any, list[str]] = {}
         self._write_status()
+        self.budget.report = self._write_status  # from the unlink thread, every few seconds
         logger.info(
             "Disk tier at %s: %.2f of %.2f GiB used by %d files from before (read in %.1f s)",
             budget_root, self.budget.used_bytes / (1 << 30), int(max_bytes) / (1 << 30),
@@ -169,8 +191,6 @@ class BoundedFsTier(FileSystemTierManager):
         for result in results:
             if (paths := self._stores.pop(result.job_id, None)) is not None:
                 self.budget.written(paths, result.success)
-        if time.monotonic() - self._status_at >= STATUS_EVERY_S:
-            self._write_status()
         return results
 
     def shutdown(self) -> None:
@@ -179,7 +199,6 @@ class BoundedFsTier(FileSystemTierManager):
         self._write_status()
 
     def _write_status(self) -> None:
-        self._status_at = time.monotonic()
         with contextlib.suppress(OSError):  # the page's figure, never worth a failure
             disk_layout.write_status(self.budget.root, {
                 "used_bytes": self.budget.used_bytes, "max_bytes": self.budget.max_bytes,
