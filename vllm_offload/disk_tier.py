@@ -85,7 +85,7 @@ class DiskBudget:
 
     def _do_chore(self, path: str, size: int) -> None:
         with contextlib.suppress(OSError):
-            if size:  # evicted: delete it
+            if size and path not in self.files:  # evicted (and not stored again since)
                 os.unlink(path)
             else:  # read: record the use for the next start
                 os.utime(path)
