@@ -27,7 +27,7 @@ CHUNK = 64 * 1024  # bytes of one offloaded chunk in these tests
 
 
 def disk_facts(path: Path, **changes: Any) -> DiskFacts:
-    facts = DiskFacts(str(path), True, True, "ext4", 1000 * GIB, 900 * GIB, True)
+    facts = DiskFacts(str(path), True, True, "ext4", 1000 * GIB, True)
     return replace(facts, **changes)
 
 

@@ -152,7 +152,6 @@ class DiskFacts:
     writable: bool
     filesystem: str  # the mount's type ('' unknown)
     total_bytes: int
-    free_bytes: int
     o_direct: bool | None  # None: not probed (missing or not writable)
 
 
@@ -191,17 +190,12 @@ def probe_disk(path: str) -> DiskFacts:
     real = os.path.realpath(path)
     exists = os.path.isdir(real)
     writable = exists and os.access(real, os.W_OK | os.X_OK)
-    total = free = 0
-    if exists:
-        usage = shutil.disk_usage(real)
-        total, free = usage.total, usage.free
     return DiskFacts(
         path=path,
         exists=exists,
         writable=writable,
         filesystem=_filesystem(real),
-        total_bytes=total,
-        free_bytes=free,
+        total_bytes=shutil.disk_usage(real).total if exists else 0,
         o_direct=_o_direct(real) if writable else None,
     )
 
