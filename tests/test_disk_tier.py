@@ -43,7 +43,8 @@ def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
     # 'auto': half of (1000 GiB less the 5 % reserve), whole GiB; tokens at 128 KiB each
     assert plan.disk_reserve_bytes == 50 * GIB and plan.disk_tier_bytes == 475 * GIB
     assert plan.disk_tier_tokens == 475 * GIB // (128 * 1024) // 128 * 128
-    assert plan.disk_tier_root == f"/nvme/kv/{model_facts.read(model).fingerprint}"
+    fingerprint = model_facts.read(model).fingerprint
+    assert plan.disk_tier_root == f"/nvme/kv/{disk_layout.TIER_DIR}/{fingerprint}"
     assert plan.problems == [] and any("disk_gib auto -> 475" in d for d in plan.decisions)
     cases = [
         (None, {}, "kv_offload.disk_path", "does not exist"),
@@ -53,6 +54,10 @@ def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
         (disk_facts(tmp_path), {"kv_offload.disk_gib": 960.0}, "kv_offload.disk_gib", "<= 950"),
         (disk_facts(tmp_path), {"kv_offload.disk_gib": 0.5}, "kv_offload.disk_gib", "less than"),
         (disk_facts(tmp_path), {"kv_offload.backend": "lmcache"}, "kv_offload.disk_path", "native"),
+        # vLLM's tiering spec raises on a store threshold (tiering/spec.py)
+        (disk_facts(tmp_path), {"kv_offload.store_threshold": 2}, "kv_offload.store_threshold",
+         "does not take"),
+        (disk_facts(tmp_path), {"kv_offload.disk_path": "/"}, "kv_offload.disk_path", "root"),
     ]  # fmt: skip
     for disk, overrides, field, words in cases:
         refused = plan_with_disk(model, disk, **overrides)
@@ -95,7 +100,8 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     OffloadingSpecFactory._registry[extra["spec_name"]]()  # a spec vLLM knows
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier).__name__ == "BoundedFsTier"
-    assert tier["budget_root"] == str(tmp_path) and tier["max_bytes"] == plan.disk_tier_bytes
+    assert tier["budget_root"] == str(tmp_path / disk_layout.TIER_DIR)
+    assert tier["max_bytes"] == plan.disk_tier_bytes
     assert tier["root_dir"] == plan.disk_tier_root
     without = with_overrides(config, {"kv_offload.disk_path": ""})
     plain = make_plan(without, model_facts.read(model), make_host(24), "cuda", {}, None)
@@ -142,9 +148,10 @@ class Tier:
         # Page-aligned like vLLM's shared CPU region (O_DIRECT needs aligned buffers).
         self.region = mmap.mmap(-1, 64 * CHUNK)
         self.buffer = np.frombuffer(self.region, dtype=np.uint8).reshape(64, CHUNK)
+        tier = disk_layout.tier_root(str(root))
         self.tier = SecondaryTierFactory.create_secondary_tier(
             {"type": "BoundedFsTier", "module_path": "vllm_offload.disk_tier",
-             "root_dir": str(root / "model-fingerprint"), "budget_root": str(root),
+             "root_dir": str(tier / "model-fingerprint"), "budget_root": str(tier),
              "max_bytes": max_chunks * CHUNK, "min_free_bytes": min_free_bytes,
              "n_read_threads": 2, "n_write_threads": 2},
             memoryview(self.buffer), tiering_spec(**spec),
@@ -242,15 +249,24 @@ def test_the_free_space_reserve_wins_over_the_budget(tmp_path: Path) -> None:
 
 
 def test_cache_clear_removes_the_tier_only_and_not_under_a_server(tmp_path: Path) -> None:
+    """Files beside the tier's folder (a model's weights on the same NVMe) and files in it
+    that are not of vLLM's layout are never counted, evicted or cleared."""
+    (tmp_path / "pytorch_model.bin").write_bytes(b"weights")
+    stray = disk_layout.tier_root(str(tmp_path)) / "notes.bin"
+    stray.parent.mkdir()
+    stray.write_bytes(b"not the tier's")
     tier = Tier(tmp_path, max_chunks=8)
     tier.store([key(1), key(2)], value=1)
-    (tmp_path / "notes.txt").write_text("not the tier's")
+    assert tier.tier.budget.used_bytes == 2 * CHUNK
+    with pytest.raises(RuntimeError, match="another server"):  # one server per tier
+        Tier(tmp_path, max_chunks=8)
     with pytest.raises(Refused, match="running server"):
         disk_layout.clear_tier(str(tmp_path))
     assert on_disk(tmp_path) == 2 * CHUNK
     tier.close()
     assert disk_layout.clear_tier(str(tmp_path)) == (2, 2 * CHUNK)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [disk_layout.LOCK_FILE, "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pytorch_model.bin", disk_layout.TIER_DIR]
+    assert sorted(p.name for p in stray.parent.iterdir()) == [disk_layout.LOCK_FILE, "notes.bin"]
     with pytest.raises(Refused, match="no disk tier"):
         disk_layout.clear_tier("")
 

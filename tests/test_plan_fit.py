@@ -287,3 +287,18 @@ def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
     prepared = prepare(config, host, {}, None)
     assert prepared.problems == ()
     assert prepared.plan.cpu_tier_bytes == 63 * GIB  # /dev/shm less what vLLM uses itself
+
+
+def test_review_findings_fit_baseline_and_a_fixed_pool(tmp_path: Path) -> None:
+    """'fit' with several short requests plans what 'auto' plans (its baseline once aimed
+    at 4,096-token requests x the count); a fixed pool that cannot fit names its own key."""
+    directory = write_shape(tmp_path / "m", LLAMA3_8B)
+    target = {"model.max_model_len": 2048, "gpu.min_concurrent_requests": 8,
+              "weights_offload.cpu_gib": "auto"}  # fmt: skip
+    auto = plan_of(directory, 8, **target)
+    fit = plan_of(directory, 8, **target, **{"model.kv_cache_dtype": "fit"})
+    assert auto.weights_offloaded_bytes > 0 and fit.max_model_len == 2048
+    with pytest.raises(PlanError) as info:
+        plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
+                                  "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip
+    assert info.value.field == "gpu.kv_cache_memory_bytes"

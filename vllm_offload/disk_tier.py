@@ -32,7 +32,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from vllm_offload import disk_layout
-from vllm_offload.disk_layout import PARTIAL_FILE_SUFFIX, block_files
+from vllm_offload.disk_layout import PARTIAL_FILE, block_files
 
 logger = init_logger(__name__)
 
@@ -64,7 +64,7 @@ class DiskBudget:
         threading.Thread(target=self._do_chores, name="disk-tier-unlink", daemon=True).start()
         found = []
         for entry in block_files(root):
-            if entry.name.endswith(PARTIAL_FILE_SUFFIX):  # a write a crash cut short
+            if PARTIAL_FILE.fullmatch(entry.name):  # a write a crash cut short
                 Path(entry.path).unlink(missing_ok=True)
                 continue
             stat = entry.stat(follow_symlinks=False)
@@ -81,7 +81,8 @@ class DiskBudget:
                 self._do_chore(*self._chores.get(timeout=STATUS_EVERY_S))
             if self.report is not None and time.monotonic() - reported >= STATUS_EVERY_S:
                 reported = time.monotonic()
-                self.report()
+                with contextlib.suppress(Exception):  # this thread must outlive a bad report
+                    self.report()
 
     def _do_chore(self, path: str, size: int) -> None:
         with contextlib.suppress(OSError):
@@ -126,6 +127,7 @@ class DiskBudget:
         that far behind, this thread unlinks too, so the bound holds on disk."""
         with self._lock:
             free = shutil.disk_usage(self.root).free + self._unlinking_bytes
+        free -= sum(self.files[path] for path in self.writing)  # about to be written
         short = max(0, self.min_free_bytes - free)
         target = (
             self.max_bytes if self.used_bytes <= self.max_bytes else int(self.max_bytes * LOW_WATER)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_offload import disk_layout
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
@@ -80,7 +81,7 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
                 "type": "BoundedFsTier",
                 "module_path": "vllm_offload.disk_tier",
                 "root_dir": plan.disk_tier_root,
-                "budget_root": plan.disk_tier_path,
+                "budget_root": str(disk_layout.tier_root(plan.disk_tier_path)),
                 "max_bytes": plan.disk_tier_bytes,
                 "min_free_bytes": plan.disk_reserve_bytes,
             }]  # fmt: skip

@@ -9,9 +9,11 @@ Every figure carries its unit in its name.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from vllm_offload import disk_layout
 from vllm_offload.config import DeploymentConfig, flag_name
 from vllm_offload.errors import FieldError
 from vllm_offload.hardware import GIB, NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts, HostFacts
@@ -467,6 +469,13 @@ def unreachable(
     what else would reach further, each with its number."""
     tokens, requests = target
     gpu = gpu_budget(config, model, host, weight_bytes)
+    if config.gpu.kv_cache_memory_bytes != "auto":
+        return PlanError(
+            "gpu.kv_cache_memory_bytes",
+            f"a {_gib(room)} GPU KV pool does not fit even with every decoder layer's weights "
+            f"in host RAM ({_gib(gpu.offloadable_bytes)} per GPU): set it <= "
+            f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
+        )
     best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
     helps = []
     if dtype_b > 1:
@@ -618,6 +627,13 @@ def plan_disk_tier(
     if backend != "native":
         return refuse("kv_offload.disk_path", "the disk tier sits behind vLLM's native CPU "
                       "tier: set kv_offload.backend = native, or disk_path = ''")  # fmt: skip
+    if config.kv_offload.store_threshold >= 2:
+        return refuse("kv_offload.store_threshold", "vLLM's tiering (the disk tier) does not "
+                      "take a store threshold (tiering/spec.py refuses it): set it to 0, "
+                      "or disk_path = ''")  # fmt: skip
+    if os.path.realpath(path) == "/":
+        return refuse("kv_offload.disk_path", "not the root directory: give the disk tier a "
+                      "directory of its own (e.g. /nvme/vllm-kv)")  # fmt: skip
     if disk is None or not disk.exists:
         return refuse("kv_offload.disk_path", f"{path} does not exist; create it (`mkdir -p "
                       f"{path}`, writable by the server's user) or set disk_path = ''")  # fmt: skip
@@ -657,7 +673,7 @@ def plan_disk_tier(
         )
     # Each model's files under its own folder: changed weights at the same path (a new
     # fingerprint) never find another model's KV.
-    return DiskTier(f"{path.rstrip('/')}/{model.fingerprint}", size, reserve)
+    return DiskTier(str(disk_layout.tier_root(path) / model.fingerprint), size, reserve)
 
 
 def fit_kv_cache_dtype(
@@ -679,9 +695,14 @@ def fit_kv_cache_dtype(
         return "fp8", f"at the model's dtype {target} do not fit the GPU"
     if config.weights_offload.cpu_gib != "auto":
         return "auto", f"{target} fit at the model's dtype"
-    without_target = as_model.model_copy(update={"model": as_model.model.model_copy(
-        update={"max_model_len": "auto"})})  # fmt: skip
-    base = make_plan(without_target, model, host, platform, env).weights_offloaded_bytes
+    without_target = as_model.model_copy(update={
+        "model": as_model.model.model_copy(update={"max_model_len": "auto"}),
+        "gpu": as_model.gpu.model_copy(update={"min_concurrent_requests": 1}),
+    })  # fmt: skip
+    try:
+        base = make_plan(without_target, model, host, platform, env).weights_offloaded_bytes
+    except PlanError:  # even a short request needs offloading past what fits: no baseline
+        base = 0
     if fitted.weights_offloaded_bytes > base:
         return "fp8", (
             f"at the model's dtype {target} need {_gib(fitted.weights_offloaded_bytes)} of "
@@ -768,8 +789,9 @@ def make_plan(
     usable_blocks = max(0, num_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
     # a full-attention model could give it (up to the model's limit).
+    configured_len = config.model.max_model_len if config.model.max_model_len != "auto" else 0
     longest = longest_for(model, dtype_b, block, tp, pool, 1,
-                          max(usable_blocks * block, model_limit or 0))  # fmt: skip
+                          max(usable_blocks * block, model_limit or 0, configured_len))  # fmt: skip
     model_max = model_limit or longest
 
     if config.model.max_model_len == "auto":

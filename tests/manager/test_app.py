@@ -506,13 +506,14 @@ async def test_clearing_the_disk_tier(client: httpx.AsyncClient, env: Env, tmp_p
     assert nothing.status_code == 409
     assert nothing.json()["detail"]["field"] == "kv_offload.disk_path"
     disk = tmp_path / "nvme"
-    block = disk / "fingerprint" / "m_0123456789ab_r0" / "abc" / "de_g0" / "abcde.bin"
+    tier = disk_layout.tier_root(str(disk))
+    block = tier / "fingerprint" / "m_0123456789ab_r0" / "abc" / "de_g0" / f"{'ab' * 32}.bin"
     block.parent.mkdir(parents=True)
     block.write_bytes(b"kv" * 512)
     config = config_mod.load(env.config_path)  # the administrator sets the path, in the file
     config_mod.save(config_mod.with_overrides(config, {"kv_offload.disk_path": str(disk)}),
                     env.config_path)  # fmt: skip
-    server = disk_layout.hold(disk)  # a running server's disk tier
+    server = disk_layout.hold(tier)  # a running server's disk tier
     try:
         busy = await client.post("/api/cache/clear", headers=BEARER)
         assert busy.status_code == 409 and "running server" in busy.json()["detail"]["message"]
