@@ -179,19 +179,21 @@ class Sampler:
         with self._lock:
             self.tier.append(totals)
 
-    def tier_card(self, tier_bytes: int) -> dict[str, Any]:
-        """tier_report.report over what this sampler has seen."""
+    def _window(self) -> tuple[tier_report.Totals | None, tier_report.Totals | None]:
+        """(the counters ten minutes ago, the latest ones if the server still answers)."""
         with self._lock:
             first, latest = (self.tier[0], self.tier[-1]) if self.tier else (None, None)
+        return first, latest if self.latest is not None else None
+
+    def tier_card(self, tier_bytes: int) -> dict[str, Any]:
+        """tier_report.report over what this sampler has seen."""
+        first, fresh = self._window()
         quiet = 0.0 if self.served_moved_at is None else time.monotonic() - self.served_moved_at
-        fresh = latest if self.latest is not None else None
         return tier_report.report(fresh, first, tier_bytes, quiet)
 
     def disk_card(self, disk_bytes: int, status: dict[str, float] | None) -> dict[str, Any]:
         """tier_report.disk_report over what this sampler has seen."""
-        with self._lock:
-            first, latest = (self.tier[0], self.tier[-1]) if self.tier else (None, None)
-        fresh = latest if self.latest is not None else None
+        first, fresh = self._window()
         return tier_report.disk_report(fresh, first, disk_bytes, status)
 
     def since(self, t: float) -> list[dict[str, Any]]:
