@@ -9,6 +9,7 @@ Both return the same immutable record, so the planner never knows which it got.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import shutil
@@ -157,22 +158,15 @@ class DiskFacts:
 
 def _filesystem(path: str) -> str:
     """The type of the mount holding ``path`` (the longest mount point above it)."""
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        pass
-    return kind
+    mounts = [
+        p
+        for p in psutil.disk_partitions(all=True)
+        if path == p.mountpoint or path.startswith(p.mountpoint.rstrip("/") + "/")
+    ]
+    return max(mounts, key=lambda p: len(p.mountpoint)).fstype if mounts else ""
 
 
+@functools.cache  # a filesystem keeps its answer; the manager plans every poll
 def _o_direct(directory: str) -> bool:
     """Whether files in ``directory`` open with O_DIRECT (a probe file, removed at once)."""
     probe = os.path.join(directory, f".vllm-offload-odirect-{os.getpid()}")
