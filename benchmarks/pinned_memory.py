@@ -6,8 +6,8 @@
 For each strategy it allocates ``--tensors`` buffers of ``--tensor-gib`` (the
 shape of a CPU KV tier: one tensor per layer) and reports the allocation time,
 the host RAM actually taken (drop of MemAvailable), and copy bandwidth: one large
-H2D and D2H copy, and scattered block copies of 64 KiB and 2 MiB (what KV offload
-moves). torch only; needs an NVIDIA GPU.
+H2D and D2H copy, and scattered block copies of 64 KiB, 512 KiB (one layer's 128-token
+block of Llama-3-8B) and 2 MiB (what KV offload moves). torch only; needs an NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def bandwidth(host: torch.Tensor, num_bytes: int, capturable: bool) -> dict[str,
         "h2d_gbps": gbps(num_bytes, time_copy(lambda: gpu.copy_(host[:num_bytes], True))),
         "d2h_gbps": gbps(num_bytes, time_copy(lambda: host[:num_bytes].copy_(gpu, True))),
     }
-    for block in (64 << 10, 2 << 20):
+    for block in (64 << 10, 512 << 10, 2 << 20):
         result |= block_bandwidth(host, gpu, block, capturable)
     return result
 

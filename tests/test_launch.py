@@ -38,6 +38,7 @@ def test_native_backend_builds_offloading_connector(demo_dir: Path) -> None:
     assert kv["kv_connector_extra_config"] == {
         "cpu_bytes_to_use": 4 * GIB,
         "eviction_policy": "lru",
+        "layerwise_loads": True,  # patch 0005: a hit loads inside its prefill's step
         "block_size": 256,  # 'auto' CPU chunk with the native tier: two 128-token blocks
     }
     assert flag(spec, "--block-size") == "128"
@@ -171,6 +172,13 @@ def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> 
     OffloadConfig(offload_backend="prefetch", prefetch=prefetch)  # vLLM's own checks
     assert (prefetch.offload_group_size, prefetch.offload_num_in_group) == (6, 4)
     assert prefetch.offload_prefetch_step == 2 and prefetch.offload_params == {"mlp"}
+
+
+def test_layerwise_loads_can_be_turned_off(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native",
+                               "kv_offload.layerwise_loads": "false"})  # fmt: skip
+    assert spec.kv_transfer_config is not None
+    assert spec.kv_transfer_config["kv_connector_extra_config"]["layerwise_loads"] is False
 
 
 def test_store_threshold_reaches_the_connector(demo_dir: Path) -> None:

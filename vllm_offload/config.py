@@ -165,6 +165,14 @@ class KvOffloadSection(_Section):
         "many times (0 or 1: store every chunk). 2 skips prompts never seen again, at "
         "the price of missing the first reuse.",
     )
+    layerwise_loads: bool = Field(
+        True,
+        description="Load a CPU-tier hit inside the step that computes the rest of its "
+        "prompt, one layer after another, each layer's attention waiting only for its own "
+        "blocks: the copy overlaps the computation and no step is lost in between (vLLM "
+        "0.32.0, patch 0005). The other requests of that step wait for the copies too. "
+        "false: vLLM's way, the request waits out of the batch until its whole load is in.",
+    )
     disk_path: str = Field(
         "",
         description="Directory of the disk tier behind the CPU tier (an NVMe filesystem, "

@@ -68,6 +68,7 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
         extra: dict[str, Any] = {
             "cpu_bytes_to_use": plan.cpu_tier_bytes,
             "eviction_policy": config.kv_offload.eviction_policy,
+            "layerwise_loads": config.kv_offload.layerwise_loads,
         }
         if plan.cpu_chunk_tokens != plan.block_size_tokens:  # vLLM's default: one GPU block
             extra["block_size"] = plan.cpu_chunk_tokens

@@ -14,13 +14,20 @@
 #   benchmarks/gpu/release.sh 0.32.0 decode   # bench decode,memory: baseline / uva8 / pf8
 #   benchmarks/gpu/release.sh 0.32.0 kill9    # kill9.py patched, then unpatched
 #   benchmarks/gpu/release.sh 0.32.0 reuse    # bench baseline vs native, today's defaults
+# Issue #19 (patch 0005, layer-wise CPU-tier loads):
+#   benchmarks/gpu/release.sh 0.32.0 layerwise  # pinned (with 512 KiB blocks), then
+#                                             # layerwise_check.py: CPU hit == GPU hit tokens
+#   benchmarks/gpu/release.sh 0.32.0 hits     # bench reuse: baseline / native (layer-wise) /
+#                                             # async (vLLM's own loads), 5 repeats
+#   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
+#                                             # native, 5 repeats of 20 s
 # Llama-3-8B shape, dummy weights, eager. H2D_GBPS (default: what the pinned case wrote
 # beside SITE, else 55.4) is pinned_memory's registered H2D figure; DEADLINE (s, default
 # 560) bounds the case so the call ends inside its limit.
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|hits|saturated}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -162,9 +169,25 @@ reuse)
     --doc-tokens 8000 --settle-seconds 0.5 --rates max --max-concurrency 48 \
     --rate-seconds 7 --prompt-tokens 512 --output-tokens 64
   ;;
+layerwise)
+  patch apply
+  timeout 200 python3 benchmarks/pinned_memory.py --out "$out/pinned_memory.json"
+  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/layerwise_check.py --out "$out/check"
+  leftovers
+  ;;
+hits)
+  patch apply
+  bench hits --repeats 5 --arms baseline,native --arm 'async=native --kv-offload-layerwise-loads false' \
+    --workloads reuse,memory --docs 8 --doc-tokens 8000 --settle-seconds 0.5
+  ;;
+saturated)
+  patch apply
+  bench saturated --repeats 5 --arms baseline,native --workloads sweep --rates max \
+    --max-concurrency 48 --rate-seconds 20 --prompt-tokens 512 --output-tokens 64
+  ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac
-for dir in "$out/decode" "$out/reuse"; do
+for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check"; do
   [ -d "$dir" ] || continue
   [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
   rm -f "$dir"/summary.csv "$dir"/*.png

