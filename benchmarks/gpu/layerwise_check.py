@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue #19 on the GPU host: does a layer-wise CPU-tier load (patch 0005) give the same
-tokens as a GPU prefix hit? One server per arm through `vllm-offload serve` (Llama-3-8B
-shape, dummy weights, a GPU pool of --pool-tokens), greedy, token ids back:
+tokens (and logprobs) as a GPU prefix hit, and does it load the whole document? One
+server per arm through `vllm-offload serve` (Llama-3-8B shape, dummy weights, a GPU pool
+of --pool-tokens), greedy, token ids and logprobs back:
 
   1. DOC + tail A, cold                      (computed)
   2. DOC + tail A again                      (GPU prefix hit)
@@ -34,13 +35,17 @@ DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B, bf16
 
 
-def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[int]:
+def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[Any]:
+    """The output's token ids and each one's logprob: dummy weights barely depend on the
+    context, so equal tokens alone could hide KV that was never loaded; logprobs do not."""
     response = http.post("/v1/completions", json={
         "model": "m", "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-        "ignore_eos": True, "temperature": 0.0, "return_token_ids": True,
+        "ignore_eos": True, "temperature": 0.0, "return_token_ids": True, "logprobs": 0,
     })  # fmt: skip
     response.raise_for_status()
-    return list(response.json()["choices"][0]["token_ids"])
+    choice = response.json()["choices"][0]
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+    return [list(choice["token_ids"]), logprobs]
 
 
 def loaded_bytes(http: httpx.Client) -> float:
@@ -88,7 +93,7 @@ def main() -> None:
                 for filler in fillers:
                     complete(http, filler, 1)
 
-            steps: dict[str, list[int]] = {}
+            steps: dict[str, list[Any]] = {}
             loads: dict[str, float] = {}
             steps["cold_a"] = complete(http, doc + tail_a, args.output_tokens)
             steps["gpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
@@ -106,6 +111,9 @@ def main() -> None:
             arm["cpu_hit_a_equals_gpu_hit"] = steps["cpu_hit_a"] == steps["gpu_hit_a"]
             arm["cpu_hit_b_equals_gpu_hit"] = steps["cpu_hit_b"] == steps["gpu_hit_b"]
             arm["cold_equals_gpu_hit"] = steps["cold_a"] == steps["gpu_hit_a"]
+            # the tier holds the document's whole 256-token chunks
+            expected = args.doc_tokens // 256 * 256 * KV_BYTES_PER_TOKEN
+            arm["loaded_whole_document"] = all(b == expected for b in loads.values())
             print(name, {k: v for k, v in arm.items() if k not in ("tokens", "flags")},
                   flush=True)  # fmt: skip
         except Exception as exc:  # record and go on: the other arm still measures

@@ -105,14 +105,18 @@ DOC = list(range(1, 201))  # 200 tokens: 12 full blocks (192 tokens) reach the t
 def test_a_cpu_hit_runs_in_the_step_that_loads_it(demo_dir: Path, layerwise: bool) -> None:
     """Layer-wise: the hit's request is scheduled in the same step as its load (the load
     feeds this step's forward), so no step passes between 'load done' and its prefill.
-    vLLM's way (layerwise_loads false) parks it until the worker reports the load done."""
+    vLLM's way (layerwise_loads false) parks it until the worker reports the load done.
+    Either way the load fills every block of the hit."""
     from vllm.v1.request import RequestStatus
 
     engine = Engine(demo_dir, layerwise)
     engine.run_to_the_tier("a", DOC)
     b = engine.add("b", DOC)
     output = engine.step()
-    assert len(output.kv_connector_metadata.load_jobs) == 1
+    (load,) = output.kv_connector_metadata.load_jobs.values()
+    # the 12 GPU blocks the tier's 192 tokens go to (a first version of the patch loaded
+    # none: vLLM caches a sync load's blocks at once, and upstream looked for uncached ones)
+    assert len(load.dst_spec.block_ids) == 12
     if layerwise:
         assert output.has_sync_kv_loads
         assert output.num_scheduled_tokens == {"b": 8}  # 192 loaded, 8 computed now
