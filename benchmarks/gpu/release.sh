@@ -20,7 +20,7 @@
 #   benchmarks/gpu/release.sh 0.32.0 hits     # bench reuse: baseline / native (layer-wise) /
 #                                             # async (vLLM's own loads), 5 repeats
 #   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
-#                                             # native, 5 repeats of 20 s
+#                                             # native, 8 repeats of 20 s
 # Llama-3-8B shape, dummy weights, eager. H2D_GBPS (default: what the pinned case wrote
 # beside SITE, else 55.4) is pinned_memory's registered H2D figure; DEADLINE (s, default
 # 560) bounds the case so the call ends inside its limit.
@@ -182,7 +182,7 @@ hits)
   ;;
 saturated)
   patch apply
-  bench saturated --repeats 5 --arms baseline,native --workloads sweep --rates max \
+  bench saturated --repeats 8 --arms baseline,native --workloads sweep --rates max \
     --max-concurrency 48 --rate-seconds 20 --prompt-tokens 512 --output-tokens 64
   ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
