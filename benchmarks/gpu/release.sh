@@ -15,8 +15,8 @@
 #   benchmarks/gpu/release.sh 0.32.0 kill9    # kill9.py patched, then unpatched
 #   benchmarks/gpu/release.sh 0.32.0 reuse    # bench baseline vs native, today's defaults
 # Issue #19 (patch 0005, layer-wise CPU-tier loads):
-#   benchmarks/gpu/release.sh 0.32.0 layerwise  # pinned (with 512 KiB blocks), then
-#                                             # layerwise_check.py: CPU hit == GPU hit tokens
+#   benchmarks/gpu/release.sh 0.32.0 layerwise  # layerwise_check.py: a CPU hit loads the
+#                                             # whole document, tokens == a GPU hit's
 #   benchmarks/gpu/release.sh 0.32.0 hits     # bench reuse: baseline / native (layer-wise) /
 #                                             # async (vLLM's own loads), 5 repeats
 #   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
@@ -171,7 +171,6 @@ reuse)
   ;;
 layerwise)
   patch apply
-  timeout 200 python3 benchmarks/pinned_memory.py --out "$out/pinned_memory.json"
   timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/layerwise_check.py --out "$out/check"
   leftovers
   ;;
