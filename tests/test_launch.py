@@ -75,6 +75,7 @@ def test_lmcache_backend(demo_dir: Path) -> None:
     assert spec.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     assert spec.env["LMCACHE_LOCAL_CPU"] == "True"
     assert spec.env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "2.000"
+    assert spec.env["LMCACHE_TRACK_USAGE"] == "false"  # no usage reports to lmcache.ai
 
 
 def test_none_backend(demo_dir: Path) -> None:

@@ -178,6 +178,8 @@ def build(
             LMCACHE_LOCAL_CPU="True",
             LMCACHE_MAX_LOCAL_CPU_SIZE=f"{plan.cpu_tier_bytes / GIB:.3f}",
             LMCACHE_CHUNK_SIZE=str(LMCACHE_CHUNK_TOKENS),
+            # LMCache reports usage to stats.lmcache.ai unless told not to.
+            LMCACHE_TRACK_USAGE="false",
         )
     secret: tuple[str, ...] = ()
     if api_key is not None:

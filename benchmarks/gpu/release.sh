@@ -21,13 +21,17 @@
 #                                             # async (vLLM's own loads), 5 repeats
 #   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
 #                                             # native, 8 repeats of 20 s
+# Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
+# ahead of SITE on PYTHONPATH):
+#   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
+#                                             # lmcache: reuse, chat, sweep, memory
 # Llama-3-8B shape, dummy weights, eager. H2D_GBPS (default: what the pinned case wrote
 # beside SITE, else 55.4) is pinned_memory's registered H2D figure; DEADLINE (s, default
 # 560) bounds the case so the call ends inside its limit.
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|hits|saturated}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|hits|saturated|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -36,7 +40,10 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 src=$PWD/.gpu/src  # the committed package and scripts (git archive HEAD), when present
 bench_dir=$([ -f "$src/benchmarks/server_memory.py" ] && echo "$src/benchmarks" || echo benchmarks)
-export PYTHONPATH=$site:$([ -d "$src" ] && echo "$src:")$PWD
+export PYTHONPATH=${LMSITE:+$LMSITE:}$site:$([ -d "$src" ] && echo "$src:")$PWD
+# torch 2.13 (LMSITE) was built against cuDNN 9.20, the host has 9.19; vLLM asks for cuDNN
+# only on Blackwell, so the version check need not stop it.
+[ -n "${LMSITE:-}" ] && export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 model=benchmarks/models/llama-3-8b
 dummy=(--load-format dummy --skip-tokenizer-init --enforce-eager)
@@ -184,9 +191,16 @@ saturated)
   bench saturated --repeats 8 --arms baseline,native --workloads sweep --rates max \
     --max-concurrency 48 --rate-seconds 20 --prompt-tokens 512 --output-tokens 64
   ;;
+lmcache)
+  patch apply
+  python3 -c 'import torch, lmcache, lmcache.cuda_ops; print("torch", torch.__version__, "lmcache", lmcache.__version__ if hasattr(lmcache, "__version__") else "?")'
+  bench lmcache --arms baseline,native,lmcache --workloads reuse,chat,sweep,memory --docs 8 \
+    --doc-tokens 8000 --settle-seconds 0.5 --conversations 4 --turns 4 --rates max \
+    --max-concurrency 48 --rate-seconds 15 --prompt-tokens 512 --output-tokens 64
+  ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac
-for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check"; do
+for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check" "$out/lmcache"; do
   [ -d "$dir" ] || continue
   [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
   rm -f "$dir"/summary.csv "$dir"/*.png
