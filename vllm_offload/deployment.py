@@ -8,6 +8,8 @@ exactly what the command line refuses, with the same words.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,9 @@ def prepare(
     spec = launch.build(config, plan, directory, version, api_key)
     problems += launch.preflight(plan)
     notes = list(spec.notes)
+    lmcache = vllm is not None and plan.kv_offload_backend == "lmcache"
+    if lmcache and (missing := lmcache_problem(environ)) is not None:
+        problems.append(PreflightError("kv_offload.backend", missing))
     if vllm is not None and (unpatched := patch_problem(vllm)) is not None:
         if allow_unpatched:
             notes.append(f"warning: {unpatched}; starting anyway (--allow-unpatched)")
@@ -93,4 +98,42 @@ def patch_problem(vllm: InstalledVllm) -> str | None:
         return str(exc)
     if state is not patching.State.APPLIED:
         return f"vLLM {vllm.version} at {site} is not patched by vllm-offload"
+    return None
+
+
+# The LMCache release measured with vLLM 0.32.0 (`make install LMCACHE=1` installs it).
+LMCACHE_VERSION = "0.5.6"
+# Imports LMCache's compiled ops as its connector does; prints LMCache's version.
+_LMCACHE_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, sys\n"
+    "if u.find_spec('lmcache') is None: sys.exit(3)\n"
+    "print(m.version('lmcache'))\n"
+    "import lmcache.cuda_ops\n"
+)
+_lmcache_ok: set[tuple[str, str]] = set()  # (python, PYTHONPATH) where the probe passed
+
+
+def lmcache_problem(environ: Mapping[str, str], python: str = sys.executable) -> str | None:
+    """Why LMCache cannot serve with this Python, or None. Its compiled ops are built for
+    one torch (LMCache 0.5.6: torch 2.13's C++ ABI); where they do not load, LMCache only
+    logs it and copies with slow torch code, so that is refused too. Runs in a child
+    process (it imports torch: seconds); a pass is remembered, a failure is asked again."""
+    key = (python, environ.get("PYTHONPATH", ""))
+    if key in _lmcache_ok:
+        return None
+    fix = (f"`make install LMCACHE=1` (pip install 'vllm-offload[lmcache]': LMCache "
+           f"{LMCACHE_VERSION}), or set kv_offload.backend = native")  # fmt: skip
+    try:
+        probe = subprocess.run([python, "-c", _LMCACHE_PROBE], env=dict(environ),
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"importing LMCache took over 300 s with {python}; {fix}"
+    if probe.returncode == 3:
+        return f"LMCache is not installed for {python}: {fix}"
+    if probe.returncode != 0:
+        version = probe.stdout.strip() or "?"
+        error = (probe.stderr.strip().splitlines() or ["no error text"])[-1]
+        return (f"LMCache {version}'s compiled ops do not load with this torch ({error}); "
+                f"they are built for one torch release: {fix}")  # fmt: skip
+    _lmcache_ok.add(key)
     return None
