@@ -71,8 +71,14 @@ def test_auto_backend_is_native_with_gpu_and_none_without(demo_dir: Path) -> Non
 
 
 def test_lmcache_backend(demo_dir: Path) -> None:
+    """The kv-transfer-config goes through vLLM's own KVTransferConfig here. LMCache's
+    config class cannot be imported on this CPU host (importing lmcache loads torch-CUDA
+    extensions, and LMCache 0.5.6 is not installed without a GPU), so its reading of the
+    environment is proven on the GPU host: release.sh's lmcache case, whose server logs
+    the tier size LMCache took from LMCACHE_MAX_LOCAL_CPU_SIZE."""
     spec = spec_for(demo_dir, {"kv_offload.backend": "lmcache", "kv_offload.cpu_tier_gib": 2})
     assert spec.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    launch.validate_with_vllm(spec)
     assert spec.env["LMCACHE_LOCAL_CPU"] == "True"
     assert spec.env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "2.000"
     assert spec.env["LMCACHE_TRACK_USAGE"] == "false"  # no usage reports to lmcache.ai
