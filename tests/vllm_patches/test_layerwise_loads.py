@@ -126,6 +126,21 @@ def test_a_cpu_hit_runs_in_the_step_that_loads_it(demo_dir: Path, layerwise: boo
         assert b.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
+def test_a_whole_prompt_in_the_tier_leaves_a_block_to_compute(demo_dir: Path) -> None:
+    """A prompt of whole blocks found whole in the tier: a sync load must leave the step
+    something to compute (vLLM's scheduler asserted num_new_tokens > 0 and the engine died,
+    on the H200 under load). The last block is computed, the rest loaded; vLLM's way
+    loads all and recomputes the last token after the load."""
+    engine = Engine(demo_dir, layerwise=True)
+    whole = DOC[:192]  # 12 blocks of 16
+    engine.run_to_the_tier("a", whole)
+    engine.add("b", whole)
+    output = engine.step()
+    (load,) = output.kv_connector_metadata.load_jobs.values()
+    assert output.num_scheduled_tokens == {"b": 16}
+    assert len(load.dst_spec.block_ids) == 11
+
+
 def test_stores_go_on_while_a_layerwise_load_is_unreported(demo_dir: Path) -> None:
     """The request that loaded keeps running and its new chunks go to the tier while the
     worker has not reported its load yet (upstream asserted no load was pending: the
