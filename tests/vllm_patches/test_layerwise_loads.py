@@ -6,6 +6,7 @@ the GPU run (benchmarks/gpu/layerwise_check.py) proves the kernels wait for thei
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -170,50 +171,72 @@ class RecordingStream:
         self.waited.append(event)
 
 
-def test_the_worker_waits_layer_by_layer(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """register_kv_caches maps each layer to its KV tensor; each attention layer waits for
-    its own tensor's copy only, once; after the forward the stream waits for what is left;
-    a finished layer-wise load is reported as a completed job, not as a request to resume
-    (vLLM's scheduler asserts such a request has finished, then frees its blocks)."""
+@dataclass
+class Worker:
+    """The connector's worker side over the demo model's real KV tensors, its copies
+    recorded: each load job copies the tensors in ``copied[job]`` (default: all)."""
+
+    connector: Any  # OffloadingConnectorWorker
+    stream: RecordingStream
+    loads: list[int]
+    copied: dict[int, list[int]]
+    finished: list[Any]
+
+    def start(self, *job_ids: int, attention_waits: bool = True) -> Any:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingConnectorMetadata,
+        )
+
+        load = SimpleNamespace(req_id="b", src_spec=None, dst_spec=None)
+        meta = OffloadingConnectorMetadata(load_jobs=dict.fromkeys(job_ids, load),  # type: ignore[arg-type]
+                                           store_jobs={})  # fmt: skip
+        self.connector.start_kv_transfers(meta, attention_waits)
+        return meta
+
+
+@pytest.fixture
+def worker(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Worker:
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading import worker as worker_mod
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-        OffloadingConnectorMetadata,
-    )
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.kv_offload.base import TransferResult
     from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
 
+    stream = RecordingStream()
+    loads: list[int] = []
+    copied: dict[int, list[int]] = {}
+    finished: list[TransferResult] = []
+
     class CopyRecorder(CPUOffloadingWorker):
         def __init__(self, kv_caches: Any) -> None:  # no CUDA: nothing allocated
             self.num_tensors = len(kv_caches.tensors)
-            self.loads: list[int] = []
-            self.finished: list[TransferResult] = []
             self.events_on = False
 
         def enable_load_tensor_events(self) -> None:
             self.events_on = True
 
         def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-            self.loads.append(job_id)
+            loads.append(job_id)
             return True
 
         def load_tensor_events(self, job_id: int) -> dict[int, Any]:
-            return {t: f"job{job_id}-tensor{t}" for t in range(self.num_tensors)}
+            tensors = copied.get(job_id, range(self.num_tensors))
+            return {t: f"job{job_id}-tensor{t}" for t in tensors}
 
         def get_finished(self) -> list[TransferResult]:
-            finished, self.finished = self.finished, []
-            return finished
+            done = list(finished)
+            finished.clear()
+            return done
 
-    recorder: dict[str, CopyRecorder] = {}
+    recorder: list[CopyRecorder] = []
 
     def get_worker(kv_caches: Any) -> CopyRecorder:
-        recorder["worker"] = CopyRecorder(kv_caches)
-        return recorder["worker"]
+        recorder.append(CopyRecorder(kv_caches))
+        return recorder[0]
 
-    stream = RecordingStream()
     monkeypatch.setattr(worker_mod.current_platform, "current_stream", lambda: stream)
+    monkeypatch.setattr(worker_mod, "GPULoadStoreSpec", object)
     config = vllm_config(demo_dir, 1024, tier(True), block_size=BLOCK)
     specs = {
         name: FullAttentionSpec(block_size=BLOCK, num_kv_heads=4, head_size=64,
@@ -224,26 +247,92 @@ def test_the_worker_waits_layer_by_layer(demo_dir: Path, monkeypatch: pytest.Mon
     spec = SimpleNamespace(extra_config=tier(True), replicated_layout=False,
                            config=SimpleNamespace(canonical_layout=False),
                            get_worker=get_worker)  # fmt: skip
-    worker = worker_mod.OffloadingConnectorWorker(spec, config, kv_config)  # type: ignore[arg-type]
+    connector = worker_mod.OffloadingConnectorWorker(spec, config, kv_config)  # type: ignore[arg-type]
     kv_caches = {  # as vLLM 0.32 allocates them: (blocks, K/V, tokens, heads, dims)
         name: torch.zeros(kv_config.num_blocks, 2, BLOCK, 4, 64, dtype=torch.bfloat16)
         for name in LAYERS
     }
-    worker.register_kv_caches(kv_caches)
-    copies = recorder["worker"]
-    assert copies.events_on and copies.num_tensors == 2
+    connector.register_kv_caches(kv_caches)
+    assert recorder[0].events_on and recorder[0].num_tensors == 2
+    return Worker(connector, stream, loads, copied, finished)
 
-    load = SimpleNamespace(req_id="b", src_spec=None, dst_spec=None)
-    meta = OffloadingConnectorMetadata(load_jobs={5: load}, store_jobs={})  # type: ignore[dict-item]
-    monkeypatch.setattr(worker_mod, "GPULoadStoreSpec", object)
-    worker.start_kv_transfers(meta)
-    assert copies.loads == [5]
-    worker.wait_for_layer_load(LAYERS[1])
-    worker.wait_for_layer_load(LAYERS[1])  # a second call waits for nothing more
-    assert stream.waited == ["job5-tensor1"]
-    worker.prepare_store_kv(meta)  # after the forward: the rest (and layer 1 again)
-    assert sorted(stream.waited[1:]) == ["job5-tensor0", "job5-tensor1"]
 
-    copies.finished = [TransferResult(job_id=5, success=True)]
-    assert worker.get_finished(set()) == (set(), set())
-    assert worker.build_connector_worker_meta().completed_jobs == {5: 1}
+def test_each_attention_layer_waits_for_its_own_copy(worker: Worker) -> None:
+    """register_kv_caches maps each layer to its KV tensor; each attention layer waits for
+    its own tensor's copy only, once; after the forward the stream waits for what is left;
+    a finished layer-wise load is reported as a completed job, not as a request to resume
+    (vLLM's scheduler asserts such a request has finished, then frees its blocks)."""
+    from vllm.v1.kv_offload.base import TransferResult
+
+    meta = worker.start(5)
+    assert worker.loads == [5] and worker.stream.waited == []
+    worker.connector.wait_for_layer_load(LAYERS[1])
+    worker.connector.wait_for_layer_load(LAYERS[1])  # a second call waits for nothing more
+    assert worker.stream.waited == ["job5-tensor1"]
+    worker.connector.prepare_store_kv(meta)  # after the forward: the rest (and layer 1 again)
+    assert sorted(worker.stream.waited[1:]) == ["job5-tensor0", "job5-tensor1"]
+
+    worker.finished.append(TransferResult(job_id=5, success=True))
+    assert worker.connector.get_finished(set()) == (set(), set())
+    assert worker.connector.build_connector_worker_meta().completed_jobs == {5: 1}
+
+
+def test_a_layer_the_last_load_did_not_copy_waits_for_the_earlier_one(worker: Worker) -> None:
+    """Two loads in one step; the second copied only layer 1: layer 0 waits for the first
+    load's copy (the review's finding: events were taken from the last job only)."""
+    worker.copied[6] = [1]
+    worker.start(5, 6)
+    worker.connector.wait_for_layer_load(LAYERS[0])
+    worker.connector.wait_for_layer_load(LAYERS[1])
+    assert worker.stream.waited == ["job5-tensor0", "job6-tensor1"]
+
+
+def test_a_forward_whose_layers_do_not_wait_waits_for_everything_first(worker: Worker) -> None:
+    """A full CUDA graph replays attention without the Python wrapper that calls
+    wait_for_layer_load (vLLM runs one for a batch of one-token requests): the stream
+    waits for every copy before the forward. OffloadingConnector.start_load_kv decides
+    from the forward context."""
+    from vllm.config import CUDAGraphMode
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+        OffloadingConnector,
+    )
+
+    meta = worker.start(5, attention_waits=False)
+    assert sorted(worker.stream.waited) == ["job5-tensor0", "job5-tensor1"]
+    worker.connector.wait_for_layer_load(LAYERS[0])
+    assert len(worker.stream.waited) == 2
+
+    connector = SimpleNamespace(connector_worker=worker.connector, _connector_metadata=meta)
+    for metadata, mode, layer_waits in [({}, CUDAGraphMode.FULL, False),
+                                        (None, CUDAGraphMode.NONE, False),  # V2's full graphs
+                                        ({}, CUDAGraphMode.PIECEWISE, True),
+                                        ({}, CUDAGraphMode.NONE, True)]:  # fmt: skip
+        worker.stream.waited.clear()
+        context = SimpleNamespace(attn_metadata=metadata, cudagraph_runtime_mode=mode)
+        OffloadingConnector.start_load_kv(connector, context)  # type: ignore[arg-type]
+        assert (worker.stream.waited == []) is layer_waits
+        worker.connector.prepare_store_kv(meta)
+
+
+def test_only_plain_attention_layers_wait_layer_by_layer() -> None:
+    """Mamba/linear state and MLA-side caches are read by ops that never call
+    wait_for_layer_load: with such layers the whole load is waited for up front."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import worker as worker_mod
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheGroupSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    attention = dict(block_size=BLOCK, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+    full = KVCacheGroupSpec(["a"], FullAttentionSpec(**attention))  # type: ignore[arg-type]
+    sliding = KVCacheGroupSpec(["s"], SlidingWindowSpec(**attention, sliding_window=64))  # type: ignore[arg-type]
+    mla = KVCacheGroupSpec(["m"], MLAAttentionSpec(**{**attention, "num_kv_heads": 1}))  # type: ignore[arg-type]
+    mamba = KVCacheGroupSpec(["x"], MambaSpec(block_size=BLOCK, shapes=((4, 4),),
+                                              dtypes=(torch.bfloat16,)))  # fmt: skip
+    assert worker_mod._attention_waits_cover((full, sliding))
+    assert not worker_mod._attention_waits_cover((full, mamba))
+    assert not worker_mod._attention_waits_cover((mla,))
