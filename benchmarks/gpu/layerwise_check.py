@@ -13,9 +13,12 @@ through `vllm-offload serve` (Llama-3-8B shape, dummy weights, a GPU pool of
 
 Arms: layerwise (kv_offload.layerwise_loads = true, the default) and async (false: vLLM's
 own way). A load that did not wait for its layer would read blocks not yet copied and
-change the tokens. Writes OUT/layerwise_check.json and each server's log.
+change the tokens. With --cuda-graphs (no --enforce-eager), --tail-tokens 1 and
+--decoy-tokens N, each CPU hit has one token to compute while another request decodes:
+vLLM runs such a step as a full CUDA graph, where no layer waits for its own copy. Writes
+OUT/layerwise_check.json and each server's log.
 
-    benchmarks/gpu/layerwise_check.py --out DIR
+    benchmarks/gpu/layerwise_check.py --out DIR [--cuda-graphs --tail-tokens 1 --decoy-tokens 400]
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +70,10 @@ def main() -> None:
     parser.add_argument("--fillers", type=int, default=5)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--arms", default="layerwise,async")
+    parser.add_argument("--cuda-graphs", action="store_true", help="serve without --enforce-eager")
+    parser.add_argument("--tail-tokens", type=int, default=64)
+    parser.add_argument("--decoy-tokens", type=int, default=0,
+                        help="a request decoding this many tokens beside each CPU hit")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
@@ -72,14 +81,20 @@ def main() -> None:
     def tokens(n: int) -> list[int]:
         return [rng.randrange(1000, 100000) for _ in range(n)]
 
-    doc, tail_a, tail_b = tokens(args.doc_tokens), tokens(64), tokens(64)
+    doc, tail_a, tail_b = (
+        tokens(args.doc_tokens),
+        tokens(args.tail_tokens),
+        tokens(args.tail_tokens),
+    )
+    decoy = tokens(64)
+    dummy = [a for a in DUMMY if not (args.cuda_graphs and a == "--enforce-eager")]
     fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
     result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
     for name in args.arms.split(","):
         flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
-        server = ServerProcess(serve_args=["--model", args.model, *pool, *flags, "--", *DUMMY],
+        server = ServerProcess(serve_args=["--model", args.model, *pool, *flags, "--", *dummy],
                                log_path=args.out / f"{name}.log")  # fmt: skip
         arm: dict[str, Any] = {"flags": flags}
         result["arms"][name] = arm
@@ -92,17 +107,29 @@ def main() -> None:
                 for filler in fillers:
                     complete(http, filler, 1)
 
+            def beside_a_decode(prompt: list[int], http: httpx.Client = http) -> list[int]:
+                if not args.decoy_tokens:
+                    return complete(http, prompt, args.output_tokens)
+                other = httpx.Client(base_url=http.base_url, timeout=600)
+                decoding = threading.Thread(target=complete,
+                                            args=(other, decoy, args.decoy_tokens))  # fmt: skip
+                decoding.start()
+                time.sleep(0.5)  # the decoy is past its prefill, decoding
+                answer = complete(http, prompt, args.output_tokens)
+                decoding.join()
+                return answer
+
             steps: dict[str, list[int]] = {}
             loads: dict[str, float] = {}
             steps["cold_a"] = complete(http, doc + tail_a, args.output_tokens)
             steps["gpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
             evict()
             before = loaded_bytes(http)
-            steps["cpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
+            steps["cpu_hit_a"] = beside_a_decode(doc + tail_a)
             loads["cpu_hit_a"] = loaded_bytes(http) - before
             evict()
             before = loaded_bytes(http)
-            steps["cpu_hit_b"] = complete(http, doc + tail_b, args.output_tokens)
+            steps["cpu_hit_b"] = beside_a_decode(doc + tail_b)
             loads["cpu_hit_b"] = loaded_bytes(http) - before
             steps["gpu_hit_b"] = complete(http, doc + tail_b, args.output_tokens)
             arm["tokens"] = steps

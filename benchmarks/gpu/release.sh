@@ -17,6 +17,8 @@
 # Issue #19 (patch 0005, layer-wise CPU-tier loads):
 #   benchmarks/gpu/release.sh 0.32.0 layerwise  # layerwise_check.py: a CPU hit loads the
 #                                             # whole document, tokens == a GPU hit's
+#   benchmarks/gpu/release.sh 0.32.0 layerwise-graphs  # the same with CUDA graphs, a
+#                                             # one-token hit beside a decode (full graph)
 #   benchmarks/gpu/release.sh 0.32.0 hits     # bench reuse: baseline / native (layer-wise) /
 #                                             # async (vLLM's own loads), 5 repeats
 #   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
@@ -31,7 +33,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|hits|saturated|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -179,6 +181,12 @@ reuse)
 layerwise)
   patch apply
   timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/layerwise_check.py --out "$out/check"
+  leftovers
+  ;;
+layerwise-graphs)  # CUDA graphs on: a one-token CPU hit beside a decode runs as a full graph
+  patch apply
+  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/layerwise_check.py --out "$out/check" \
+    --cuda-graphs --doc-tokens 7936 --tail-tokens 1 --decoy-tokens 400
   leftovers
   ;;
 hits)
