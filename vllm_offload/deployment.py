@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,17 +111,26 @@ _LMCACHE_PROBE = (
     "print(m.version('lmcache'))\n"
     "import lmcache.cuda_ops\n"
 )
-_lmcache_ok: set[tuple[str, str]] = set()  # (python, PYTHONPATH) where the probe passed
+# (python, PYTHONPATH) -> (when, answer): the manager prepares on every status poll
+_lmcache_checked: dict[tuple[str, str], tuple[float, str | None]] = {}
+LMCACHE_RECHECK_S = 60.0
 
 
 def lmcache_problem(environ: Mapping[str, str], python: str = sys.executable) -> str | None:
     """Why LMCache cannot serve with this Python, or None. Its compiled ops are built for
     one torch (LMCache 0.5.6: torch 2.13's C++ ABI); where they do not load, LMCache only
     logs it and copies with slow torch code, so that is refused too. Runs in a child
-    process (it imports torch: seconds); a pass is remembered, a failure is asked again."""
+    process (it imports torch: seconds); an answer is kept for LMCACHE_RECHECK_S."""
     key = (python, environ.get("PYTHONPATH", ""))
-    if key in _lmcache_ok:
-        return None
+    cached = _lmcache_checked.get(key)
+    if cached is not None and time.monotonic() - cached[0] < LMCACHE_RECHECK_S:
+        return cached[1]
+    answer = _probe_lmcache(environ, python)
+    _lmcache_checked[key] = (time.monotonic(), answer)
+    return answer
+
+
+def _probe_lmcache(environ: Mapping[str, str], python: str) -> str | None:
     fix = (f"`make install LMCACHE=1` (pip install 'vllm-offload[lmcache]': LMCache "
            f"{LMCACHE_VERSION}), or set kv_offload.backend = native")  # fmt: skip
     try:
@@ -135,5 +145,4 @@ def lmcache_problem(environ: Mapping[str, str], python: str = sys.executable) ->
         error = (probe.stderr.strip().splitlines() or ["no error text"])[-1]
         return (f"LMCache {version}'s compiled ops do not load with this torch ({error}); "
                 f"they are built for one torch release: {fix}")  # fmt: skip
-    _lmcache_ok.add(key)
     return None

@@ -525,3 +525,17 @@ async def test_clearing_the_disk_tier(client: httpx.AsyncClient, env: Env, tmp_p
     assert refused.status_code == 403 and block.exists()
     done = await client.post("/api/cache/clear", headers={"X-CSRF-Token": csrf, **ORIGIN})
     assert done.json() == {"files": 1, "bytes": 1024} and not block.exists()
+
+
+async def test_the_tier_card_says_lmcache_feeds_no_counters(
+    client: httpx.AsyncClient, env: Env
+) -> None:
+    """#21: with the lmcache backend the CPU-tier card does not show zeros from counters
+    only vLLM's own tier feeds; it says why it is empty."""
+    from vllm_offload.manager import app as app_module
+
+    config = config_mod.load(env.config_path)
+    config_mod.save(config_mod.with_overrides(config, {"kv_offload.backend": "lmcache"}),
+                    env.config_path)  # fmt: skip
+    tier = (await client.get("/api/status", headers=BEARER)).json()["tier"]
+    assert tier == {"available": False, "why": app_module.LMCACHE_CARD}

@@ -80,6 +80,10 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+# The card reads vLLM's own KV-offload counters, which LMCache's connector does not feed.
+LMCACHE_CARD = "LMCache exports none of vLLM's KV-offload counters; see its own log"
+
+
 def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
     """The saved config; a file that cannot be used refuses whatever needs it (409)."""
     try:
@@ -269,12 +273,13 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 )
         problems: list[dict[str, str]] = []
         tier_bytes = disk_bytes = 0
-        disk_path = ""
+        disk_path = backend = ""
         try:
             prepared = prepare(config)
             plan: dict[str, Any] | str = prepared.plan.to_json()
             problems = [p.detail() for p in prepared.problems]
             tier_bytes = prepared.plan.cpu_tier_bytes
+            backend = prepared.plan.kv_offload_backend
             disk_bytes, disk_path = prepared.plan.disk_tier_bytes, prepared.plan.disk_tier_path
         except VllmOffloadError as exc:
             plan = str(exc)
@@ -292,7 +297,11 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             "problems": problems,
             "events": list(monitor.watch.events),
             "wedge": wedge_status(monitor, config.manager),
-            "tier": sampler.tier_card(tier_bytes),
+            "tier": (
+                {"available": False, "why": LMCACHE_CARD}
+                if backend == "lmcache"
+                else sampler.tier_card(tier_bytes)
+            ),
             "disk": sampler.disk_card(
                 disk_bytes, disk_layout.read_status(disk_path) if disk_path else None
             ),
