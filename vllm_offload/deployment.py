@@ -75,8 +75,8 @@ def prepare(
     spec = launch.build(config, plan, directory, version, api_key)
     problems += launch.preflight(plan)
     notes = list(spec.notes)
-    lmcache = vllm is not None and plan.kv_offload_backend == "lmcache"
-    if lmcache and (missing := lmcache_problem(environ)) is not None:
+    uses_lmcache = vllm is not None and plan.kv_offload_backend == "lmcache"
+    if uses_lmcache and (missing := lmcache_problem(environ)) is not None:
         problems.append(PreflightError("kv_offload.backend", missing))
     if vllm is not None and (unpatched := patch_problem(vllm)) is not None:
         if allow_unpatched:
@@ -111,19 +111,22 @@ _LMCACHE_PROBE = (
     "print(m.version('lmcache'))\n"
     "import lmcache.cuda_ops\n"
 )
-# (python, PYTHONPATH) -> (when, answer): the manager prepares on every status poll
+# (python, PYTHONPATH) -> (when, problem): the manager prepares on every status poll
 _lmcache_checked: dict[tuple[str, str], tuple[float, str | None]] = {}
-LMCACHE_RECHECK_S = 60.0
+LMCACHE_RECHECK_S = 60.0  # how long a problem stands before it is checked again
 
 
 def lmcache_problem(environ: Mapping[str, str], python: str = sys.executable) -> str | None:
     """Why LMCache cannot serve with this Python, or None. Its compiled ops are built for
     one torch (LMCache 0.5.6: torch 2.13's C++ ABI); where they do not load, LMCache only
     logs it and copies with slow torch code, so that is refused too. Runs in a child
-    process (it imports torch: seconds); an answer is kept for LMCACHE_RECHECK_S."""
+    process (it imports torch: seconds); a pass is kept, a problem for LMCACHE_RECHECK_S
+    (the fix may be installed meanwhile)."""
     key = (python, environ.get("PYTHONPATH", ""))
     cached = _lmcache_checked.get(key)
-    if cached is not None and time.monotonic() - cached[0] < LMCACHE_RECHECK_S:
+    if cached is not None and (
+        cached[1] is None or time.monotonic() - cached[0] < LMCACHE_RECHECK_S
+    ):
         return cached[1]
     answer = _probe_lmcache(environ, python)
     _lmcache_checked[key] = (time.monotonic(), answer)
