@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.e2e.server import server_env
+from vllm_offload.vllm_client import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +66,49 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     for name in ("ttft_by_pass.png", "sweep.png", "decode.png"):
         image = matplotlib.image.imread(out / name)
         assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_an_arm_whose_server_dies_ends_alone(demo_dir: Path, tmp_path: Path) -> None:
+    """One arm's server is killed (-9, its whole session) after the first repeat, as an
+    engine that dies mid-run: that arm is marked failed with the error, the other arm runs
+    every repeat, results.json is written and the command exits 1. (On the H200 a dead
+    native engine once ended a whole three-arm run at its next request.)"""
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
+            "--arm", "base=baseline", "--arm", "doomed=baseline", "--repeats", "3",
+            "--workloads", "reuse", "--docs", "3", "--doc-tokens", "300",
+            "--settle-seconds", "0.5", "--pool-bytes", str(64 << 20), "--token-ids",
+            "--out", str(out), "--", "--enforce-eager", "--max-num-seqs", "4"]  # fmt: skip
+    bench = subprocess.Popen(argv, env=server_env(tmp_path), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        partial = out / "results.partial.json"
+        wait_until(partial.exists, 600, "the first repeat", alive=lambda: bench.poll() is None,
+                   poll_s=0.2)  # fmt: skip
+        doomed = [p for p in psutil.process_iter(["cmdline"])
+                  if "--model-served-name" in (p.info["cmdline"] or [])
+                  and log_of(p) == out / "doomed.log"]  # fmt: skip
+        assert len(doomed) == 1, "the doomed arm's `vllm-offload serve`"
+        os.killpg(os.getpgid(doomed[0].pid), signal.SIGKILL)
+        _, stderr = bench.communicate(timeout=600)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 1, stderr[-3000:]
+    assert "arm doomed failed" in stderr
+    results = json.loads((out / "results.json").read_text())
+    base, dead = results["arms"]["base"], results["arms"]["doomed"]
+    assert len(base["runs"]) == 3 and all(r["reuse"]["errors"] == 0 for r in base["runs"])
+    assert len(dead["runs"]) < 3 and "its server exited" in dead["failed"]
+    assert "Failed: doomed, repeat" in (out / "summary.md").read_text()
+
+
+def log_of(process: psutil.Process) -> Path | None:
+    """Where the process writes its stdout (ServerProcess sends it to the arm's log)."""
+    try:
+        return Path(os.readlink(f"/proc/{process.pid}/fd/1"))
+    except OSError:
+        return None
 
 
 def test_bench_bad_input_exits_2(tmp_path: Path) -> None:

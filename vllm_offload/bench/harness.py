@@ -5,10 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from vllm_offload import model_facts
 from vllm_offload.bench import workloads
@@ -152,41 +156,19 @@ def run(options: BenchOptions) -> dict[str, Any]:
         for repeat in range(options.repeats):
             order = labels[repeat % len(labels) :] + labels[: repeat % len(labels)]  # interleaved
             for arm in order:
+                if "failed" in results["arms"][arm]:
+                    continue
                 url = servers[arm].base_url
                 run_result: dict[str, Any] = {"repeat": repeat, "started": time.time()}
-                if "reuse" in options.workloads:
-                    run_result["reuse"] = workloads.reuse(
-                        url, maker, options.docs, options.doc_tokens, repeat, tick,
-                        options.settle_s,
-                    )  # fmt: skip
-                if "chat" in options.workloads:
-                    run_result["chat"] = workloads.chat(
-                        url,
-                        maker,
-                        options.conversations,
-                        options.turns,
-                        options.turn_tokens,
-                        options.output_tokens,
-                        repeat,
-                        tick,
-                    )
-                if "sweep" in options.workloads:
-                    run_result["sweep"] = workloads.sweep(
-                        url,
-                        maker,
-                        options.rates,
-                        options.rate_seconds,
-                        options.prompt_tokens,
-                        options.output_tokens,
-                        repeat,
-                        tick,
-                        options.max_concurrency,
-                    )
-                if "decode" in options.workloads:
-                    run_result["decode"] = workloads.decode(
-                        url, maker, options.decode_batch, options.prompt_tokens,
-                        options.output_tokens, repeat, tick,
-                    )  # fmt: skip
+                try:
+                    run_workloads(options, maker, url, repeat, tick, run_result)
+                except httpx.HTTPError as exc:
+                    # Its server stopped answering (an engine that died): that arm ends
+                    # here with what it measured, the others go on.
+                    results["arms"][arm]["failed"] = failure(servers[arm], repeat, exc)
+                    print(f"bench: arm {arm} failed: {results['arms'][arm]['failed']}",
+                          file=sys.stderr)  # fmt: skip
+                    continue
                 results["arms"][arm]["runs"].append(run_result)
             # What is measured so far survives a run cut short (a GPU call's time limit).
             (options.out / "results.partial.json").write_text(json.dumps(results, indent=1))
@@ -198,6 +180,56 @@ def run(options: BenchOptions) -> dict[str, Any]:
     results["floor"] = cpu_hit_floor(results, per_token, options)
     results["decode_floor"] = decode_floor(results, options)
     return results
+
+
+def failure(server: ServerProcess, repeat: int, exc: httpx.HTTPError) -> str:
+    code = server.proc.poll() if server.proc is not None else None
+    exited = f"; its server exited with code {code}" if code is not None else ""
+    return f"repeat {repeat}: {type(exc).__name__}: {exc}{exited} (log: {server.log_path})"
+
+
+def run_workloads(
+    options: BenchOptions,
+    maker: workloads.PromptMaker,
+    url: str,
+    repeat: int,
+    tick: Callable[[], None],
+    run_result: dict[str, Any],
+) -> None:
+    """One arm's turn in one repeat: each chosen workload, into ``run_result``."""
+    if "reuse" in options.workloads:
+        run_result["reuse"] = workloads.reuse(
+            url, maker, options.docs, options.doc_tokens, repeat, tick,
+            options.settle_s,
+        )  # fmt: skip
+    if "chat" in options.workloads:
+        run_result["chat"] = workloads.chat(
+            url,
+            maker,
+            options.conversations,
+            options.turns,
+            options.turn_tokens,
+            options.output_tokens,
+            repeat,
+            tick,
+        )
+    if "sweep" in options.workloads:
+        run_result["sweep"] = workloads.sweep(
+            url,
+            maker,
+            options.rates,
+            options.rate_seconds,
+            options.prompt_tokens,
+            options.output_tokens,
+            repeat,
+            tick,
+            options.max_concurrency,
+        )
+    if "decode" in options.workloads:
+        run_result["decode"] = workloads.decode(
+            url, maker, options.decode_batch, options.prompt_tokens,
+            options.output_tokens, repeat, tick,
+        )  # fmt: skip
 
 
 def decode_floor(results: dict[str, Any], options: BenchOptions) -> dict[str, Any]:

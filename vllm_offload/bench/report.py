@@ -12,8 +12,8 @@ from typing import Any
 def _spread(values: list[float | None]) -> dict[str, float | None]:
     present = [v for v in values if v is not None]
     if not present:
-        return {"mean": None, "min": None, "max": None}
-    return {"mean": statistics.mean(present), "min": min(present), "max": max(present)}
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(present), "min": min(present), "max": max(present)}
 
 
 def rate_label(rate: float | str | None) -> str:
@@ -23,7 +23,7 @@ def rate_label(rate: float | str | None) -> str:
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per arm and metric, across repeats: mean, min, max (the spread)."""
+    """One row per arm and metric, across repeats: median, min, max (the spread)."""
     rows: list[dict[str, Any]] = []
     for arm, data in results["arms"].items():
         runs = data["runs"]
@@ -113,9 +113,14 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if results["skipped_arms"]:
         lines += [f"Skipped: {arm} ({why})" for arm, why in results["skipped_arms"].items()]
         lines.append("")
-    lines += ["| arm | metric | unit | mean | min | max |", "|---|---|---|---|---|---|"]
+    failed = {arm: data["failed"] for arm, data in results["arms"].items() if "failed" in data}
+    if failed:
+        lines += [f"Failed: {arm}, {why}; its earlier repeats are below" for arm, why in
+                  failed.items()]  # fmt: skip
+        lines.append("")
+    lines += ["| arm | metric | unit | median | min | max |", "|---|---|---|---|---|---|"]
     lines += [
-        f"| {r['arm']} | {r['metric']} | {r['unit']} | {num(r['mean'])} | {num(r['min'])} "
+        f"| {r['arm']} | {r['metric']} | {r['unit']} | {num(r['median'])} | {num(r['min'])} "
         f"| {num(r['max'])} |"
         for r in rows
     ]
@@ -157,21 +162,21 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
                 ]
                 if not values:
                     continue
-                mean = statistics.mean(values)
+                mid = statistics.median(values)
                 ax.bar(
                     p + i * width,
-                    mean,
+                    mid,
                     width,
                     label=arm if p == 0 else None,
                     color=f"C{i}",
-                    yerr=[[mean - min(values)], [max(values) - mean]],
+                    yerr=[[mid - min(values)], [max(values) - mid]],
                 )
         floor = results.get("floor", {})
         if floor.get("cpu_hit_floor_s"):
             ax.axhline(floor["cpu_hit_floor_s"] * 1000, color="k", ls="--", label="CPU-hit floor")
         ax.set_xticks([x + width * (len(arms) - 1) / 2 for x in range(2)], ["pass 1", "pass 2"])
         ax.set_ylabel("TTFT per document (ms)")
-        ax.set_title("Reuse beyond the GPU pool: TTFT by pass (bars: mean, whiskers: spread)")
+        ax.set_title("Reuse beyond the GPU pool: TTFT by pass (bars: median, whiskers: spread)")
         ax.legend()
         path = out / "ttft_by_pass.png"
         fig.tight_layout()
@@ -184,11 +189,13 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             sweep = data["runs"][0]["sweep"]
             labels = [rate_label(r["rate_rps"]).removesuffix("rps") for r in sweep]
             tput = [
-                statistics.mean(run["sweep"][k]["output_tok_per_s"] for run in data["runs"])
+                statistics.median(run["sweep"][k]["output_tok_per_s"] for run in data["runs"])
                 for k in range(len(sweep))
             ]
             ttft = [
-                statistics.mean((run["sweep"][k]["ttft_p50_s"] or 0) * 1000 for run in data["runs"])
+                statistics.median(
+                    (run["sweep"][k]["ttft_p50_s"] or 0) * 1000 for run in data["runs"]
+                )
                 for k in range(len(sweep))
             ]
             left.plot(labels, tput, marker="o", label=arm, color=f"C{i}")
@@ -205,8 +212,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, (arm, data) in enumerate(arms.items()):
             values = [r["decode"]["decode_tok_per_s"] for r in data["runs"]]
-            mean = statistics.mean(values)
-            ax.bar(i, mean, 0.6, color=f"C{i}", yerr=[[mean - min(values)], [max(values) - mean]])
+            mid = statistics.median(values)
+            ax.bar(i, mid, 0.6, color=f"C{i}", yerr=[[mid - min(values)], [max(values) - mid]])
             ceiling = results.get("decode_floor", {}).get(arm, {}).get("ceiling_tok_per_s")
             if ceiling:
                 ax.plot([i - 0.3, i + 0.3], [ceiling] * 2, "k--")
@@ -226,7 +233,7 @@ def write(results: dict[str, Any], out: Path) -> list[Path]:
     rows = summarize(results)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     with (out / "summary.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["arm", "metric", "unit", "mean", "min", "max"])
+        writer = csv.DictWriter(f, fieldnames=["arm", "metric", "unit", "median", "min", "max"])
         writer.writeheader()
         writer.writerows(rows)
     (out / "summary.md").write_text(markdown(results, rows))
