@@ -23,6 +23,10 @@
 #                                             # async (vLLM's own loads), 5 repeats
 #   benchmarks/gpu/release.sh 0.32.0 saturated  # bench sweep at 0 % reuse: baseline vs
 #                                             # native, 8 repeats of 20 s
+#   benchmarks/gpu/release.sh 0.32.0 saturated-graphs  # the same with CUDA graphs (how
+#                                             # users run; eager steps are CPU-bound and
+#                                             # spread +-10 % between windows), REPEATS
+#                                             # (default 20) pairs of 8 s
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -33,7 +37,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -198,6 +202,12 @@ saturated)
   patch apply
   bench saturated --repeats 8 --arms baseline,native --workloads sweep --rates max \
     --max-concurrency 48 --rate-seconds 20 --prompt-tokens 512 --output-tokens 64
+  ;;
+saturated-graphs)
+  patch apply
+  dummy=(--load-format dummy --skip-tokenizer-init)
+  bench saturated --repeats "${REPEATS:-20}" --arms baseline,native --workloads sweep \
+    --rates max --max-concurrency 48 --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
   ;;
 lmcache)
   patch apply
