@@ -27,6 +27,9 @@
 #                                             # users run; eager steps are CPU-bound and
 #                                             # spread +-10 % between windows), REPEATS
 #                                             # (default 20) pairs of 8 s
+#   benchmarks/gpu/release.sh 0.32.0 saturated-blocks  # the same, three arms: baseline,
+#                                             # baseline with the native tier's 128-token
+#                                             # blocks (b128), native; REPEATS (default 14)
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -37,7 +40,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -207,6 +210,13 @@ saturated-graphs)
   patch apply
   dummy=(--load-format dummy --skip-tokenizer-init)
   bench saturated --repeats "${REPEATS:-20}" --arms baseline,native --workloads sweep \
+    --rates max --max-concurrency 48 --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
+  ;;
+saturated-blocks)  # is native's TTFT at saturation its tier or its 128-token blocks?
+  patch apply
+  dummy=(--load-format dummy --skip-tokenizer-init)
+  bench saturated --repeats "${REPEATS:-14}" --arms baseline,native \
+    --arm 'b128=baseline --kv-offload-block-size 128' --workloads sweep \
     --rates max --max-concurrency 48 --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
   ;;
 lmcache)
