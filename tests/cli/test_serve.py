@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 from pathlib import Path
@@ -209,3 +210,29 @@ def test_config_show_merges_file_and_flags(
     shown = json.loads(capsys.readouterr().out)
     assert shown["server"] == {"host": "0.0.0.0", "port": 9001, "api_key_file": ""}
     assert shown["kv_offload"]["cpu_tier_gib"] == 4.0
+
+
+def test_every_commands_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse formats help texts with %: the disk tier's '5 %' broke `serve --help`."""
+    from vllm_offload.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        assert sub.format_help(), name
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    assert exit_.value.code == 0
+    assert "(5 %, at least 10 GiB)" in capsys.readouterr().out
+
+
+def test_dry_run_with_a_host_extension_on_a_cpu_host(
+    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = serve("--model", str(demo_dir), "--kv-offload-backend", "none",
+                 "--kv-offload-host-extension-gib", "1", "--dry-run")  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "--additional-config '{\"kv_host_extension_bytes\":1073741824}'" in out
+    assert "error: kv_offload.host_extension_gib: the host extension maps host RAM" in err
+    assert started == []

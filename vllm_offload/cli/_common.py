@@ -46,7 +46,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 dest=_OVERRIDE_PREFIX + dotted,
                 nargs="*" if _is_list(info.annotation) else None,
                 metavar=key.upper(),
-                help=f"{info.description} (config: {dotted})",
+                # argparse formats help with %: a literal one in a description is %%.
+                help=f"{(info.description or '').replace('%', '%%')} (config: {dotted})",
             )
     parser.add_argument("--swap-space", dest="swap_space", help=argparse.SUPPRESS)
 
