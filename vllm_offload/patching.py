@@ -178,13 +178,14 @@ def _patched(series: Series, site: Path) -> dict[str, bytes]:
     """Each target's patched content, computed from its pristine content."""
     result: dict[str, bytes] = {}
     for rel, patches in _targets(series).items():
+        # A later patch of the same file goes on from the earlier ones' result.
         text = ""
+        if not patches[0].is_new:
+            current = _read(site / rel)
+            if current is None:
+                raise PatchError(f"{site / rel}: missing; reinstall vLLM {series.version}")
+            text = current.decode()
         for fp in patches:
-            if not fp.is_new:
-                current = _read(site / rel)
-                if current is None:
-                    raise PatchError(f"{site / rel}: missing; reinstall vLLM {series.version}")
-                text = current.decode()
             text = _apply_hunks(text, fp.hunks, reverse=False, path=rel)
         result[rel] = text.encode()
     return result
