@@ -188,6 +188,18 @@ def test_layerwise_loads_can_be_turned_off(demo_dir: Path) -> None:
     assert spec.kv_transfer_config["kv_connector_extra_config"]["layerwise_loads"] is False
 
 
+def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    spec = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})
+    parser = make_arg_parser(FlexibleArgumentParser())  # the server's own parser
+    engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
+    assert engine.additional_config == {"kv_host_extension_bytes": 3 << 29}
+    assert "--additional-config" not in spec_for(demo_dir, {}).args
+
+
 def test_store_threshold_reaches_the_connector(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.store_threshold": 2})
     assert spec.kv_transfer_config is not None
@@ -246,7 +258,7 @@ def every_flag_spec(demo_dir: Path) -> launch.LaunchSpec:
          "kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 1,
          "weights_offload.cpu_gib": 0.001, "weights_offload.params": ["mlp"],
          "parallel.tensor_parallel_size": 2, "parallel.pipeline_parallel_size": 2,
-         "parallel.distributed_executor_backend": "mp"},
+         "parallel.distributed_executor_backend": "mp", "kv_offload.host_extension_gib": 0.5},
     )  # fmt: skip
 
 

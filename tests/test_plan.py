@@ -127,6 +127,55 @@ def test_max_model_len_beyond_the_pool_is_refused(tmp_path: Path) -> None:
     assert auto.max_model_len == 16368
 
 
+def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
+    tmp_path: Path,
+) -> None:
+    """Issue #22's case: a 2 GiB GPU pool (16k tokens of Llama-3-8B) and 8 GiB of host RAM
+    after it hold a 64k-token request; the planner says how fast it can decode."""
+    model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
+    facts = model_facts.read(model)
+    capped = {"gpu.kv_cache_memory_bytes": 2 * GIB, "kv_offload.block_size": 16}
+    extended = {**capped, "kv_offload.host_extension_gib": 8.0}
+    with pytest.raises(PlanError) as info:
+        make_plan(config_for(model, **capped, **{"model.max_model_len": 65536}), facts,
+                  make_host(24), "cuda")  # fmt: skip
+    assert "give kv_offload.host_extension_gib the rest" in info.value.message
+    plan = make_plan(config_for(model, **extended, **{"model.max_model_len": 65536}), facts,
+                     make_host(24), "cuda")  # fmt: skip
+    assert (plan.host_extension_bytes, plan.host_extension_tokens) == (8 * GIB, 65536)
+    assert plan.longest_request_tokens == 16368 + 65536
+    # 64k tokens = 8 GiB of KV, 2 GiB of it on the GPU: 6 GiB read every decode step
+    assert plan.spilled_decode_steps_per_s_ceiling == round(plan.h2d_bytes_per_s / (6 * GIB), 2)
+    assert any("host extension: 8.00 GiB per GPU = 65,536 tokens" in d for d in plan.decisions)
+    assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)
+    assert "(GPU pool + host extension)" in render(plan)
+    auto = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
+    assert auto.max_model_len == 16368 + 65536
+    # the RAM it takes is the CPU tier's no more
+    assert auto.cpu_tier_room_ram_bytes == plan.cpu_tier_room_ram_bytes
+    plain = make_plan(config_for(model, **capped), facts, make_host(24), "cuda")
+    assert plain.cpu_tier_room_ram_bytes - auto.cpu_tier_room_ram_bytes == 8 * GIB
+
+
+def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> None:
+    model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
+    facts = model_facts.read(model)
+    too_big = config_for(model, **{"kv_offload.host_extension_gib": 200.0})
+    with pytest.raises(PlanError) as info:
+        make_plan(too_big, facts, make_host(24, ram_gib=128), "cuda")
+    assert info.value.field == "kv_offload.host_extension_gib"
+    assert "set it <= 111" in info.value.message  # 128 GiB - 12.8 reserve - 4 for vLLM
+    on_cpu = make_plan(config_for(model, **{"kv_offload.host_extension_gib": 1.0,
+                                            "kv_offload.backend": "none"}),
+                       facts, make_host(None), "cpu")  # fmt: skip
+    assert [p["field"] for p in on_cpu.problems] == ["kv_offload.host_extension_gib"]
+    sliding = write_shape(tmp_path / "s",
+                          dict(LLAMA3_8B, model_type="mistral", sliding_window=4096))  # fmt: skip
+    with pytest.raises(PlanError, match=r"all full attention; .* also has sliding layers"):
+        make_plan(config_for(sliding, **{"kv_offload.host_extension_gib": 1.0}),
+                  model_facts.read(sliding), make_host(24), "cuda")  # fmt: skip
+
+
 def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
     model = write_shape(tmp_path, QWEN3_30B_A3B)
     facts = model_facts.read(model)
@@ -173,7 +222,8 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
         "gpu_kv_pool_blocks", "gpu_kv_pool_tokens", "longest_request_tokens", "model_max_tokens",
         "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
         "min_concurrent_requests", "h2d_bytes_per_s", "h2d_source", "decode_steps_per_s_ceiling",
-        "decisions",
+        "decisions", "host_extension_bytes", "host_extension_tokens",
+        "spilled_decode_steps_per_s_ceiling",
         "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
         "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "server_ram_bytes",
         "cpu_tier_room_ram_bytes", "cpu_tier_room_shm_bytes", "tensor_parallel_size",

@@ -173,6 +173,17 @@ class KvOffloadSection(_Section):
         "0.32.0, patch 0005). The other requests of that step wait for the copies too. "
         "false: vLLM's way, the request waits out of the batch until its whole load is in.",
     )
+    host_extension_gib: float = Field(
+        0.0,
+        ge=0.0,
+        description="Host RAM, in GiB per GPU, that continues the GPU KV pool, so that one "
+        "request may be longer than the GPU holds (vLLM 0.32.0, patch 0006; NVIDIA GPUs, "
+        "models whose layers are all full attention). The GPU's blocks are used first; a "
+        "request whose KV reaches these blocks reads them over PCIe: every decode step "
+        "moves its spilled bytes once, and its prefill reads them many times (minutes for "
+        "tens of thousands of spilled tokens). Not the CPU tier (cpu_tier_gib: prefix "
+        "reuse), which it is taken from first. 0: off.",
+    )
     disk_path: str = Field(
         "",
         description="Directory of the disk tier behind the CPU tier (an NVMe filesystem, "
@@ -320,6 +331,7 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--num-gpu-blocks-override": "gpu.kv_cache_memory_bytes",
     "--block-size": "kv_offload.block_size",
     "--kv-transfer-config": "kv_offload",
+    "--additional-config": "kv_offload.host_extension_gib",
     "--kv-offloading-size": "kv_offload.cpu_tier_gib",
     "--kv-offloading-backend": "kv_offload.backend",
     "--cpu-offload-gb": "weights_offload.cpu_gib",

@@ -37,6 +37,8 @@ LMCACHE_CHUNK_TOKENS = 256
 # Patch 0001's check of the CPU tier against host RAM keeps this much free; the launcher
 # passes the planner's reserve, so the planner and vLLM apply one rule.
 CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
+# Patch 0006 reads the host extension's size (bytes per GPU) from vLLM's additional config.
+HOST_EXTENSION_KEY = "kv_host_extension_bytes"
 
 
 class PreflightError(Refused):
@@ -168,6 +170,9 @@ def build(
                 "ignores cpu_offload_gb"
             )
 
+    if plan.host_extension_bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
+        extension = {HOST_EXTENSION_KEY: plan.host_extension_bytes}
+        args += ["--additional-config", json.dumps(extension, separators=(",", ":"))]
     kv_config = kv_transfer_config(config, plan)
     if kv_config is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]

@@ -191,12 +191,15 @@ class Plan:
     gpu_kv_pool_bytes: int
     gpu_kv_pool_blocks: int
     gpu_kv_pool_tokens: int  # what vLLM logs as "KV cache size: N tokens"
-    longest_request_tokens: int  # one request must fit the GPU pool
+    longest_request_tokens: int  # one request must fit the GPU pool (+ the host extension)
     model_max_tokens: int
     max_model_len: int
     max_model_len_source: Literal["configured", "auto"]
     max_concurrency_at_full_length: float
     min_concurrent_requests: int  # full-length requests the pool must hold (gpu.*)
+    host_extension_bytes: int  # per GPU: host RAM continuing the GPU KV pool (patch 0006)
+    host_extension_tokens: int
+    spilled_decode_steps_per_s_ceiling: float | None  # a max_model_len request's, if it spills
     cpu_tier_bytes: int
     cpu_tier_blocks: int
     cpu_tier_tokens: int
@@ -544,6 +547,29 @@ def without_hybrid_manager(model: ModelFacts) -> ModelFacts:
     return replace(model, layers=layers)
 
 
+def host_extension_bytes(
+    config: DeploymentConfig, model: ModelFacts, platform: Platform, problems: list[dict[str, str]]
+) -> int:
+    """kv_offload.host_extension_gib in bytes, if this model and platform can have it."""
+    extension = int(config.kv_offload.host_extension_gib * GIB)
+    if not extension:
+        return 0
+    if platform != "cuda":
+        problems.append({
+            "field": "kv_offload.host_extension_gib",
+            "message": "the host extension maps host RAM into the GPU's KV pool, which needs "
+            "an NVIDIA GPU; set it to 0",
+        })  # fmt: skip
+    other = sorted({layer.kind for layer in model.layers} - {"full"})
+    if other:
+        raise PlanError(
+            "kv_offload.host_extension_gib",
+            f"the host extension places models whose layers are all full attention; "
+            f"{model.architecture} also has {', '.join(other)} layers: set it to 0",
+        )
+    return extension
+
+
 def combination_checks(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -784,21 +810,24 @@ def make_plan(
     gpu = plan_gpu_memory(config, model, host, platform, env, weight_bytes, dtype_b, block,
                           (target_tokens, requests), decisions)  # fmt: skip
     pool, offloaded = gpu.kv_pool_bytes, gpu.weights_offloaded_bytes
+    extension = host_extension_bytes(config, model, platform, problems)
+    kv_pool = pool + extension  # what one request, and several at once, may use
 
     num_blocks = pool // per_block if per_block else 0
     usable_blocks = max(0, num_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
     # a full-attention model could give it (up to the model's limit).
     configured_len = config.model.max_model_len if config.model.max_model_len != "auto" else 0
-    longest = longest_for(model, dtype_b, block, tp, pool, 1,
-                          max(usable_blocks * block, model_limit or 0, configured_len))  # fmt: skip
+    extended_tokens = (usable_blocks + extension // per_block if per_block else 0) * block
+    longest = longest_for(model, dtype_b, block, tp, kv_pool, 1,
+                          max(extended_tokens, model_limit or 0, configured_len))  # fmt: skip
     model_max = model_limit or longest
 
     if config.model.max_model_len == "auto":
         max_len = (
             min(model_max, longest)
             if requests == 1
-            else longest_for(model, dtype_b, block, tp, pool, requests, model_max)
+            else longest_for(model, dtype_b, block, tp, kv_pool, requests, model_max)
         )
         len_source: Literal["configured", "auto"] = "auto"
         if max_len <= 0:
@@ -814,7 +843,8 @@ def make_plan(
             + (
                 "the model's limit"
                 if max_len == model_max
-                else f"the longest the GPU KV pool holds for {held}"
+                else f"the longest the GPU KV pool{' and host extension' if extension else ''} "
+                f"hold for {held}"
             )
         )
     else:
@@ -826,19 +856,26 @@ def make_plan(
             else ""
         )
         if max_len > longest:
+            where = (
+                "the GPU KV pool and its host extension hold"
+                if extension
+                else ("the GPU KV pool holds")
+            )
             raise PlanError(
                 "model.max_model_len",
-                f"{max_len} tokens do not fit the GPU KV pool, which holds {longest} tokens "
-                f"for one request. The CPU tier does not extend one request (vLLM keeps a "
-                f"request's whole KV on the GPU); set model.max_model_len <= {longest} or "
-                f"'auto'{offload_hint}",
+                f"{max_len} tokens do not fit: {where} {longest} tokens for one request. "
+                f"The CPU tier does not extend one request (vLLM keeps a request's whole KV "
+                f"in its pool); set model.max_model_len <= {longest} or 'auto'{offload_hint}; "
+                "or give kv_offload.host_extension_gib the rest (host RAM that continues the "
+                "pool: a request that reaches it runs slower)",
             )
-        if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > pool:
-            reach = longest_for(model, dtype_b, block, tp, pool, requests, max_len)
+        if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > kv_pool:
+            reach = longest_for(model, dtype_b, block, tp, kv_pool, requests, max_len)
             request_blocks = -(-request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block)
             raise PlanError(
                 "gpu.min_concurrent_requests",
-                f"the GPU KV pool holds {usable_blocks // request_blocks} request(s) of "
+                f"the GPU KV pool holds "
+                f"{(usable_blocks + extension // per_block) // request_blocks} request(s) of "
                 f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
                 f"to {reach}{offload_hint}",
             )
@@ -852,10 +889,20 @@ def make_plan(
     )
     concurrency = num_blocks / blocks_per_request if blocks_per_request else 0.0
     pool_tokens = int(concurrency * max_len)
+    concurrency += (extension // per_block) / blocks_per_request if blocks_per_request else 0.0
 
     # --- CPU tier -------------------------------------------------------------------
     reserve = ram_reserve(host)
-    room = tier_room(host, reserve, offloaded * tp * pp, tp * pp)
+    ram_left = tier_room(host, reserve, offloaded * tp * pp, tp * pp).ram_bytes
+    if extension * tp * pp > ram_left:
+        raise PlanError(
+            "kv_offload.host_extension_gib",
+            f"{_gib(extension)} per GPU{f' x {tp * pp} GPUs' if tp * pp > 1 else ''} do "
+            f"not fit the host RAM left: "
+            f"{_gib(ram_left)} after the reserve, vLLM and offloaded weights; set it <= "
+            f"{ram_left // (tp * pp) // GIB}",
+        )
+    room = tier_room(host, reserve, (offloaded + extension) * tp * pp, tp * pp)
     tier = cpu_tier_bytes(config, backend, room, per_token, block, warnings)
     tier_blocks = tier // (per_block * tp) if per_block else 0
     tier_tokens = tier_blocks * block
@@ -876,7 +923,7 @@ def make_plan(
             f"the CPU tier ({tier_tokens} tokens) is smaller than one full-length "
             f"request ({max_len} tokens)"
         )
-    if concurrency < 2:
+    if concurrency < 2 and not extension:
         warnings.append(
             f"the GPU pool holds {concurrency:.2f} requests of {max_len} tokens; "
             "long requests will queue one at a time"
@@ -890,6 +937,21 @@ def make_plan(
     # --- what weight offload costs ---------------------------------------------------
     speed, speed_source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")
     ceiling = speed / offloaded if offloaded and speed else None
+    spilled = max(0, request_kv_bytes(model, dtype_b, max_len, block, tp) - pool)
+    spilled_ceiling = speed / spilled if extension and spilled and speed else None
+    if extension:
+        decisions.append(
+            f"host extension: {_gib(extension)} per GPU = "
+            f"{extension // per_block * block if per_block else 0:,} tokens of KV in host RAM "
+            "after the GPU pool, used once the GPU's blocks are taken; "
+            + (
+                f"a {max_len:,}-token request puts {_gib(spilled)} there, which every decode "
+                f"step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({speed_source}): at most "
+                f"{spilled_ceiling:.1f} tokens/s for it; its prefill reads it many times over"
+                if spilled_ceiling is not None
+                else "no request of max_model_len tokens reaches it alone"
+            )
+        )
     if ceiling is not None:
         decisions.append(
             f"decode speed cost: each step moves {_gib(offloaded)} of weights host->GPU at "
@@ -927,6 +989,11 @@ def make_plan(
         max_model_len_source=len_source,
         max_concurrency_at_full_length=round(concurrency, 2),
         min_concurrent_requests=requests,
+        host_extension_bytes=extension,
+        host_extension_tokens=extension // per_block * block if per_block else 0,
+        spilled_decode_steps_per_s_ceiling=(
+            None if spilled_ceiling is None else round(spilled_ceiling, 2)
+        ),
         cpu_tier_bytes=tier,
         cpu_tier_blocks=tier_blocks,
         cpu_tier_tokens=tier_tokens,
@@ -980,7 +1047,15 @@ def render(plan: Plan) -> str:
             f"{_gib(plan.gpu_kv_pool_bytes)} = {plan.gpu_kv_pool_blocks:,} blocks "
             f"= {plan.gpu_kv_pool_tokens:,} tokens",
         ),
-        ("longest request", f"{plan.longest_request_tokens:,} tokens (must fit the GPU pool)"),
+        (
+            "longest request",
+            f"{plan.longest_request_tokens:,} tokens "
+            + (
+                "(GPU pool + host extension)"
+                if plan.host_extension_bytes
+                else "(must fit the GPU pool)"
+            ),
+        ),
         (
             "max_model_len",
             f"{plan.max_model_len:,} tokens ({plan.max_model_len_source}; "
@@ -996,6 +1071,13 @@ def render(plan: Plan) -> str:
             ),
         ),
         ("KV cache dtype", f"{plan.kv_cache_dtype} ({plan.kv_dtype_bytes} bytes per element)"),
+        (
+            "host extension",
+            f"{_gib(plan.host_extension_bytes)} = {plan.host_extension_tokens:,} tokens per GPU "
+            "(continues the pool in host RAM; slower)"
+            if plan.host_extension_bytes
+            else "none (kv_offload.host_extension_gib = 0)",
+        ),
         ("CPU KV tier", f"{plan.kv_offload_backend} ({plan.kv_offload_backend_reason})"),
         (
             "  size",

@@ -143,7 +143,10 @@ function diskRows(d) {
 }
 function planRows(p) {
   return [row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`),
-    row('Longest request (must fit the GPU pool)', fmt(p.longest_request_tokens, 0) + ' tokens'),
+    row(p.host_extension_bytes ? 'Longest request (GPU pool + host extension)' : 'Longest request (must fit the GPU pool)',
+      fmt(p.longest_request_tokens, 0) + ' tokens'),
+    ...(p.host_extension_bytes ? [row('Host extension of the pool', `${fmt(p.host_extension_bytes / GIB, 2)} GiB = ${fmt(p.host_extension_tokens, 0)} tokens per GPU, used after the GPU's blocks`
+      + (p.spilled_decode_steps_per_s_ceiling == null ? '' : `; a ${fmt(p.max_model_len, 0)}-token request decodes at most ${fmt(p.spilled_decode_steps_per_s_ceiling, 1)} tokens/s`))] : []),
     row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`),
     row('CPU KV tier', `${p.kv_offload_backend}: ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB = ${fmt(p.cpu_tier_tokens, 0)} tokens, for reuse`),
     ...(p.disk_tier_bytes ? [row('Disk KV tier', `${fmt(p.disk_tier_bytes / GIB, 0)} GiB = ${fmt(p.disk_tier_tokens, 0)} tokens at ${p.disk_tier_path}`)] : []),
