@@ -30,6 +30,10 @@
 #   benchmarks/gpu/release.sh 0.32.0 saturated-blocks  # the same, three arms: baseline,
 #                                             # baseline with the native tier's 128-token
 #                                             # blocks (b128), native; REPEATS (default 14)
+# Issue #22 (patch 0006, the KV pool's host extension):
+#   benchmarks/gpu/release.sh 0.32.0 host-extension  # host_extension.py: a 64k-token request
+#                                             # on a 2 GiB GPU pool + 8 GiB of host RAM,
+#                                             # tokens and logprobs against a 12 GiB pool
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -40,7 +44,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|host-extension|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -96,7 +100,7 @@ EOF
 keylines() {  # the servers' key lines, then the whole logs as one archive
   local dir=$1
   grep -HE "KV cache size|GPU pool :|CPU tier|egistered|MADV_POPULATE|Created mmap|\
-torch.zeros pinned|offloaded|Offloader|host arena|cudaHostRegister|host_register|\
+torch.zeros pinned|offloaded|Offloader|host arena|cudaHostRegister|host_register|host extension|\
 init engine|Model loading took|Traceback|Error|error:" "$dir"/*.log 2>/dev/null \
     | grep -v "Tokenizer not available" | cut -c1-400 > "$dir/server-lines.txt"
   (cd "$dir" && ls ./*.log >/dev/null 2>&1 && tar -cJf logs.tar.xz ./*.log && rm -f ./*.log)
@@ -219,6 +223,11 @@ saturated-blocks)  # is native's TTFT at saturation its tier or its 128-token bl
     --arm 'b128=baseline --kv-offload-block-size 128' --workloads sweep \
     --rates max --max-concurrency 48 --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
   ;;
+host-extension)
+  patch apply
+  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/host_extension.py --out "$out/host-extension"
+  leftovers
+  ;;
 lmcache)
   patch apply
   python3 -c 'import torch, lmcache, lmcache.cuda_ops; print("torch", torch.__version__, "lmcache", lmcache.__version__ if hasattr(lmcache, "__version__") else "?")'
@@ -228,7 +237,8 @@ lmcache)
   ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac
-for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check" "$out/lmcache"; do
+for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check" "$out/lmcache" \
+  "$out/host-extension"; do
   [ -d "$dir" ] || continue
   [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
   rm -f "$dir"/summary.csv "$dir"/*.png

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Issue #22 on the GPU host: one request longer than the GPU pool, through patch 0006's
+host extension (kv_offload.host_extension_gib). Llama-3.1-8B shape (128k positions),
+dummy weights and a made-up word-level tokenizer (so that vLLM returns logprobs), eager,
+every server through `vllm-offload serve`, all up at once:
+
+  reference  a GPU pool of --reference-gib (it holds the long request), no extension
+  extended   a GPU pool of --pool-gib (2 GiB = 16k tokens) + --extension-gib of host RAM,
+             with the native CPU tier (the default a user gets)
+  ext-none   the same without a CPU tier (stores read host blocks: kept apart)
+
+Each server: the long request (--long-tokens of random token ids, greedy, --output-tokens,
+5 logprobs), streamed, for its TTFT and the time of each token; then --short-repeats short
+requests (512 in, 128 out) alone, interleaved over the servers: they never reach host
+blocks and must keep their speed. Correct means the same token ids and the same logprobs
+as the reference. The cost model (docs/design/long-context.md): a decode step reads the
+spilled KV once over PCIe; a prefill chunk reads the host part once per 128-row query
+tile of FlashAttention 3 (chunk x 4 grouped heads / 128). Writes OUT/host_extension.json
+and each server's log.
+
+    benchmarks/gpu/host_extension.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import re
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vllm_offload.bench.server_process import ServerProcess
+
+MODEL_CONFIG = Path("benchmarks/models/llama-3.1-8b/config.json")
+VOCAB = 128256
+KV_BYTES_PER_TOKEN = 128 * 1024  # 32 layers x K,V x 8 heads x 128 x bf16
+QUERY_ROWS_PER_KV_READ = 128 / 4  # FA3 tiles 128 rows of 4 grouped query heads: 32 tokens
+GIB = 1 << 30
+
+
+def write_model(folder: Path) -> Path:
+    """config.json and a tokenizer whose token i is the word 't<i>' (vLLM needs one for
+    logprobs; dummy weights barely depend on the context, so equal tokens alone prove
+    little: the logprobs must be equal too)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL_CONFIG, folder / "config.json")
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0",
+        "bos_token": "t128000", "eos_token": "t128001", "model_max_length": 131072,
+    }))  # fmt: skip
+    return folder
+
+
+def stream(http: httpx.Client, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """Greedy, exactly max_tokens, 5 logprobs a token; TTFT and each token's arrival."""
+    began = time.perf_counter()
+    times: list[float] = []
+    tokens: list[str] = []
+    logprobs: list[float] = []
+    top: list[dict[str, float]] = []
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0.0, "logprobs": 5, "stream": True}  # fmt: skip
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            lp = choice.get("logprobs") or {}
+            if lp.get("tokens"):
+                times.extend([time.perf_counter() - began] * len(lp["tokens"]))
+                tokens += lp["tokens"]
+                logprobs += lp["token_logprobs"]
+                top += lp["top_logprobs"]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return {
+        "ttft_s": times[0] if times else None,
+        "total_s": time.perf_counter() - began,
+        "tpot_median_s": statistics.median(gaps) if gaps else None,
+        "tpot_min_max_s": [min(gaps), max(gaps)] if gaps else None,
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": top,
+    }
+
+
+def split_line(log: str) -> dict[str, int] | None:
+    """Patch 0006's log line: the GPU and host blocks/tokens of the pool."""
+    found = re.search(r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
+                      r"then (\d+) blocks \((\d+) tokens", log)  # fmt: skip
+    if not found:
+        return None
+    gpu_blocks, gpu_tokens, host_blocks, host_tokens = map(int, found.groups())
+    return {"gpu_blocks": gpu_blocks, "gpu_tokens": gpu_tokens, "host_blocks": host_blocks,
+            "host_tokens": host_tokens}  # fmt: skip
+
+
+def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
+    """Bytes FlashAttention 3 reads from host blocks over a chunked prefill that puts
+    everything past ``gpu_tokens`` there: each chunk reads the host part of its context
+    (its own tokens included) once per 128-row query tile."""
+    total = 0.0
+    for start in range(0, long_tokens, chunk):
+        end = min(start + chunk, long_tokens)
+        host = max(0, end - gpu_tokens)
+        total += host * KV_BYTES_PER_TOKEN * ((end - start) / QUERY_ROWS_PER_KV_READ)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pool-gib", type=float, default=2.0)
+    parser.add_argument("--extension-gib", type=float, default=8.0)
+    parser.add_argument("--reference-gib", type=float, default=12.0)
+    parser.add_argument("--long-tokens", type=int, default=65536)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--short-repeats", type=int, default=4)
+    parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
+    parser.add_argument("--arms", default="reference,extended,ext-none")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = write_model(Path("/tmp/host-extension-model"))
+    rng = random.Random(0)
+    long_prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens)]
+    shorts = [[rng.randrange(1000, 100000) for _ in range(512)] for _ in range(args.short_repeats)]
+
+    common = ["--model", str(model), "--gpu-memory-utilization", "0.3",
+              "--kv-offload-cpu-tier-gib", "8"]  # fmt: skip
+    vllm = ["--", "--load-format", "dummy", "--enforce-eager",
+            "--max-num-batched-tokens", str(args.chunk_tokens)]  # fmt: skip
+    pool = {name: ["--gpu-kv-cache-memory-bytes", str(int(gib * GIB))]
+            for name, gib in (("reference", args.reference_gib), ("extended", args.pool_gib),
+                              ("ext-none", args.pool_gib))}  # fmt: skip
+    flags = {
+        "reference": ["--kv-offload-backend", "native"],
+        "extended": ["--kv-offload-backend", "native",
+                     "--kv-offload-host-extension-gib", str(args.extension_gib)],
+        "ext-none": ["--kv-offload-backend", "none", "--kv-offload-block-size", "128",
+                     "--kv-offload-host-extension-gib", str(args.extension_gib)],
+    }  # fmt: skip
+    arms = args.arms.split(",")
+    servers = {name: ServerProcess([*common, *pool[name], *flags[name], *vllm],
+                                   args.out / f"{name}.log") for name in arms}  # fmt: skip
+    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
+
+    def save() -> None:
+        (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    try:
+        for server in servers.values():
+            server.start()
+        for name, server in servers.items():
+            arm: dict[str, Any] = {"flags": flags[name]}
+            result["arms"][name] = arm
+            try:
+                arm["healthy_s"] = server.wait_healthy()
+                arm["split"] = split_line(server.log_path.read_text(errors="replace"))
+            except Exception as exc:
+                arm["error"] = repr(exc)
+        live = [n for n in arms if "error" not in result["arms"][n]]
+        for name in live:  # the long request on each, one at a time
+            arm = result["arms"][name]
+            try:
+                with httpx.Client(base_url=servers[name].base_url, timeout=900) as http:
+                    arm["long"] = stream(http, long_prompt, args.output_tokens)
+                print(name, "long: TTFT", arm["long"]["ttft_s"], "TPOT",
+                      arm["long"]["tpot_median_s"], flush=True)  # fmt: skip
+            except Exception as exc:
+                arm["error"] = repr(exc)
+                print(name, "failed:", exc, flush=True)
+            save()
+        for index, prompt in enumerate(shorts):  # interleaved, rotating the order
+            order = live[index % len(live) :] + live[: index % len(live)]
+            for name in order:
+                arm = result["arms"][name]
+                if "error" in arm:
+                    continue
+                with httpx.Client(base_url=servers[name].base_url, timeout=300) as http:
+                    short = stream(http, prompt, 128)
+                arm.setdefault("short_tpot_s", []).append(short["tpot_median_s"])
+                arm.setdefault("short_ttft_s", []).append(short["ttft_s"])
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    reference = result["arms"].get("reference", {}).get("long")
+    for name in arms:
+        arm = result["arms"][name]
+        long = arm.get("long")
+        if not long or not reference or name == "reference":
+            continue
+        arm["same_tokens"] = long["tokens"] == reference["tokens"]
+        arm["same_logprobs"] = long["token_logprobs"] == reference["token_logprobs"]
+        arm["same_top_logprobs"] = long["top_logprobs"] == reference["top_logprobs"]
+        arm["max_logprob_diff"] = max(
+            (
+                abs(a - b)
+                for a, b in zip(long["token_logprobs"], reference["token_logprobs"], strict=False)
+            ),
+            default=None,
+        )
+        split = arm.get("split")
+        if split and long["tpot_median_s"] and reference["tpot_median_s"]:
+            spilled = max(0, args.long_tokens + args.output_tokens - split["gpu_tokens"])
+            step_bytes = spilled * KV_BYTES_PER_TOKEN
+            extra = long["tpot_median_s"] - reference["tpot_median_s"]
+            rate = step_bytes / extra if extra > 0 else None
+            prefill = prefill_host_bytes(args.long_tokens, split["gpu_tokens"], args.chunk_tokens)
+            arm["cost_model"] = {
+                "spilled_tokens_at_decode": spilled,
+                "decode_step_host_bytes": step_bytes,
+                "decode_extra_s_per_step": extra,
+                "decode_read_rate_gbps": None if rate is None else rate / 1e9,
+                "decode_tok_per_s": 1 / long["tpot_median_s"],
+                "reference_decode_tok_per_s": 1 / reference["tpot_median_s"],
+                "prefill_host_bytes_read": prefill,
+                "prefill_extra_s": long["ttft_s"] - reference["ttft_s"],
+                "prefill_predicted_extra_s_at_decode_rate": (
+                    None if rate is None else prefill / rate
+                ),
+                "prefill_read_rate_gbps": prefill / (long["ttft_s"] - reference["ttft_s"]) / 1e9,
+            }
+        shorts_here = arm.get("short_tpot_s") or []
+        shorts_ref = result["arms"]["reference"].get("short_tpot_s") or []
+        if shorts_here and shorts_ref:
+            arm["short_tpot_median_vs_reference"] = [
+                statistics.median(shorts_here), statistics.median(shorts_ref)]  # fmt: skip
+    for name, arm in result["arms"].items():
+        summary = {k: v for k, v in arm.items() if k not in ("long", "flags")}
+        if arm.get("long"):
+            summary["long"] = {k: arm["long"][k] for k in ("ttft_s", "total_s", "tpot_median_s")}
+        print(name, json.dumps(summary, indent=1), flush=True)
+    save()
+
+
+if __name__ == "__main__":
+    main()
