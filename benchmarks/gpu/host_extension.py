@@ -119,6 +119,33 @@ def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
     return total
 
 
+def mapping_check() -> dict[str, Any]:
+    """Patch 0006's allocator alone, before any server: a two-layer pool of 8 blocks of 2 MiB
+    pages, the last 4 in host RAM. GPU memory must grow by the GPU part only, and what is
+    written through the mapping must read back."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.core import kv_host_extension
+
+    page = 2 << 20
+    tensor = SimpleNamespace(layers=["a", "b"], layer_stride=8 * page, block_stride=page, offset=0)
+    config = SimpleNamespace(num_blocks=8, num_host_blocks=4, kv_cache_tensors=[tensor])
+    torch.zeros(1, device="cuda")
+    free_before = torch.cuda.mem_get_info()[0]
+    buf = kv_host_extension.allocate(config, 16 * page, torch.device("cuda", 0))
+    torch.cuda.synchronize()
+    gpu_taken = free_before - torch.cuda.mem_get_info()[0]
+    buf.copy_(torch.arange(buf.numel(), device="cuda", dtype=torch.int64).to(torch.int8))
+    expected = torch.arange(buf.numel(), dtype=torch.int64).to(torch.int8)
+    return {
+        "host_ranges": kv_host_extension.host_ranges(config),
+        "gpu_bytes_taken": gpu_taken,
+        "gpu_bytes_expected": 8 * page,
+        "reads_back": bool(torch.equal(buf.cpu(), expected)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -133,6 +160,12 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = write_model(Path("/tmp/host-extension-model"))
+    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
+    try:
+        result["mapping_check"] = mapping_check()
+    except Exception as exc:  # the servers will say more
+        result["mapping_check"] = {"error": repr(exc)}
+    print("mapping check:", result["mapping_check"], flush=True)
     rng = random.Random(0)
     long_prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens)]
     shorts = [[rng.randrange(1000, 100000) for _ in range(512)] for _ in range(args.short_repeats)]
@@ -154,7 +187,6 @@ def main() -> None:
     arms = args.arms.split(",")
     servers = {name: ServerProcess([*common, *pool[name], *flags[name], *vllm],
                                    args.out / f"{name}.log") for name in arms}  # fmt: skip
-    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
 
     def save() -> None:
         (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")
