@@ -9,6 +9,10 @@ every server through `vllm-offload serve`, all up at once:
              with the native CPU tier (the default a user gets)
   ext-none   the same without a CPU tier (stores read host blocks: kept apart)
 
+Dummy weights barely depend on the context, so the control changes one token of the long
+prompt in the part the extended pool keeps in host RAM: on the reference, the logprobs
+must change, or their equality would prove nothing.
+
 Each server: the long request (--long-tokens of random token ids, greedy, --output-tokens,
 5 logprobs), streamed, for its TTFT and the time of each token; then --short-repeats short
 requests (512 in, 128 out) alone, interleaved over the servers: they never reach host
@@ -214,6 +218,25 @@ def main() -> None:
                 arm["error"] = repr(exc)
                 print(name, "failed:", exc, flush=True)
             save()
+        if "reference" in live:  # the control: are these logprobs sensitive at all?
+            changed = list(long_prompt)
+            at = args.long_tokens * 3 // 4  # a token the extended pool keeps in host RAM
+            changed[at] = changed[at] + 1
+            with httpx.Client(base_url=servers["reference"].base_url, timeout=900) as http:
+                control = stream(http, changed, args.output_tokens)
+            original = result["arms"]["reference"].get("long") or {}
+            result["control"] = {
+                "changed_token_at": at,
+                "tokens_differ": control["tokens"] != original.get("tokens"),
+                "logprobs_differ": control["token_logprobs"] != original.get("token_logprobs"),
+                "max_logprob_diff": max(
+                    (abs(a - b) for a, b in
+                     zip(control["token_logprobs"], original.get("token_logprobs", []),
+                         strict=False)),
+                    default=None,
+                ),
+            }  # fmt: skip
+            print("control:", result["control"], flush=True)
         for index, prompt in enumerate(shorts):  # interleaved, rotating the order
             order = live[index % len(live) :] + live[: index % len(live)]
             for name in order:

@@ -34,6 +34,7 @@
 #   benchmarks/gpu/release.sh 0.32.0 host-extension  # host_extension.py: a 64k-token request
 #                                             # on a 2 GiB GPU pool + 8 GiB of host RAM,
 #                                             # tokens and logprobs against a 12 GiB pool
+#                                             # (HOST_EXTENSION_ARGS: more of its flags)
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -225,7 +226,8 @@ saturated-blocks)  # is native's TTFT at saturation its tier or its 128-token bl
   ;;
 host-extension)
   patch apply
-  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/host_extension.py --out "$out/host-extension"
+  timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/host_extension.py --out "$out/host-extension" \
+    ${HOST_EXTENSION_ARGS:-}
   leftovers
   ;;
 lmcache)
