@@ -8,6 +8,8 @@ every server through `vllm-offload serve`, all up at once:
   extended   a GPU pool of --pool-gib (2 GiB = 16k tokens) + --extension-gib of host RAM,
              with the native CPU tier (the default a user gets)
   ext-none   the same without a CPU tier (stores read host blocks: kept apart)
+  ext-graphs extended with CUDA graphs (not in the default --arms): decode steps replayed
+             as full graphs read the host blocks too
 
 Dummy weights barely depend on the context, so the control changes one token of the long
 prompt in the part the extended pool keeps in host RAM: on the reference, the logprobs
@@ -188,9 +190,15 @@ def main() -> None:
         "ext-none": ["--kv-offload-backend", "none", "--kv-offload-block-size", "128",
                      "--kv-offload-host-extension-gib", str(args.extension_gib)],
     }  # fmt: skip
+    flags["ext-graphs"] = flags["extended"]
+    pool["ext-graphs"] = pool["extended"]
     arms = args.arms.split(",")
-    servers = {name: ServerProcess([*common, *pool[name], *flags[name], *vllm],
-                                   args.out / f"{name}.log") for name in arms}  # fmt: skip
+
+    def serve_args(name: str) -> list[str]:
+        theirs = [a for a in vllm if not (name == "ext-graphs" and a == "--enforce-eager")]
+        return [*common, *pool[name], *flags[name], *theirs]
+
+    servers = {name: ServerProcess(serve_args(name), args.out / f"{name}.log") for name in arms}
 
     def save() -> None:
         (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")
