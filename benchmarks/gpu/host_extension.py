@@ -13,7 +13,9 @@ every server through `vllm-offload serve`, all up at once:
 
 Dummy weights barely depend on the context, so the control changes one token of the long
 prompt in the part the extended pool keeps in host RAM: on the reference, the logprobs
-must change, or their equality would prove nothing.
+must change, or their equality would prove nothing. With dummy weights they do not
+(measured); --weights takes a random checkpoint of deviation 0.02 (random_checkpoint.py
+--std 0.02), whose attention is sharp enough that they do.
 
 Each server: the long request (--long-tokens of random token ids, greedy, --output-tokens,
 5 logprobs), streamed, for its TTFT and the time of each token; then --short-repeats short
@@ -51,14 +53,17 @@ QUERY_ROWS_PER_KV_READ = 128 / 4  # FA3 tiles 128 rows of 4 grouped query heads:
 GIB = 1 << 30
 
 
-def write_model(folder: Path) -> Path:
+def write_model(folder: Path, weights: Path | None) -> Path:
     """config.json and a tokenizer whose token i is the word 't<i>' (vLLM needs one for
     logprobs; dummy weights barely depend on the context, so equal tokens alone prove
     little: the logprobs must be equal too)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    if weights is not None:  # a checkpoint beside its config.json
+        folder = weights
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(MODEL_CONFIG, folder / "config.json")
+    if weights is None:
+        shutil.copy(MODEL_CONFIG, folder / "config.json")
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(folder / "tokenizer.json"))
@@ -163,9 +168,10 @@ def main() -> None:
     parser.add_argument("--short-repeats", type=int, default=4)
     parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
     parser.add_argument("--arms", default="reference,extended,ext-none")
+    parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model = write_model(Path("/tmp/host-extension-model"))
+    model = write_model(Path("/tmp/host-extension-model"), args.weights)
     result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
     try:
         result["mapping_check"] = mapping_check()
@@ -178,8 +184,8 @@ def main() -> None:
 
     common = ["--model", str(model), "--gpu-memory-utilization", "0.3",
               "--kv-offload-cpu-tier-gib", "8"]  # fmt: skip
-    vllm = ["--", "--load-format", "dummy", "--enforce-eager",
-            "--max-num-batched-tokens", str(args.chunk_tokens)]  # fmt: skip
+    dummy = [] if args.weights else ["--load-format", "dummy"]
+    vllm = ["--", *dummy, "--enforce-eager", "--max-num-batched-tokens", str(args.chunk_tokens)]
     pool = {name: ["--gpu-kv-cache-memory-bytes", str(int(gib * GIB))]
             for name, gib in (("reference", args.reference_gib), ("extended", args.pool_gib),
                               ("ext-none", args.pool_gib))}  # fmt: skip

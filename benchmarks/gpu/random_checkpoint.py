@@ -6,6 +6,10 @@ load the same way for every arm). Random values come from the GPU; the files lan
 page cache, so every arm reads them warm.
 
     benchmarks/gpu/random_checkpoint.py benchmarks/models/llama-3-8b/config.json /root/ckpt
+
+--std S draws matrices from a normal of that deviation and sets the norms to 1 instead
+(issue #22): vLLM's dummy values (+-1e-3) make attention near uniform, so the output does
+not move when one token of a long prompt changes; at 0.02 it does.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def main() -> None:
     parser.add_argument("config", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--shard-gib", type=float, default=4)
+    parser.add_argument("--std", type=float, help="normal matrices, norms 1 (default: +-1e-3)")
     args = parser.parse_args()
     config = json.loads(args.config.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +69,12 @@ def main() -> None:
         shard, files = {}, files + 1
 
     for name, shape in shapes(config).items():
-        shard[name] = (torch.rand(shape, device="cuda", dtype=torch.bfloat16) - 0.5) * 2e-3
+        if args.std is None:
+            shard[name] = (torch.rand(shape, device="cuda", dtype=torch.bfloat16) - 0.5) * 2e-3
+        elif name.endswith("norm.weight"):
+            shard[name] = torch.ones(shape, device="cuda", dtype=torch.bfloat16)
+        else:
+            shard[name] = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * args.std
         if sum(t.numel() * 2 for t in shard.values()) >= args.shard_gib * (1 << 30):
             flush()
     if shard:

@@ -34,7 +34,9 @@
 #   benchmarks/gpu/release.sh 0.32.0 host-extension  # host_extension.py: a 64k-token request
 #                                             # on a 2 GiB GPU pool + 8 GiB of host RAM,
 #                                             # tokens and logprobs against a 12 GiB pool
-#                                             # (HOST_EXTENSION_ARGS: more of its flags)
+#                                             # (HOST_EXTENSION_ARGS: more of its flags;
+#                                             # RANDOM_WEIGHTS_STD=0.02: random weights
+#                                             # whose output follows the context)
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -226,8 +228,13 @@ saturated-blocks)  # is native's TTFT at saturation its tier or its 128-token bl
   ;;
 host-extension)
   patch apply
+  weights=()
+  if [ -n "${RANDOM_WEIGHTS_STD:-}" ]; then  # a context-sensitive random checkpoint
+    python3 benchmarks/gpu/random_checkpoint.py benchmarks/models/llama-3.1-8b/config.json \
+      /root/ckpt-std --std "$RANDOM_WEIGHTS_STD" && weights=(--weights /root/ckpt-std)
+  fi
   timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/host_extension.py --out "$out/host-extension" \
-    ${HOST_EXTENSION_ARGS:-}
+    "${weights[@]}" ${HOST_EXTENSION_ARGS:-}
   leftovers
   ;;
 lmcache)
