@@ -172,7 +172,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = write_model(Path("/tmp/host-extension-model"), args.weights)
-    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result: dict[str, Any] = {"options": options, "arms": {}}
     try:
         result["mapping_check"] = mapping_check()
     except Exception as exc:  # the servers will say more
