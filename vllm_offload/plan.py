@@ -830,6 +830,7 @@ def make_plan(
             else longest_for(model, dtype_b, block, tp, kv_pool, requests, model_max)
         )
         len_source: Literal["configured", "auto"] = "auto"
+        pool_name = "GPU KV pool and host extension" if extension else "GPU KV pool"
         if max_len <= 0:
             raise PlanError(
                 "gpu.kv_cache_memory_bytes",
@@ -843,8 +844,7 @@ def make_plan(
             + (
                 "the model's limit"
                 if max_len == model_max
-                else f"the longest the GPU KV pool{' and host extension' if extension else ''} "
-                f"hold for {held}"
+                else f"the longest the {pool_name} {'hold' if extension else 'holds'} for {held}"
             )
         )
     else:
