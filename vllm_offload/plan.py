@@ -59,6 +59,8 @@ DISK_RESERVE_FRACTION = 0.05
 DISK_AUTO_SHARE = 0.5
 # Offloading weights 'auto' without a length to reach leaves room for one request this long.
 AUTO_OFFLOAD_ROOM_TOKENS = 4096
+# Patch 0006 maps the host extension in 2 MiB granules (vllm/v1/core/kv_host_extension.py).
+HOST_MAP_GRANULE = 2 << 20
 # Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
 # (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
 # links are this scaled by their transfer rate and width; every weight-offload decode step
@@ -811,14 +813,22 @@ def make_plan(
                           (target_tokens, requests), decisions)  # fmt: skip
     pool, offloaded = gpu.kv_pool_bytes, gpu.weights_offloaded_bytes
     extension = host_extension_bytes(config, model, platform, problems)
-    kv_pool = pool + extension  # what one request, and several at once, may use
-
     num_blocks = pool // per_block if per_block else 0
+    extension_blocks = 0
+    if extension and per_block:
+        # As patch 0006 counts them: both parts in whole multiples of the blocks that keep
+        # each GPU/host boundary on a 2 MiB mapping granule in every layer's region.
+        page = per_block // len(model.layers)
+        step = HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
+        num_blocks = num_blocks // step * step
+        extension_blocks = extension // per_block // step * step
+    # what one request, and several at once, may use
+    kv_pool = (num_blocks + extension_blocks) * per_block if extension else pool
     usable_blocks = max(0, num_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
     # a full-attention model could give it (up to the model's limit).
     configured_len = config.model.max_model_len if config.model.max_model_len != "auto" else 0
-    extended_tokens = (usable_blocks + extension // per_block if per_block else 0) * block
+    extended_tokens = (usable_blocks + extension_blocks) * block
     longest = longest_for(model, dtype_b, block, tp, kv_pool, 1,
                           max(extended_tokens, model_limit or 0, configured_len))  # fmt: skip
     model_max = model_limit or longest
@@ -859,15 +869,19 @@ def make_plan(
             where = (
                 "the GPU KV pool and its host extension hold"
                 if extension
-                else ("the GPU KV pool holds")
+                else "the GPU KV pool holds"
             )
             raise PlanError(
                 "model.max_model_len",
                 f"{max_len} tokens do not fit: {where} {longest} tokens for one request. "
                 f"The CPU tier does not extend one request (vLLM keeps a request's whole KV "
-                f"in its pool); set model.max_model_len <= {longest} or 'auto'{offload_hint}; "
-                "or give kv_offload.host_extension_gib the rest (host RAM that continues the "
-                "pool: a request that reaches it runs slower)",
+                f"in its pool); set model.max_model_len <= {longest} or 'auto'{offload_hint}"
+                + (
+                    "; or give kv_offload.host_extension_gib the rest (host RAM that continues "
+                    "the pool: a request that reaches it runs slower)"
+                    if platform == "cuda" and all(layer.kind == "full" for layer in model.layers)
+                    else ""
+                ),
             )
         if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > kv_pool:
             reach = longest_for(model, dtype_b, block, tp, kv_pool, requests, max_len)
@@ -875,7 +889,7 @@ def make_plan(
             raise PlanError(
                 "gpu.min_concurrent_requests",
                 f"the GPU KV pool holds "
-                f"{(usable_blocks + extension // per_block) // request_blocks} request(s) of "
+                f"{(usable_blocks + extension_blocks) // request_blocks} request(s) of "
                 f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
                 f"to {reach}{offload_hint}",
             )
@@ -889,7 +903,7 @@ def make_plan(
     )
     concurrency = num_blocks / blocks_per_request if blocks_per_request else 0.0
     pool_tokens = int(concurrency * max_len)
-    concurrency += (extension // per_block) / blocks_per_request if blocks_per_request else 0.0
+    concurrency += extension_blocks / blocks_per_request if blocks_per_request else 0.0
 
     # --- CPU tier -------------------------------------------------------------------
     reserve = ram_reserve(host)
@@ -942,7 +956,7 @@ def make_plan(
     if extension:
         decisions.append(
             f"host extension: {_gib(extension)} per GPU = "
-            f"{extension // per_block * block if per_block else 0:,} tokens of KV in host RAM "
+            f"{extension_blocks * block:,} tokens of KV in host RAM "
             "after the GPU pool, used once the GPU's blocks are taken; "
             + (
                 f"a {max_len:,}-token request puts {_gib(spilled)} there, which every decode "
@@ -990,7 +1004,7 @@ def make_plan(
         max_concurrency_at_full_length=round(concurrency, 2),
         min_concurrent_requests=requests,
         host_extension_bytes=extension,
-        host_extension_tokens=extension // per_block * block if per_block else 0,
+        host_extension_tokens=extension_blocks * block,
         spilled_decode_steps_per_s_ceiling=(
             None if spilled_ceiling is None else round(spilled_ceiling, 2)
         ),

@@ -167,3 +167,59 @@ def test_only_full_attention_models_are_placed() -> None:
                              dtype=torch.bfloat16, sliding_window=128)  # fmt: skip
     with pytest.raises(ValueError, match=r"all full attention.*SlidingWindowSpec"):
         kv_host_extension.check_groups([KVCacheGroupSpec(["layer.0"], spec)])
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_a_layout_with_each_heads_blocks_apart_is_refused(demo_dir: Path) -> None:
+    """LHBNC keeps each head's blocks in their own run: the ranges would map the wrong
+    bytes to host RAM (found by review)."""
+    with pytest.raises(ValueError, match="cannot place the LHBNC KV cache layout"):
+        kv_configs(config(demo_dir, 4096, HOST_BYTES, "LHBNC"), GPU_BYTES)
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_pipeline_stages_get_the_same_blocks_and_no_more_host_ram(demo_dir: Path) -> None:
+    """Stages with 2 and 1 layers: blocks of different sizes. Every stage gets the fewest
+    GPU and the fewest host blocks any holds, so none pins more than it was given."""
+    import torch
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+    stages = [[KVCacheGroupSpec(["l.0", "l.1"], spec)], [KVCacheGroupSpec(["l.2"], spec)]]
+    vllm_config = config(demo_dir, 4096, HOST_BYTES)
+    memory, host_blocks = kv_cache_utils._extend_pools_into_host_ram(
+        vllm_config, stages, [GPU_BYTES, GPU_BYTES]
+    )
+    # stage 0: 32 KiB blocks, 256 GPU + 256 host; stage 1: 16 KiB blocks, 512 + 512
+    assert host_blocks == 256
+    assert memory == [512 * BYTES_PER_BLOCK, 512 * BYTES_PER_BLOCK // 2]
+
+
+def test_a_pool_without_a_gpu_block_is_refused() -> None:
+    from vllm.v1.core import kv_host_extension
+
+    with pytest.raises(ValueError, match="the GPU holds no 128 whole block"):
+        kv_host_extension.split_blocks(BYTES_PER_BLOCK, HOST_BYTES, BYTES_PER_BLOCK, [16384])
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_the_planners_length_is_vllms(demo_dir: Path) -> None:
+    """The planner rounds both parts as the patch does: its auto max_model_len for a pool
+    and extension off the alignment is the one vLLM's own auto-fit reaches."""
+    from tests.conftest import make_host
+    from vllm_offload import model_facts
+    from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.hardware import GIB
+    from vllm_offload.plan import make_plan
+
+    deployment = with_overrides(DeploymentConfig(), {
+        "model.path": str(demo_dir), "kv_offload.block_size": 16,
+        "gpu.kv_cache_memory_bytes": GPU_BYTES, "kv_offload.host_extension_gib": HOST_BYTES / GIB,
+    })  # fmt: skip
+    plan = make_plan(deployment, model_facts.read(demo_dir), make_host(24), "cuda")
+    vllm_config = config(demo_dir, -1, plan.host_extension_bytes)
+    (kv_config,) = kv_configs(vllm_config, GPU_BYTES)
+    assert plan.max_model_len == vllm_config.model_config.max_model_len == 511 * 16
+    assert plan.host_extension_tokens == kv_config.num_host_blocks * 16
+    assert plan.gpu_kv_pool_blocks == kv_config.num_blocks - kv_config.num_host_blocks
