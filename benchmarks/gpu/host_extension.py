@@ -32,6 +32,7 @@ and each server's log.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import random
@@ -132,8 +133,8 @@ def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
 
 def mapping_check() -> dict[str, Any]:
     """Patch 0006's allocator alone, before any server: a two-layer pool of 8 blocks of 2 MiB
-    pages, the last 4 in host RAM. GPU memory must grow by the GPU part only, and what is
-    written through the mapping must read back."""
+    pages, the last 4 in host RAM. GPU memory must grow by the GPU part only, what is
+    written through the mapping must read back, and dropping the tensor gives it back."""
     from types import SimpleNamespace
 
     import torch
@@ -149,11 +150,15 @@ def mapping_check() -> dict[str, Any]:
     gpu_taken = free_before - torch.cuda.mem_get_info()[0]
     buf.copy_(torch.arange(buf.numel(), device="cuda", dtype=torch.int64).to(torch.int8))
     expected = torch.arange(buf.numel(), dtype=torch.int64).to(torch.int8)
+    reads_back = bool(torch.equal(buf.cpu(), expected))
+    del buf  # the last reference: the mapping is unmapped and its memory given back
+    gc.collect()
     return {
         "host_ranges": kv_host_extension.host_ranges(config),
         "gpu_bytes_taken": gpu_taken,
         "gpu_bytes_expected": 8 * page,
-        "reads_back": bool(torch.equal(buf.cpu(), expected)),
+        "reads_back": reads_back,
+        "gpu_bytes_held_after_release": free_before - torch.cuda.mem_get_info()[0],
     }
 
 
