@@ -153,6 +153,7 @@ def mapping_check() -> dict[str, Any]:
     reads_back = bool(torch.equal(buf.cpu(), expected))
     del buf  # the last reference: the mapping is unmapped and its memory given back
     gc.collect()
+    torch.cuda.empty_cache()  # the check's own tensors, cached by torch
     return {
         "host_ranges": kv_host_extension.host_ranges(config),
         "gpu_bytes_taken": gpu_taken,
