@@ -951,7 +951,8 @@ def make_plan(
     # --- what weight offload costs ---------------------------------------------------
     speed, speed_source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")
     ceiling = speed / offloaded if offloaded and speed else None
-    spilled = max(0, request_kv_bytes(model, dtype_b, max_len, block, tp) - pool)
+    gpu_part = num_blocks * per_block if extension else pool  # as aligned for the extension
+    spilled = max(0, request_kv_bytes(model, dtype_b, max_len, block, tp) - gpu_part)
     spilled_ceiling = speed / spilled if extension and spilled and speed else None
     if extension:
         decisions.append(
