@@ -867,13 +867,13 @@ def make_plan(
         )
         if max_len > longest:
             where = (
-                "the GPU KV pool and its host extension hold"
+                "GPU KV pool and its host extension, which hold"
                 if extension
-                else "the GPU KV pool holds"
+                else "GPU KV pool, which holds"
             )
             raise PlanError(
                 "model.max_model_len",
-                f"{max_len} tokens do not fit: {where} {longest} tokens for one request. "
+                f"{max_len} tokens do not fit the {where} {longest} tokens for one request. "
                 f"The CPU tier does not extend one request (vLLM keeps a request's whole KV "
                 f"in its pool); set model.max_model_len <= {longest} or 'auto'{offload_hint}"
                 + (
