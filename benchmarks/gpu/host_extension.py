@@ -108,6 +108,22 @@ def stream(http: httpx.Client, prompt: list[int], max_tokens: int) -> dict[str, 
     }
 
 
+def compare(answer: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """Two streamed answers to one greedy request: equal tokens, logprobs, top logprobs."""
+    return {
+        "same_tokens": answer["tokens"] == reference["tokens"],
+        "same_logprobs": answer["token_logprobs"] == reference["token_logprobs"],
+        "same_top_logprobs": answer["top_logprobs"] == reference["top_logprobs"],
+        "max_logprob_diff": max(
+            (
+                abs(a - b)
+                for a, b in zip(answer["token_logprobs"], reference["token_logprobs"], strict=False)
+            ),
+            default=None,
+        ),
+    }
+
+
 def split_line(log: str) -> dict[str, int] | None:
     """Patch 0006's log line: the GPU and host blocks/tokens of the pool."""
     found = re.search(r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
@@ -245,18 +261,10 @@ def main() -> None:
             changed[at] = changed[at] + 1
             with httpx.Client(base_url=servers["reference"].base_url, timeout=900) as http:
                 control = stream(http, changed, args.output_tokens)
-            original = result["arms"]["reference"].get("long") or {}
-            result["control"] = {
-                "changed_token_at": at,
-                "tokens_differ": control["tokens"] != original.get("tokens"),
-                "logprobs_differ": control["token_logprobs"] != original.get("token_logprobs"),
-                "max_logprob_diff": max(
-                    (abs(a - b) for a, b in
-                     zip(control["token_logprobs"], original.get("token_logprobs", []),
-                         strict=False)),
-                    default=None,
-                ),
-            }  # fmt: skip
+            original = result["arms"]["reference"].get("long")
+            result["control"] = {"changed_token_at": at}
+            if original:  # the control must differ: same_* false
+                result["control"] |= compare(control, original)
             print("control:", result["control"], flush=True)
         for index, prompt in enumerate(shorts):  # interleaved, rotating the order
             order = live[index % len(live) :] + live[: index % len(live)]
@@ -278,16 +286,7 @@ def main() -> None:
         long = arm.get("long")
         if not long or not reference or name == "reference":
             continue
-        arm["same_tokens"] = long["tokens"] == reference["tokens"]
-        arm["same_logprobs"] = long["token_logprobs"] == reference["token_logprobs"]
-        arm["same_top_logprobs"] = long["top_logprobs"] == reference["top_logprobs"]
-        arm["max_logprob_diff"] = max(
-            (
-                abs(a - b)
-                for a, b in zip(long["token_logprobs"], reference["token_logprobs"], strict=False)
-            ),
-            default=None,
-        )
+        arm |= compare(long, reference)
         split = arm.get("split")
         if split and long["tpot_median_s"] and reference["tpot_median_s"]:
             spilled = max(0, args.long_tokens + args.output_tokens - split["gpu_tokens"])
