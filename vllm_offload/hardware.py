@@ -1,5 +1,5 @@
 """What the host offers: GPUs (NVML, with their PCIe link), RAM, /dev/shm, memlock limit,
-CPUs, and whether it is WSL2.
+CPUs (and whether their AMX may be used), and whether it is WSL2.
 
 ``probe()`` reads this machine; ``declared()`` describes a machine the user
 names (``--gpu-mem-gib 24``) so a plan can be made for a card that is not here.
@@ -19,6 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
+
+from vllm_offload import amx
+from vllm_offload.amx import AmxState
 
 GIB = 1 << 30
 SHM_PATH = "/dev/shm"
@@ -46,6 +49,9 @@ class HostFacts:
     cpu_count: int
     gpu_source: str  # "nvml", "declared" or "none": where the GPU figures came from
     wsl: bool = False  # Windows Subsystem for Linux 2
+    # Intel AMX: absent, or present and granted or refused by the kernel (amx.py), and why.
+    amx: AmxState = "absent"
+    amx_detail: str = ""
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -123,6 +129,7 @@ def _shm_free() -> int:
 def probe() -> HostFacts:
     gpus = probe_gpus()
     vm = psutil.virtual_memory()
+    amx_state, amx_detail = amx.state(amx.read_cpuinfo())
     return HostFacts(
         gpus=gpus,
         ram_total_bytes=int(vm.total),
@@ -132,6 +139,8 @@ def probe() -> HostFacts:
         cpu_count=os.cpu_count() or 1,
         gpu_source="nvml" if gpus else "none",
         wsl=_wsl(),
+        amx=amx_state,
+        amx_detail=amx_detail,
     )
 
 

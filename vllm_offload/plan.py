@@ -572,10 +572,19 @@ def host_extension_bytes(
     return extension
 
 
+def runs_bfloat16(config: DeploymentConfig, model: ModelFacts) -> bool:
+    """Whether vLLM computes in bfloat16: asked for, or 'auto' on a checkpoint that is
+    neither float16 nor float32 (vLLM keeps bfloat16 and downcasts float32 to it)."""
+    if config.model.dtype != "auto":
+        return config.model.dtype == "bfloat16"
+    return model.torch_dtype not in ("float16", "half")
+
+
 def combination_checks(
     config: DeploymentConfig,
     model: ModelFacts,
     host: HostFacts,
+    platform: Platform,
     env: dict[str, str],
     backend: str,
     problems: list[dict[str, str]],
@@ -583,6 +592,15 @@ def combination_checks(
 ) -> None:
     """Combinations known to fail or to run badly with vLLM 0.32, each refused (a problem)
     or warned about with where it comes from upstream."""
+    if platform == "cpu" and host.amx == "refused" and runs_bfloat16(config, model):
+        problems.append({
+            "field": "model.dtype",
+            "message": f"{host.amx_detail}: vLLM's CPU attention runs AMX kernels in bfloat16 "
+            "on such a CPU (v1/attention/backends/cpu_attn.py _get_attn_isa), and its worker "
+            "would die with SIGILL on the first request; set model.dtype = 'float16' (vLLM's "
+            "AVX-512 kernels), or give the machine a kernel that grants AMX (Linux 5.16+, AMX "
+            "enabled for the VM)",
+        })  # fmt: skip
     if backend != "none" and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         problems.append({
             "field": "PYTORCH_CUDA_ALLOC_CONF",
@@ -946,7 +964,7 @@ def make_plan(
     # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered
     # 4 GiB at full speed under an 8 MiB limit without CAP_IPC_LOCK: benchmarks/results/
     # h200-vllm-0.32.0/host-checks/), so refusing a tier for it would refuse what works.
-    combination_checks(config, as_read, host, env, backend, problems, warnings)
+    combination_checks(config, as_read, host, platform, env, backend, problems, warnings)
 
     # --- what weight offload costs ---------------------------------------------------
     speed, speed_source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")

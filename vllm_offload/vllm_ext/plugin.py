@@ -1,0 +1,20 @@
+"""vllm-offload's vLLM general plugin (entry point group ``vllm.general_plugins``), which
+vLLM loads in each of its processes (API server, engine core, every worker) before it
+runs a kernel."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_offload import amx
+
+logger = logging.getLogger("vllm_offload")
+
+
+def register() -> None:
+    """Ask for AMX in this process where the CPU has it: vLLM's CPU attention runs AMX
+    kernels without asking, and a worker that never asked dies with SIGILL (see amx.py).
+    Harmless elsewhere: a GPU host's workers simply hold the permission unused."""
+    found, why = amx.state(amx.read_cpuinfo(), amx.request_permission)
+    if found == "refused":
+        logger.warning("vllm-offload: %s; vLLM's bfloat16 CPU attention would die here", why)
