@@ -44,3 +44,21 @@ def test_declared_gpu_smaller_than_the_weights(
     assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128",
                  "--weights-offload-cpu-gib", "auto"]) == 0  # fmt: skip
     assert "on GPU / offloaded" in capsys.readouterr().out
+
+
+def test_plan_exits_2_when_the_plan_cannot_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `serve --dry-run` (issue #28): the whole plan either way, exit 2 with a reason."""
+    model = write_shape(tmp_path / "llama", LLAMA3_8B)
+    declared = ["--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "64"]
+    assert main(["plan", *declared]) == 0
+    assert "cannot start" not in capsys.readouterr().out
+    assert main(["plan", *declared, "--kv-offload-cpu-tier-gib", "500"]) == 2
+    out = capsys.readouterr().out
+    assert "GPU KV pool" in out
+    assert "cannot start: kv_offload.cpu_tier_gib: a 500.00 GiB CPU tier does not fit" in out
+    assert main(["plan", *declared, "--kv-offload-cpu-tier-gib", "500", "--json"]) == 2
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["gpu_kv_pool_bytes"] > 0
+    assert [p["field"] for p in plan["problems"]] == ["kv_offload.cpu_tier_gib"] * 2

@@ -13,6 +13,7 @@ from vllm_offload import config as config_mod
 from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
 
 # Short spellings for the flags people type most.
 ALIASES = {"model.path": "--model", "server.host": "--host", "server.port": "--port"}
@@ -93,11 +94,27 @@ def host_facts(args: argparse.Namespace) -> hardware.HostFacts:
     if args.ram_gib is not None and args.ram_gib <= 0:
         raise UsageError("--ram-gib: must be a positive number of GiB")
     facts = hardware.probe()
-    if args.gpu_mem_gib is not None or args.ram_gib is not None:
+    if declared(args):
         facts = hardware.declared(
             facts, gpu_mem_gib=args.gpu_mem_gib, gpu_count=args.gpu_count, ram_gib=args.ram_gib
         )
     return facts
+
+
+def declared(args: argparse.Namespace) -> bool:
+    """Whether the machine is declared (--gpu-mem-gib, --ram-gib): a plan for another host."""
+    return args.gpu_mem_gib is not None or args.ram_gib is not None
+
+
+def installed_vllm(required: bool) -> InstalledVllm | None:
+    """The vLLM this Python imports; None where there is none and it is not ``required``
+    (a GPU host's config inspected anywhere is planned for the pinned release)."""
+    try:
+        return find()
+    except VllmNotFound:
+        if required:
+            raise
+        return None
 
 
 def say(message: str) -> None:

@@ -16,7 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "plan",
         help="show what fits: weights, GPU KV pool, longest request, CPU tier",
         description="Resolve every 'auto' of the config against the model and this host "
-        "(or a declared GPU) and print the plan.",
+        "(or a declared GPU) and print the plan, with a 'cannot start:' line for each reason "
+        "`serve` would refuse it. Exit status: 0 when it can start, 2 when it cannot (the "
+        "plan is printed either way), as `serve --dry-run`. On a declared machine "
+        "(--gpu-mem-gib, --ram-gib) the vLLM installed here is not checked.",
     )
     _common.add_config_options(parser)
     _common.add_host_options(parser)
@@ -27,6 +30,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
-    plan = deployment.plan_for(config, deployment.model_dir(config), host, os.environ)
-    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
-    return 0
+    vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
+    prepared = deployment.prepare(config, host, os.environ, vllm)
+    plan = prepared.plan
+    if args.json:
+        problems = [problem.detail() for problem in prepared.problems]
+        print(json.dumps({**plan.to_json(), "problems": problems}, indent=2))
+    else:
+        print(render(plan))
+        planned = {(p["field"], p["message"]) for p in plan.problems}
+        for problem in prepared.problems:  # the plan's own are in its table already
+            if (problem.field, problem.message) not in planned:
+                print(f"cannot start: {problem.field}: {problem.message}")
+    return max((problem.exit_code for problem in prepared.problems), default=0)

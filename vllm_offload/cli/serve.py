@@ -12,7 +12,6 @@ from vllm_offload import deployment, launch
 from vllm_offload.cli import _common
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.plan import render
-from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,19 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(handler=run)
 
 
-def _installed_vllm(dry_run: bool) -> InstalledVllm | None:
-    try:
-        return find()
-    except VllmNotFound:
-        if dry_run:  # a GPU host's config inspected anywhere: plan for the pinned release
-            return None
-        raise
-
-
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
-    vllm = _installed_vllm(args.dry_run)
+    vllm = _common.installed_vllm(required=not args.dry_run)
     prepared = deployment.prepare(
         config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
     )
