@@ -62,3 +62,29 @@ def test_plan_exits_2_when_the_plan_cannot_start(
     plan = json.loads(capsys.readouterr().out)
     assert plan["gpu_kv_pool_bytes"] > 0
     assert [p["field"] for p in plan["problems"]] == ["kv_offload.cpu_tier_gib"] * 2
+
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+README_EXAMPLES = {  # the README's two plan examples: `plan --json`, byte for byte
+    "plan-24gb.json": ["--config", "examples/config-24gb.toml", "--server-api-key-file", "",
+                       "--model-max-model-len", "65536", "--model-kv-cache-dtype", "fit",
+                       "--weights-offload-cpu-gib", "auto", "--gpu-mem-gib", "24",
+                       "--ram-gib", "128"],
+    "plan-70b.json": ["--gpu-mem-gib", "80", "--ram-gib", "256", "--model-max-model-len",
+                      "32768", "--weights-offload-cpu-gib", "auto"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("golden", sorted(README_EXAMPLES))
+def test_readme_examples_plan_json_is_unchanged(
+    golden: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parents[2])
+    if golden == "plan-24gb.json":
+        model = write_shape(tmp_path / "Meta-Llama-3.1-8B-Instruct",
+                            dict(LLAMA3_8B, max_position_embeddings=131072))  # fmt: skip
+    else:
+        model = Path("benchmarks/models/llama-3.1-70b").absolute()
+    assert main(["plan", "--model", str(model), *README_EXAMPLES[golden], "--json"]) == 0
+    out = capsys.readouterr().out.replace(str(model), "<MODEL>")
+    assert out == (GOLDEN / golden).read_text()
