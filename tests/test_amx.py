@@ -67,7 +67,7 @@ def test_vllm_loads_the_plugin_and_it_asks_where_the_cpu_has_amx(
 def _cpu_plan(tmp_path: Path, host: HostFacts, **overrides: object) -> list[dict[str, str]]:
     model = write_shape(tmp_path / "llama", LLAMA3_8B)  # bfloat16
     config = with_overrides(DeploymentConfig(), {"model.path": str(model), **overrides})
-    return make_plan(config, model_facts.read(model), host, "cpu").problems
+    return list(make_plan(config, model_facts.read(model), host, "cpu").notes.problems)
 
 
 def test_bfloat16_is_refused_on_the_cpu_where_the_kernel_refuses_amx(tmp_path: Path) -> None:

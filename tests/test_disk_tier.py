@@ -41,11 +41,13 @@ def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
     model = write_shape(tmp_path / "m", LLAMA3_8B)
     plan = plan_with_disk(model, disk_facts(tmp_path))
     # 'auto': half of (1000 GiB less the 5 % reserve), whole GiB; tokens at 128 KiB each
-    assert plan.disk_reserve_bytes == 50 * GIB and plan.disk_tier_bytes == 475 * GIB
-    assert plan.disk_tier_tokens == 475 * GIB // (128 * 1024) // 128 * 128
+    assert plan.disk.reserve_bytes == 50 * GIB and plan.disk.bytes == 475 * GIB
+    assert plan.disk.tokens == 475 * GIB // (128 * 1024) // 128 * 128
     fingerprint = model_facts.read(model).fingerprint
-    assert plan.disk_tier_root == f"/nvme/kv/{disk_layout.TIER_DIR}/{fingerprint}"
-    assert plan.problems == [] and any("disk_gib auto -> 475" in d for d in plan.decisions)
+    assert plan.disk.root == f"/nvme/kv/{disk_layout.TIER_DIR}/{fingerprint}"
+    assert plan.notes.problems == () and any(
+        "disk_gib auto -> 475" in d for d in plan.notes.decisions
+    )
     cases = [
         (None, {}, "kv_offload.disk_path", "does not exist"),
         (disk_facts(tmp_path, exists=False), {}, "kv_offload.disk_path", "mkdir -p"),
@@ -61,11 +63,12 @@ def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
     ]  # fmt: skip
     for disk, overrides, field, words in cases:
         refused = plan_with_disk(model, disk, **overrides)
-        assert [(p["field"], words in p["message"]) for p in refused.problems] == [(field, True)]
-        assert refused.disk_tier_bytes == 0
+        found = [(p["field"], words in p["message"]) for p in refused.notes.problems]
+        assert found == [(field, True)]
+        assert refused.disk.bytes == 0
     warned = plan_with_disk(model, disk_facts(tmp_path, filesystem="nfs4", o_direct=False))
-    assert any("network filesystem" in w for w in warned.warnings)
-    assert any("O_DIRECT" in w for w in warned.warnings)
+    assert any("network filesystem" in w for w in warned.notes.warnings)
+    assert any("O_DIRECT" in w for w in warned.notes.warnings)
 
 
 def test_probe_disk_reads_the_real_filesystem(tmp_path: Path) -> None:
@@ -101,8 +104,8 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier).__name__ == "BoundedFsTier"
     assert tier["budget_root"] == str(tmp_path / disk_layout.TIER_DIR)
-    assert tier["max_bytes"] == plan.disk_tier_bytes
-    assert tier["root_dir"] == plan.disk_tier_root
+    assert tier["max_bytes"] == plan.disk.bytes
+    assert tier["root_dir"] == plan.disk.root
     without = with_overrides(config, {"kv_offload.disk_path": ""})
     plain = make_plan(without, model_facts.read(model), make_host(24), "cuda", {}, None)
     extra = launch.build(without, plain, model, "0.32.0").kv_transfer_config

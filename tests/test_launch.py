@@ -98,12 +98,12 @@ def test_legacy_num_cpu_blocks_is_translated(demo_dir: Path) -> None:
     plan = make_plan(config, facts, make_host(24), "cuda")
     # demo model: 2 layers x (K+V) x 4 heads x 64 dims x 2 bytes; the seed's blocks held
     # vLLM's default 16 tokens, whatever block size is planned now
-    assert plan.kv_bytes_per_token == 2 * 2 * 4 * 64 * 2
-    assert plan.cpu_tier_bytes == 1000 * plan.kv_bytes_per_token * 16
-    assert any("num_cpu_blocks is deprecated" in w for w in plan.warnings)
+    assert plan.kv.bytes_per_token == 2 * 2 * 4 * 64 * 2
+    assert plan.cpu_tier.bytes == 1000 * plan.kv.bytes_per_token * 16
+    assert any("num_cpu_blocks is deprecated" in w for w in plan.notes.warnings)
     kv = launch.kv_transfer_config(config, plan)
     assert kv is not None
-    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == plan.cpu_tier_bytes
+    assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == plan.cpu_tier.bytes
 
 
 def test_common_flags(demo_dir: Path) -> None:
@@ -224,26 +224,27 @@ def test_offload_without_gpu_is_a_problem_of_the_plan(demo_dir: Path) -> None:
     assert spec.kv_transfer_config is not None
     config = with_overrides(DeploymentConfig(), {"kv_offload.backend": "native"})
     plan = make_plan(config, model_facts.read(demo_dir), make_host(None), "cpu")
-    assert plan.problems == [{
+    assert plan.notes.problems == ({
         "field": "kv_offload.backend",
         "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
-    }]  # fmt: skip
+    },)  # fmt: skip
 
 
-def test_preflight_ram_and_shm(demo_dir: Path) -> None:
+def test_the_tier_must_fit_ram_and_shm(demo_dir: Path) -> None:
+    """Problems of the plan itself (issue #30: `plan` and `serve --dry-run` refuse the same
+    things), with the reserve the launcher hands to vLLM's own check."""
     config = with_overrides(
         DeploymentConfig(), {"model.path": str(demo_dir), "kv_offload.cpu_tier_gib": 100}
     )
     facts = model_facts.read(demo_dir)
     host = make_host(24, ram_gib=64, shm_gib=32)
-    plan = make_plan(config, facts, host, "cuda")
-    errors = launch.preflight(plan)
-    assert [e.field for e in errors] == ["kv_offload.cpu_tier_gib"] * 2
+    errors = make_plan(config, facts, host, "cuda").notes.problems
+    assert [e["field"] for e in errors] == ["kv_offload.cpu_tier_gib"] * 2
     # 64 GiB less the 8 GiB reserve and ~4 GiB for vLLM's own processes
-    assert "the largest that fits is 52 GiB" in errors[0].message
-    assert "/dev/shm" in errors[1].message and "<= 31" in errors[1].message
+    assert "the largest that fits is 52 GiB" in errors[0]["message"]
+    assert "/dev/shm" in errors[1]["message"] and "<= 31" in errors[1]["message"]
     ok = make_plan(with_overrides(config, {"kv_offload.cpu_tier_gib": 16}), facts, host, "cuda")
-    assert launch.preflight(ok) == []
+    assert ok.notes.problems == ()
     assert launch.build(config, ok, demo_dir, "0.32.0").env[launch.CPU_TIER_RESERVE_ENV] == str(
         8 * GIB
     )  # vLLM's own check keeps the planner's reserve

@@ -10,13 +10,8 @@ from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, SHAPES, write_shape
 from vllm_offload import model_facts
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
-from vllm_offload.plan import (
-    PlanError,
-    kv_bytes_per_token,
-    make_plan,
-    prefetch_layout,
-    render,
-)
+from vllm_offload.plan import PlanError, kv_bytes_per_token, make_plan, render
+from vllm_offload.plan.gpu import prefetch_layout
 
 
 def config_for(model_dir: Path, **overrides: Any) -> DeploymentConfig:
@@ -72,8 +67,8 @@ def test_kv_bytes_match_vllm_spec(
     plan = make_plan(config_for(shape_dirs[shape], **{"parallel.tensor_parallel_size": tp,
                                                       "kv_offload.block_size": block}),
                      facts, make_host(141, ram_gib=1024), "cuda")  # fmt: skip
-    assert plan.kv_bytes_per_block == ours
-    assert plan.kv_bytes_per_token * block == ours
+    assert plan.kv.bytes_per_block == ours
+    assert plan.kv.bytes_per_token * block == ours
 
 
 def test_qwen3_seed_numbers(tmp_path: Path) -> None:
@@ -88,23 +83,23 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LLAMA3_8B)
     plan = make_plan(config_for(model), model_facts.read(model), make_host(24, ram_gib=128),
                      "cuda")  # fmt: skip
-    assert plan.kv_offload_backend == "native"
-    assert plan.weights_offloaded_bytes == 0
-    assert plan.kv_bytes_per_token == 131072  # 32 layers x 2 x 8 x 128 x 2 bytes
+    assert plan.kv.backend == "native"
+    assert plan.weights.offloaded_bytes == 0
+    assert plan.kv.bytes_per_token == 131072  # 32 layers x 2 x 8 x 128 x 2 bytes
     # 21.6 GiB budget - 14.96 GiB weights - ~1.5 GiB working memory
-    assert 4 * GIB < plan.gpu_kv_pool_bytes < 6 * GIB
-    assert plan.max_model_len == 8192  # the model's limit; the pool holds more
-    assert plan.longest_request_tokens > 8192
+    assert 4 * GIB < plan.gpu.kv_pool_bytes < 6 * GIB
+    assert plan.length.max_model_len == 8192  # the model's limit; the pool holds more
+    assert plan.length.longest_request_tokens > 8192
     # vLLM maps the tier from /dev/shm, by default half the RAM: that bounds it here, less
     # what vLLM uses of /dev/shm itself.
-    assert plan.cpu_tier_bytes == 63 * GIB
+    assert plan.cpu_tier.bytes == 63 * GIB
     # with the native tier on plain attention: 128-token blocks, 256-token CPU chunks
-    assert (plan.block_size_tokens, plan.cpu_chunk_tokens) == (128, 256)
-    assert plan.cpu_tier_tokens == plan.cpu_tier_bytes // plan.kv_bytes_per_block * 128
+    assert (plan.kv.block_tokens, plan.kv.chunk_tokens) == (128, 256)
+    assert plan.cpu_tier.tokens == plan.cpu_tier.bytes // plan.kv.bytes_per_block * 128
     big_shm = make_plan(config_for(model), model_facts.read(model),
                         make_host(24, ram_gib=128, shm_gib=128), "cuda")  # fmt: skip
     # RAM less the 10 % reserve and ~4 GiB for vLLM's own processes, whole GiB
-    assert big_shm.cpu_tier_bytes == 111 * GIB
+    assert big_shm.cpu_tier.bytes == 111 * GIB
     text = render(plan)
     assert "longest request" in text and "GiB" in text and "tokens" in text
 
@@ -124,7 +119,7 @@ def test_max_model_len_beyond_the_pool_is_refused(tmp_path: Path) -> None:
     auto = make_plan(config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
                                           "kv_offload.block_size": 16}), facts,
                      make_host(24), "cuda")  # fmt: skip
-    assert auto.max_model_len == 16368
+    assert auto.length.max_model_len == 16368
 
 
 def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
@@ -142,19 +137,23 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     assert "give kv_offload.host_extension_gib the rest" in info.value.message
     plan = make_plan(config_for(model, **extended, **{"model.max_model_len": 65536}), facts,
                      make_host(24), "cuda")  # fmt: skip
-    assert (plan.host_extension_bytes, plan.host_extension_tokens) == (8 * GIB, 65536)
-    assert plan.longest_request_tokens == 16368 + 65536
+    assert (plan.extension.bytes, plan.extension.tokens) == (8 * GIB, 65536)
+    assert plan.length.longest_request_tokens == 16368 + 65536
     # 64k tokens = 8 GiB of KV, 2 GiB of it on the GPU: 6 GiB read every decode step
-    assert plan.spilled_decode_steps_per_s_ceiling == round(plan.h2d_bytes_per_s / (6 * GIB), 2)
-    assert any("host extension: 8.00 GiB per GPU = 65,536 tokens" in d for d in plan.decisions)
+    assert plan.extension.spilled_decode_steps_per_s_ceiling == round(
+        plan.costs.h2d_bytes_per_s / (6 * GIB), 2
+    )
+    assert any(
+        "host extension: 8.00 GiB per GPU = 65,536 tokens" in d for d in plan.notes.decisions
+    )
     assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)
     assert "(GPU pool + host extension)" in render(plan)
     auto = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
-    assert auto.max_model_len == 16368 + 65536
+    assert auto.length.max_model_len == 16368 + 65536
     # the RAM it takes is the CPU tier's no more
-    assert auto.cpu_tier_room_ram_bytes == plan.cpu_tier_room_ram_bytes
+    assert auto.host_ram.tier_room_ram_bytes == plan.host_ram.tier_room_ram_bytes
     plain = make_plan(config_for(model, **capped), facts, make_host(24), "cuda")
-    assert plain.cpu_tier_room_ram_bytes - auto.cpu_tier_room_ram_bytes == 8 * GIB
+    assert plain.host_ram.tier_room_ram_bytes - auto.host_ram.tier_room_ram_bytes == 8 * GIB
 
 
 def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> None:
@@ -168,7 +167,7 @@ def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> Non
     on_cpu = make_plan(config_for(model, **{"kv_offload.host_extension_gib": 1.0,
                                             "kv_offload.backend": "none"}),
                        facts, make_host(None), "cpu")  # fmt: skip
-    assert [p["field"] for p in on_cpu.problems] == ["kv_offload.host_extension_gib"]
+    assert [p["field"] for p in on_cpu.notes.problems] == ["kv_offload.host_extension_gib"]
     sliding = write_shape(tmp_path / "s",
                           dict(LLAMA3_8B, model_type="mistral", sliding_window=4096))  # fmt: skip
     with pytest.raises(PlanError, match=r"all full attention; .* also has sliding layers"):
@@ -185,19 +184,19 @@ def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
     assert "do not fit" in info.value.message
     plan = make_plan(config_for(model, **{"weights_offload.cpu_gib": "auto"}), facts,
                      make_host(24, ram_gib=128), "cuda")  # fmt: skip
-    assert plan.weights_offloaded_bytes > 35 * GIB
-    assert plan.gpu_kv_pool_bytes > 0
-    assert plan.cpu_tier_bytes <= (128 - 12.8) * GIB - plan.weights_offloaded_bytes
+    assert plan.weights.offloaded_bytes > 35 * GIB
+    assert plan.gpu.kv_pool_bytes > 0
+    assert plan.cpu_tier.bytes <= (128 - 12.8) * GIB - plan.weights.offloaded_bytes
 
 
 def test_cpu_platform_honours_vllm_cpu_kvcache_space(demo_dir: Path) -> None:
     facts = model_facts.read(demo_dir)
     plan = make_plan(config_for(demo_dir), facts, make_host(None), "cpu",
                      {"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
-    assert plan.gpu_kv_pool_bytes == GIB
-    assert plan.block_size_tokens == 128
-    assert plan.gpu_kv_pool_tokens == GIB // 2048
-    assert plan.kv_offload_backend == "none" and plan.cpu_tier_bytes == 0
+    assert plan.gpu.kv_pool_bytes == GIB
+    assert plan.kv.block_tokens == 128
+    assert plan.gpu.kv_pool_tokens == GIB // 2048
+    assert plan.kv.backend == "none" and plan.cpu_tier.bytes == 0
 
 
 def test_small_tier_and_small_pool_warn(tmp_path: Path) -> None:
@@ -205,8 +204,8 @@ def test_small_tier_and_small_pool_warn(tmp_path: Path) -> None:
     config = config_for(model, **{"kv_offload.cpu_tier_gib": 0.5,
                                   "gpu.kv_cache_memory_bytes": GIB})  # fmt: skip
     plan = make_plan(config, model_facts.read(model), make_host(24), "cuda")
-    assert any("smaller than one full-length request" in w for w in plan.warnings)
-    assert any("long requests will queue" in w for w in plan.warnings)
+    assert any("smaller than one full-length request" in w for w in plan.notes.warnings)
+    assert any("long requests will queue" in w for w in plan.notes.warnings)
 
 
 def test_plan_json_is_stable(demo_dir: Path) -> None:
@@ -239,8 +238,8 @@ def test_fp8_kv_cache_halves_the_bytes(tmp_path: Path) -> None:
     auto = make_plan(config_for(model), facts, make_host(24), "cuda")
     fp8 = make_plan(config_for(model, **{"model.kv_cache_dtype": "fp8"}), facts,
                     make_host(24), "cuda")  # fmt: skip
-    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token == 131072
-    assert fp8.gpu_kv_pool_blocks == pytest.approx(2 * auto.gpu_kv_pool_blocks, abs=1)
+    assert fp8.kv.bytes_per_token * 2 == auto.kv.bytes_per_token == 131072
+    assert fp8.gpu.kv_pool_blocks == pytest.approx(2 * auto.gpu.kv_pool_blocks, abs=1)
 
 
 def test_fp8_matches_vllm_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,15 +277,15 @@ def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
                              "weights_offload.backend": "prefetch"}),
         facts, make_host(24), "cuda",
     )  # fmt: skip
-    assert uva.weights_offloaded_bytes == 8 * GIB and uva.weights_offloaded_layers == 0
+    assert uva.weights.offloaded_bytes == 8 * GIB and uva.weights.offloaded_layers == 0
     # 8 GiB of ~0.41 GiB decoder layers: 20 layers, the last 4 of every 6
-    assert (prefetch.prefetch_group_size, prefetch.prefetch_num_in_group) == (6, 4)
-    assert prefetch.weights_offloaded_layers == 20
-    assert 8 * GIB <= prefetch.weights_offloaded_bytes < 8.5 * GIB
+    assert (prefetch.weights.prefetch_group_size, prefetch.weights.prefetch_num_in_group) == (6, 4)
+    assert prefetch.weights.offloaded_layers == 20
+    assert 8 * GIB <= prefetch.weights.offloaded_bytes < 8.5 * GIB
     # one layer's GPU buffer for the copy in flight comes out of the pool
-    layer = prefetch.weights_offloaded_bytes // 20
-    freed = prefetch.weights_offloaded_bytes - uva.weights_offloaded_bytes
-    assert prefetch.gpu_kv_pool_bytes - uva.gpu_kv_pool_bytes == pytest.approx(
+    layer = prefetch.weights.offloaded_bytes // 20
+    freed = prefetch.weights.offloaded_bytes - uva.weights.offloaded_bytes
+    assert prefetch.gpu.kv_pool_bytes - uva.gpu.kv_pool_bytes == pytest.approx(
         freed - layer, abs=1 << 20
     )
     assert "20 layers: the last 4 of every 6, prefetched" in render(prefetch)
@@ -296,15 +295,15 @@ def test_block_size_auto_follows_the_cpu_tier(tmp_path: Path, demo_dir: Path) ->
     model = write_shape(tmp_path, LLAMA3_8B)
     facts = model_facts.read(model)
     native = make_plan(config_for(model), facts, make_host(24), "cuda")
-    assert (native.block_size_tokens, native.cpu_chunk_tokens) == (128, 256)
+    assert (native.kv.block_tokens, native.kv.chunk_tokens) == (128, 256)
     none = make_plan(config_for(model, **{"kv_offload.backend": "none"}), facts,
                      make_host(24), "cuda")  # fmt: skip
-    assert (none.block_size_tokens, none.cpu_chunk_tokens) == (16, 16)
+    assert (none.kv.block_tokens, none.kv.chunk_tokens) == (16, 16)
     pinned = make_plan(config_for(model, **{"kv_offload.block_size": 32}), facts,
                        make_host(24), "cuda")  # fmt: skip
-    assert (pinned.block_size_tokens, pinned.cpu_chunk_tokens) == (32, 256)
+    assert (pinned.kv.block_tokens, pinned.kv.chunk_tokens) == (32, 256)
     mla_dir = write_shape(tmp_path / "mla", SHAPES["deepseek-v2-lite"])
     mla = make_plan(config_for(mla_dir), model_facts.read(mla_dir), make_host(80), "cuda")
-    assert mla.kv_offload_backend == "native" and mla.block_size_tokens == 16
+    assert mla.kv.backend == "native" and mla.kv.block_tokens == 16
     cpu = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(None), "cpu")
-    assert (cpu.block_size_tokens, cpu.cpu_chunk_tokens) == (128, 128)
+    assert (cpu.kv.block_tokens, cpu.kv.chunk_tokens) == (128, 128)

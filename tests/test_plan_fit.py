@@ -68,10 +68,10 @@ def per_block(cfg: dict[str, Any], block: int, dtype_bytes: int = 2) -> int:
 def expected_offload(plan: Plan, cfg: dict[str, Any], tokens: int, requests: int) -> int:
     """Weights to offload: the pool for ``requests`` x ``tokens`` (whole blocks each, plus
     vLLM's null block) must fit beside the rest; rounded up to 0.1 GiB."""
-    block = plan.block_size_tokens
+    block = plan.kv.block_tokens
     blocks = requests * math.ceil(kv_bytes(cfg, tokens, block) / per_block(cfg, block)) + 1
     working = 1 * GIB + cfg["hidden_size"] * 128 * 1024  # vLLM's working memory, as planned
-    need = plan.weight_bytes + working + blocks * per_block(cfg, block) - plan.gpu_budget_bytes
+    need = plan.weights.bytes + working + blocks * per_block(cfg, block) - plan.gpu.budget_bytes
     return 0 if need <= 0 else math.ceil(need / GIB * 10) * GIB // 10
 
 
@@ -92,21 +92,21 @@ def test_auto_offloads_the_fewest_weights_for_the_target(
         assert exc.field == "model.max_model_len" and "every decoder layer" in exc.message
         assert (family, gpu_gib) == ("MoE (Qwen3-30B-A3B)", 16) or gpu_gib <= 24, exc.message
         return
-    assert plan.gpu_budget_bytes == int(gpu_gib * GIB * 0.9)
+    assert plan.gpu.budget_bytes == int(gpu_gib * GIB * 0.9)
     expected = expected_offload(plan, cfg, tokens, requests)
-    assert plan.weights_offloaded_bytes == min(expected, plan.weight_bytes)
+    assert plan.weights.offloaded_bytes == min(expected, plan.weights.bytes)
     # The pool holds what was asked, and 0.1 GiB less offloaded would not have.
     request_blocks = math.ceil(
-        kv_bytes(cfg, tokens, plan.block_size_tokens) / plan.kv_bytes_per_block
+        kv_bytes(cfg, tokens, plan.kv.block_tokens) / plan.kv.bytes_per_block
     )
-    need = (requests * request_blocks + 1) * plan.kv_bytes_per_block
-    assert plan.gpu_kv_pool_bytes >= need
-    assert plan.max_concurrency_at_full_length >= requests
-    if plan.weights_offloaded_bytes:
-        assert plan.gpu_kv_pool_bytes - GIB // 10 < need
-        assert any(d.startswith("weights_offload.cpu_gib auto ->") for d in plan.decisions)
-        assert plan.decode_steps_per_s_ceiling == pytest.approx(
-            plan.h2d_bytes_per_s / plan.weights_offloaded_bytes, rel=0.01
+    need = (requests * request_blocks + 1) * plan.kv.bytes_per_block
+    assert plan.gpu.kv_pool_bytes >= need
+    assert plan.length.concurrency_at_full_length >= requests
+    if plan.weights.offloaded_bytes:
+        assert plan.gpu.kv_pool_bytes - GIB // 10 < need
+        assert any(d.startswith("weights_offload.cpu_gib auto ->") for d in plan.notes.decisions)
+        assert plan.costs.decode_steps_per_s_ceiling == pytest.approx(
+            plan.costs.h2d_bytes_per_s / plan.weights.offloaded_bytes, rel=0.01
         )
 
 
@@ -116,16 +116,16 @@ def test_the_numbers_of_a_70b_on_80_gib(tmp_path: Path) -> None:
     plan = plan_of(LLAMA3_70B, 80, **{"model.max_model_len": 32768,
                                       "weights_offload.cpu_gib": "auto"})  # fmt: skip
     cfg = model_facts.read(LLAMA3_70B)
-    assert plan.kv_bytes_per_token == 80 * 2 * 8 * 128 * 2 == 327680
+    assert plan.kv.bytes_per_token == 80 * 2 * 8 * 128 * 2 == 327680
     pool_needed = (32768 // 128 + 1) * 128 * 327680
     working = GIB + 8192 * 128 * 1024
-    need = plan.weight_bytes + working + pool_needed - int(80 * GIB * 0.9)
-    assert plan.weights_offloaded_bytes == math.ceil(need / GIB * 10) * GIB // 10
-    assert plan.weights_offloaded_bytes == int(71.5 * GIB)
-    assert plan.longest_request_tokens >= 32768 and cfg.num_layers == 80
+    need = plan.weights.bytes + working + pool_needed - int(80 * GIB * 0.9)
+    assert plan.weights.offloaded_bytes == math.ceil(need / GIB * 10) * GIB // 10
+    assert plan.weights.offloaded_bytes == int(71.5 * GIB)
+    assert plan.length.longest_request_tokens >= 32768 and cfg.num_layers == 80
     # Before #18 'auto' left room for 4,096 tokens and 32,768 was refused.
     short = plan_of(LLAMA3_70B, 80, **{"weights_offload.cpu_gib": "auto"})
-    assert short.weights_offloaded_bytes < plan.weights_offloaded_bytes
+    assert short.weights.offloaded_bytes < plan.weights.offloaded_bytes
 
 
 def test_unreachable_says_the_longest_reachable_and_what_else_helps(tmp_path: Path) -> None:
@@ -158,16 +158,16 @@ def test_kv_cache_dtype_fit_picks_fp8_only_when_the_model_dtype_needs_more_offlo
     # bf16 KV (2 GiB) fit: model dtype. 64k (8 GiB) do not, fp8's 4 GiB do: fp8, nothing
     # offloaded.
     short = plan_of(directory, 24, **fit, **{"model.max_model_len": 16384})
-    assert (short.kv_cache_dtype, short.kv_dtype_bytes) == ("auto", 2)
+    assert (short.kv.cache_dtype, short.kv.dtype_bytes) == ("auto", 2)
     long = plan_of(directory, 24, **fit, **{"model.max_model_len": 65536})
-    assert (long.kv_cache_dtype, long.kv_dtype_bytes, long.weights_offloaded_bytes) == ("fp8", 1, 0)
-    assert any(d.startswith("model.kv_cache_dtype fit -> fp8") for d in long.decisions)
+    assert (long.kv.cache_dtype, long.kv.dtype_bytes, long.weights.offloaded_bytes) == ("fp8", 1, 0)
+    assert any(d.startswith("model.kv_cache_dtype fit -> fp8") for d in long.notes.decisions)
     assert "--kv-cache-dtype" in build(DeploymentConfig(), long, directory, "0.32.0").args
     assert "--kv-cache-dtype" not in build(DeploymentConfig(), short, directory, "0.32.0").args
     # 'auto' stays the model's dtype and offloads instead.
     auto = plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
                                      "model.max_model_len": 65536})  # fmt: skip
-    assert auto.kv_dtype_bytes == 2 and auto.weights_offloaded_bytes > 0
+    assert auto.kv.dtype_bytes == 2 and auto.weights.offloaded_bytes > 0
 
 
 def test_concurrent_requests_are_held_or_refused(tmp_path: Path) -> None:
@@ -179,10 +179,10 @@ def test_concurrent_requests_are_held_or_refused(tmp_path: Path) -> None:
     # max_model_len 'auto' with several requests: the longest each of them can have, passed
     # to vLLM as a number (its own auto-fit is for one request).
     plan = plan_of(directory, 24, **{"gpu.min_concurrent_requests": 4})
-    blocks = plan.gpu_kv_pool_blocks - 1
-    assert plan.max_model_len == blocks // 4 * 128
+    blocks = plan.gpu.kv_pool_blocks - 1
+    assert plan.length.max_model_len == blocks // 4 * 128
     args = build(DeploymentConfig(), plan, directory, "0.32.0").args
-    assert args[args.index("--max-model-len") + 1] == str(plan.max_model_len)
+    assert args[args.index("--max-model-len") + 1] == str(plan.length.max_model_len)
 
 
 def test_plan_prints_its_decisions(tmp_path: Path) -> None:
@@ -201,11 +201,11 @@ def test_h2d_speed_follows_the_pcie_link() -> None:
     facts = model_facts.read(LLAMA3_70B)
     fast = make_plan(config, facts, gen5, "cuda")
     slow = make_plan(config, facts, gen3x8, "cuda")
-    assert fast.h2d_bytes_per_s == pytest.approx(55.47e9)  # the H200 measurement
-    assert "measured on an H200" in fast.h2d_source
-    assert slow.h2d_bytes_per_s == pytest.approx(55.47e9 / 4 / 2)  # 8 of 32 GT/s, 8 lanes
-    assert fast.decode_steps_per_s_ceiling == pytest.approx(
-        55.47e9 / fast.weights_offloaded_bytes, rel=0.01
+    assert fast.costs.h2d_bytes_per_s == pytest.approx(55.47e9)  # the H200 measurement
+    assert "measured on an H200" in fast.costs.h2d_source
+    assert slow.costs.h2d_bytes_per_s == pytest.approx(55.47e9 / 4 / 2)  # 8 of 32 GT/s, 8 lanes
+    assert fast.costs.decode_steps_per_s_ceiling == pytest.approx(
+        55.47e9 / fast.weights.offloaded_bytes, rel=0.01
     )
 
 
@@ -218,19 +218,19 @@ def test_expandable_segments_with_the_tier_is_refused(tmp_path: Path) -> None:
     env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6,expandable_segments:True"}
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory)})
     plan = make_plan(config, facts, host, "cuda", env)
-    (problem,) = plan.problems
+    (problem,) = plan.notes.problems
     assert problem["field"] == "PYTORCH_CUDA_ALLOC_CONF" and "#41237" in problem["message"]
     assert "cannot start: PYTORCH_CUDA_ALLOC_CONF" in render(plan)
     without_tier = with_overrides(config, {"kv_offload.backend": "none"})
-    assert make_plan(without_tier, facts, host, "cuda", env).problems == []
+    assert make_plan(without_tier, facts, host, "cuda", env).notes.problems == ()
 
 
 def test_lmcache_on_hybrid_models(tmp_path: Path) -> None:
     hybrid = write_shape(tmp_path / "hybrid", HYBRID)
     plan = plan_of(hybrid, 24, **{"kv_offload.backend": "lmcache"})
-    assert [p["field"] for p in plan.problems] == ["kv_offload.backend"]
-    assert "#42911" in plan.problems[0]["message"]
-    assert plan_of(hybrid, 24, **{"kv_offload.backend": "native"}).problems == []
+    assert [p["field"] for p in plan.notes.problems] == ["kv_offload.backend"]
+    assert "#42911" in plan.notes.problems[0]["message"]
+    assert plan_of(hybrid, 24, **{"kv_offload.backend": "native"}).notes.problems == ()
     # Sliding-window layers keep every token when vLLM turns its hybrid manager off: a
     # full-length request costs all 34 layers, not 6 full + 28 windows.
     gemma = write_shape(tmp_path / "gemma", GEMMA3_4B_TEXT)
@@ -238,19 +238,19 @@ def test_lmcache_on_hybrid_models(tmp_path: Path) -> None:
     native = plan_of(gemma, 48, **common, **{"kv_offload.backend": "native"})
     lmcache = plan_of(gemma, 48, **common, **{"kv_offload.backend": "lmcache"})
     per_token = 2 * 4 * 256 * 2
-    assert lmcache.max_concurrency_at_full_length == pytest.approx(
-        lmcache.gpu_kv_pool_blocks / (34 * per_token * 32768 // (34 * per_token * 16)), abs=0.01
+    assert lmcache.length.concurrency_at_full_length == pytest.approx(
+        lmcache.gpu.kv_pool_blocks / (34 * per_token * 32768 // (34 * per_token * 16)), abs=0.01
     )
-    assert native.max_concurrency_at_full_length > 3 * lmcache.max_concurrency_at_full_length
-    assert any("#41847" in w for w in lmcache.warnings)
+    assert native.length.concurrency_at_full_length > 3 * lmcache.length.concurrency_at_full_length
+    assert any("#41847" in w for w in lmcache.notes.warnings)
 
 
 def test_speculative_decoding_with_the_tier_warns(tmp_path: Path) -> None:
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
     spec = ['--speculative-config={"method": "eagle3", "num_speculative_tokens": 3}']
     plan = plan_of(directory, 24, extra_args=spec)
-    assert any("speculative drafter" in w and "#46971" in w for w in plan.warnings)
-    assert not any("speculative" in w for w in plan_of(directory, 24).warnings)
+    assert any("speculative drafter" in w and "#46971" in w for w in plan.notes.warnings)
+    assert not any("speculative" in w for w in plan_of(directory, 24).notes.warnings)
 
 
 def test_a_low_memlock_limit_is_not_refused(tmp_path: Path) -> None:
@@ -261,18 +261,20 @@ def test_a_low_memlock_limit_is_not_refused(tmp_path: Path) -> None:
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory),
                                                  "kv_offload.cpu_tier_gib": 16})  # fmt: skip
     limited = replace(make_host(24), memlock_limit_bytes=8 << 20)
-    assert make_plan(config, model_facts.read(directory), limited, "cuda").problems == []
+    assert make_plan(config, model_facts.read(directory), limited, "cuda").notes.problems == ()
 
 
 def test_wsl2_is_explained(tmp_path: Path) -> None:
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory)})
     facts, wsl = model_facts.read(directory), replace(make_host(24), wsl=True)
-    warnings = make_plan(config, facts, wsl, "cuda").warnings
+    warnings = make_plan(config, facts, wsl, "cuda").notes.warnings
     assert any("VLLM_WSL2_ENABLE_PIN_MEMORY=1" in w and "pageable" in w for w in warnings)
     pinned = make_plan(config, facts, wsl, "cuda", {"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
-    assert any("half the RAM" in w for w in pinned.warnings)
-    assert not any("WSL2" in w for w in make_plan(config, facts, make_host(24), "cuda").warnings)
+    assert any("half the RAM" in w for w in pinned.notes.warnings)
+    assert not any(
+        "WSL2" in w for w in make_plan(config, facts, make_host(24), "cuda").notes.warnings
+    )
 
 
 def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
@@ -286,7 +288,7 @@ def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
     assert host.shm_free_bytes == 64 * GIB
     prepared = prepare(config, host, {}, None)
     assert prepared.problems == ()
-    assert prepared.plan.cpu_tier_bytes == 63 * GIB  # /dev/shm less what vLLM uses itself
+    assert prepared.plan.cpu_tier.bytes == 63 * GIB  # /dev/shm less what vLLM uses itself
 
 
 def test_review_findings_fit_baseline_and_a_fixed_pool(tmp_path: Path) -> None:
@@ -297,7 +299,7 @@ def test_review_findings_fit_baseline_and_a_fixed_pool(tmp_path: Path) -> None:
               "weights_offload.cpu_gib": "auto"}  # fmt: skip
     auto = plan_of(directory, 8, **target)
     fit = plan_of(directory, 8, **target, **{"model.kv_cache_dtype": "fit"})
-    assert auto.weights_offloaded_bytes > 0 and fit.max_model_len == 2048
+    assert auto.weights.offloaded_bytes > 0 and fit.length.max_model_len == 2048
     with pytest.raises(PlanError) as info:
         plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
                                   "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip

@@ -4,7 +4,7 @@ arguments (e.g. `tools/vllm_cpu_offload_server.py --config /etc/vllm-offload/con
 
 import sys
 
-from vllm_offload.cli import main
+from vllm_offload.compat import seed_entry_point
 
 if __name__ == "__main__":
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    sys.exit(seed_entry_point("serve"))

@@ -3,7 +3,7 @@
 
 import sys
 
-from vllm_offload.cli import main
+from vllm_offload.compat import seed_entry_point
 
 if __name__ == "__main__":
-    sys.exit(main(["manager", *sys.argv[1:]]))
+    sys.exit(seed_entry_point("manager"))

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from vllm_offload import compat
 from vllm_offload.errors import FieldError
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-offload/config.toml")
@@ -34,12 +35,6 @@ Auto = Literal["auto"]
 
 class ConfigError(FieldError):
     """A config value is wrong; ``field`` names it (``section.key``) and the text says the fix."""
-
-
-_SWAP_SPACE_FIX = (
-    "swap_space is gone from vLLM (removed upstream); the CPU tier for the KV cache is "
-    "configured in [kv_offload]: set kv_offload.cpu_tier_gib (or leave it 'auto')"
-)
 
 
 MAX_STRING_CHARS = 4096
@@ -63,8 +58,8 @@ class _Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _reject_swap_space(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "swap_space" in data:
-            raise ValueError(_SWAP_SPACE_FIX)
+        if isinstance(data, dict) and compat.SWAP_SPACE_KEY in data:
+            raise ValueError(compat.SWAP_SPACE_FIX)
         return data
 
 
@@ -358,8 +353,8 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "-asc": "one API server process serves; vLLM's entry point that the launcher runs ignores it",
     "--headless": "the launcher always runs the API server",
     "--config": "settings come from the deployment config; put them there (or in extra_args)",
-    "--swap-space": "swap_space is gone from vLLM; the CPU tier for the KV cache is set "
-    "with kv_offload.cpu_tier_gib",
+    compat.SWAP_SPACE_FLAG: "swap_space is gone from vLLM; the CPU tier for the KV cache is "
+    "set with kv_offload.cpu_tier_gib",
 }
 
 

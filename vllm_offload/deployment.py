@@ -65,7 +65,9 @@ def prepare(
     spec is for the pinned release and the patch state is not checked."""
     directory = model_dir(config)
     plan = plan_for(config, directory, host, environ)
-    problems: list[VllmOffloadError] = [PlanError(p["field"], p["message"]) for p in plan.problems]
+    problems: list[VllmOffloadError] = [
+        PlanError(p["field"], p["message"]) for p in plan.notes.problems
+    ]
     try:
         api_key = launch.read_api_key(config)
     except PreflightError as exc:
@@ -73,9 +75,8 @@ def prepare(
         api_key = None
     version = vllm.version if vllm is not None else SUPPORTED[0]
     spec = launch.build(config, plan, directory, version, api_key)
-    problems += launch.preflight(plan)
     notes = list(spec.notes)
-    uses_lmcache = vllm is not None and plan.kv_offload_backend == "lmcache"
+    uses_lmcache = vllm is not None and plan.kv.backend == "lmcache"
     if uses_lmcache and (missing := lmcache_problem(environ)) is not None:
         problems.append(PreflightError("kv_offload.backend", missing))
     if vllm is not None and (unpatched := patch_problem(vllm)) is not None:

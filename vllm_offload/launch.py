@@ -66,34 +66,34 @@ class LaunchSpec:
 
 
 def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] | None:
-    if plan.kv_offload_backend == "native":
+    if plan.kv.backend == "native":
         extra: dict[str, Any] = {
-            "cpu_bytes_to_use": plan.cpu_tier_bytes,
+            "cpu_bytes_to_use": plan.cpu_tier.bytes,
             "eviction_policy": config.kv_offload.eviction_policy,
             "layerwise_loads": config.kv_offload.layerwise_loads,
         }
-        if plan.cpu_chunk_tokens != plan.block_size_tokens:  # vLLM's default: one GPU block
-            extra["block_size"] = plan.cpu_chunk_tokens
+        if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
+            extra["block_size"] = plan.kv.chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
             extra["store_threshold"] = config.kv_offload.store_threshold
-        if plan.disk_tier_bytes:
+        if plan.disk.bytes:
             # vLLM's tiering spec: the CPU tier in front, its filesystem tier behind, bounded
             # by our subclass (vLLM's own out-of-tree tier hook loads it by module path).
             extra["spec_name"] = DISK_TIER_SPEC
             extra["secondary_tiers"] = [{
                 "type": "BoundedFsTier",
                 "module_path": "vllm_offload.disk_tier",
-                "root_dir": plan.disk_tier_root,
-                "budget_root": str(disk_layout.tier_root(plan.disk_tier_path)),
-                "max_bytes": plan.disk_tier_bytes,
-                "min_free_bytes": plan.disk_reserve_bytes,
+                "root_dir": plan.disk.root,
+                "budget_root": str(disk_layout.tier_root(plan.disk.path)),
+                "max_bytes": plan.disk.bytes,
+                "min_free_bytes": plan.disk.reserve_bytes,
             }]  # fmt: skip
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": extra,
         }
-    if plan.kv_offload_backend == "lmcache":
+    if plan.kv.backend == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     return None
 
@@ -104,8 +104,8 @@ def max_model_len_arg(plan: Plan) -> str:
     planner makes before anything is loaded can never start a server whose longest request
     does not fit. vLLM's auto-fit is for one request: for several at once the planner's
     length goes (vLLM still refuses to start if its measured pool cannot hold one)."""
-    if plan.max_model_len_source == "configured" or plan.min_concurrent_requests > 1:
-        return str(plan.max_model_len)
+    if plan.length.source == "configured" or plan.length.min_concurrent_requests > 1:
+        return str(plan.length.max_model_len)
     return AUTO_MAX_MODEL_LEN
 
 
@@ -126,17 +126,17 @@ def build(
         "--served-model-name", served_name(config, model_dir),
         "--host", config.server.host,
         "--port", str(config.server.port),
-        "--block-size", str(plan.block_size_tokens),
+        "--block-size", str(plan.kv.block_tokens),
         "--max-model-len", max_model_len_arg(plan),
     ]  # fmt: skip
     if config.model.dtype != "auto":
         args += ["--dtype", config.model.dtype]
-    if plan.kv_cache_dtype != "auto":  # as resolved: 'fit' may have chosen fp8
-        args += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if plan.kv.cache_dtype != "auto":  # as resolved: 'fit' may have chosen fp8
+        args += ["--kv-cache-dtype", plan.kv.cache_dtype]
     if plan.platform == "cuda":
         args += ["--gpu-memory-utilization", str(config.gpu.memory_utilization)]
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
-        args += ["--kv-cache-memory-bytes", str(plan.gpu_kv_pool_bytes)]
+        args += ["--kv-cache-memory-bytes", str(plan.gpu.kv_pool_bytes)]
     parallel = config.parallel
     if parallel.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(parallel.tensor_parallel_size)]
@@ -146,21 +146,21 @@ def build(
         args += ["--distributed-executor-backend", parallel.distributed_executor_backend]
 
     env: dict[str, str] = {}
-    notes: list[str] = [f"KV offload backend: {plan.kv_offload_backend} "
-                        f"({plan.kv_offload_backend_reason})"]  # fmt: skip
-    if plan.weights_offloaded_bytes > 0:
+    notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
+                        f"({plan.kv.backend_reason})"]  # fmt: skip
+    if plan.weights.offloaded_bytes > 0:
         params = config.weights_offload.params
         args += ["--offload-backend", config.weights_offload.backend]
-        if plan.weights_offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
+        if plan.weights.offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
             args += [
-                "--offload-group-size", str(plan.prefetch_group_size),
-                "--offload-num-in-group", str(plan.prefetch_num_in_group),
+                "--offload-group-size", str(plan.weights.prefetch_group_size),
+                "--offload-num-in-group", str(plan.weights.prefetch_num_in_group),
                 "--offload-prefetch-step", str(config.weights_offload.prefetch_step),
             ]  # fmt: skip
             if params:
                 args += ["--offload-params", *params]
         else:
-            args += ["--cpu-offload-gb", f"{plan.weights_offloaded_bytes / GIB:.3f}"]
+            args += ["--cpu-offload-gb", f"{plan.weights.offloaded_bytes / GIB:.3f}"]
             if params:
                 args += ["--cpu-offload-params", *params]
         if v2_runner_ignores_cpu_offload(vllm_version):
@@ -170,18 +170,18 @@ def build(
                 "ignores cpu_offload_gb"
             )
 
-    if plan.host_extension_bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
-        extension = {HOST_EXTENSION_KEY: plan.host_extension_bytes}
+    if plan.extension.bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
+        extension = {HOST_EXTENSION_KEY: plan.extension.bytes}
         args += ["--additional-config", json.dumps(extension, separators=(",", ":"))]
     kv_config = kv_transfer_config(config, plan)
     if kv_config is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
-    if plan.cpu_tier_bytes:
-        env[CPU_TIER_RESERVE_ENV] = str(plan.ram_reserve_bytes)
-    if plan.kv_offload_backend == "lmcache":
+    if plan.cpu_tier.bytes:
+        env[CPU_TIER_RESERVE_ENV] = str(plan.host_ram.reserve_bytes)
+    if plan.kv.backend == "lmcache":
         env.update(
             LMCACHE_LOCAL_CPU="True",
-            LMCACHE_MAX_LOCAL_CPU_SIZE=f"{plan.cpu_tier_bytes / GIB:.3f}",
+            LMCACHE_MAX_LOCAL_CPU_SIZE=f"{plan.cpu_tier.bytes / GIB:.3f}",
             LMCACHE_CHUNK_SIZE=str(LMCACHE_CHUNK_TOKENS),
             # LMCache reports usage to stats.lmcache.ai unless told not to.
             LMCACHE_TRACK_USAGE="false",
@@ -215,32 +215,6 @@ def read_api_key(config: DeploymentConfig) -> str | None:
     if not key:
         raise PreflightError("server.api_key_file", f"{path} is empty; write the key into it")
     return key
-
-
-def preflight(plan: Plan) -> list[PreflightError]:
-    """Checks on the resolved plan against its host; every failure, not just the first."""
-    errors: list[PreflightError] = []
-    if plan.cpu_tier_bytes > plan.cpu_tier_room_ram_bytes:
-        errors.append(PreflightError(
-            "kv_offload.cpu_tier_gib",
-            f"a {plan.cpu_tier_bytes / GIB:.2f} GiB CPU tier does not fit the host RAM "
-            f"({plan.ram_available_bytes / GIB:.2f} GiB available, "
-            f"{plan.ram_reserve_bytes / GIB:.2f} GiB kept in reserve, "
-            f"~{plan.server_ram_bytes / GIB:.2f} GiB for vLLM itself"
-            + (f", {plan.weights_offloaded_bytes * plan.tensor_parallel_size / GIB:.2f} GiB of "
-               "offloaded weights" if plan.weights_offloaded_bytes else "")
-            + f"); the largest that fits is {plan.cpu_tier_room_ram_bytes // GIB} GiB",
-        ))  # fmt: skip
-    if plan.kv_offload_backend == "native" and plan.cpu_tier_bytes > plan.cpu_tier_room_shm_bytes:
-        errors.append(PreflightError(
-            "kv_offload.cpu_tier_gib",
-            f"vLLM places the CPU tier in /dev/shm, which has "
-            f"{plan.shm_free_bytes / GIB:.2f} GiB free (vLLM uses some itself); set "
-            f"cpu_tier_gib <= {plan.cpu_tier_room_shm_bytes // GIB} or enlarge /dev/shm "
-            "(`mount -o remount,size=100G /dev/shm`, or docker --shm-size; README: Giving "
-            "/dev/shm more room)",
-        ))  # fmt: skip
-    return errors
 
 
 def validate_with_vllm(spec: LaunchSpec) -> None:

@@ -218,8 +218,8 @@ def test_the_planners_length_is_vllms(demo_dir: Path) -> None:
         "gpu.kv_cache_memory_bytes": GPU_BYTES, "kv_offload.host_extension_gib": HOST_BYTES / GIB,
     })  # fmt: skip
     plan = make_plan(deployment, model_facts.read(demo_dir), make_host(24), "cuda")
-    vllm_config = config(demo_dir, -1, plan.host_extension_bytes)
+    vllm_config = config(demo_dir, -1, plan.extension.bytes)
     (kv_config,) = kv_configs(vllm_config, GPU_BYTES)
-    assert plan.max_model_len == vllm_config.model_config.max_model_len == 511 * 16
-    assert plan.host_extension_tokens == kv_config.num_host_blocks * 16
-    assert plan.gpu_kv_pool_blocks == kv_config.num_blocks - kv_config.num_host_blocks
+    assert plan.length.max_model_len == vllm_config.model_config.max_model_len == 511 * 16
+    assert plan.extension.tokens == kv_config.num_host_blocks * 16
+    assert plan.gpu.kv_pool_blocks == kv_config.num_blocks - kv_config.num_host_blocks

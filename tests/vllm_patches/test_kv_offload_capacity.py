@@ -199,7 +199,7 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir)})
     plan = make_plan(config, model_facts.read(demo_dir), host, "cuda")
     spec = launch.build(config, plan, demo_dir, "0.32.0")
-    assert plan.cpu_tier_bytes > 0 and launch.preflight(plan) == []
+    assert plan.cpu_tier.bytes > 0 and plan.notes.problems == ()
 
     for name, value in spec.env.items():  # what the launcher hands vLLM
         monkeypatch.setenv(name, value)
@@ -209,5 +209,5 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     monkeypatch.setattr(cap.psutil, "virtual_memory", lambda: at_check)
     shm = shutil.disk_usage("/dev/shm")._replace(free=host.shm_free_bytes - (256 << 20))
     monkeypatch.setattr(cap.shutil, "disk_usage", lambda path: shm)
-    tier = cap.CpuTier(plan.cpu_tier_bytes, plan.cpu_tier_bytes, 1, 128, uses_shm=True)
+    tier = cap.CpuTier(plan.cpu_tier.bytes, plan.cpu_tier.bytes, 1, 128, uses_shm=True)
     cap.check_host_memory(tier)  # raises if vLLM would refuse it

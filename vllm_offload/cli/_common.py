@@ -9,8 +9,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from vllm_offload import compat, hardware
 from vllm_offload import config as config_mod
-from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
@@ -50,7 +50,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 # argparse formats help with %: a literal one in a description is %%.
                 help=f"{(info.description or '').replace('%', '%%')} (config: {dotted})",
             )
-    parser.add_argument("--swap-space", dest="swap_space", help=argparse.SUPPRESS)
+    parser.add_argument(compat.SWAP_SPACE_FLAG, dest="swap_space", help=argparse.SUPPRESS)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,11 +62,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def effective_config(args: argparse.Namespace, extra_args: list[str]) -> DeploymentConfig:
-    if getattr(args, "swap_space", None) is not None or "--swap-space" in extra_args:
-        raise UsageError(
-            "--swap-space: vLLM removed swap_space; the CPU tier for the KV cache is "
-            "set with --kv-offload-cpu-tier-gib (config: kv_offload.cpu_tier_gib)"
-        )
+    if getattr(args, "swap_space", None) is not None or compat.SWAP_SPACE_FLAG in extra_args:
+        raise UsageError(compat.SWAP_SPACE_FLAG_FIX)
     config, _path = config_mod.load_default(args.config)
     overrides = _overrides(args)
     if extra_args:

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         print(json.dumps({**plan.to_json(), "problems": problems}, indent=2))
     else:
         print(render(plan))
-        planned = {(p["field"], p["message"]) for p in plan.problems}
+        planned = {(p["field"], p["message"]) for p in plan.notes.problems}
         for problem in prepared.problems:  # the plan's own are in its table already
             if (problem.field, problem.message) not in planned:
                 print(f"cannot start: {problem.field}: {problem.message}")

@@ -278,9 +278,9 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             prepared = prepare(config)
             plan: dict[str, Any] | str = prepared.plan.to_json()
             problems = [p.detail() for p in prepared.problems]
-            tier_bytes = prepared.plan.cpu_tier_bytes
-            backend = prepared.plan.kv_offload_backend
-            disk_bytes, disk_path = prepared.plan.disk_tier_bytes, prepared.plan.disk_tier_path
+            tier_bytes = prepared.plan.cpu_tier.bytes
+            backend = prepared.plan.kv.backend
+            disk_bytes, disk_path = prepared.plan.disk.bytes, prepared.plan.disk.path
         except VllmOffloadError as exc:
             plan = str(exc)
         return {

@@ -1,0 +1,124 @@
+"""The planner: (config, model facts, host facts) -> Plan. Pure; no I/O.
+
+The rule it never bends: one request's KV must fit the GPU pool (with its host extension,
+if configured), because vLLM never streams a request's blocks during attention. The CPU
+tier holds blocks for *reuse* (prefix hits) and preemption; it does not make one request
+longer. Every figure carries its unit in its name.
+
+One module a topic, each step returning its part and its notes: ``layout`` (the CPU tier's
+backend, blocks, chunks, KV dtype), ``gpu`` (the GPU budget and the weights), ``lengths``
+(the pool in blocks, max_model_len, concurrency), ``host`` (RAM, the host extension, the
+CPU tier), ``disk`` (the disk tier), ``checks`` (combinations vLLM refuses or runs badly),
+``costs`` (what offload costs in decode speed); ``records`` says what a plan is and
+``render`` prints it. A new tier is a module here with a step called from ``make_plan``.
+"""
+
+from __future__ import annotations
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import DiskFacts, HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.checks import combination_checks
+from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
+from vllm_offload.plan.disk import plan_disk_tier
+from vllm_offload.plan.gpu import place_weights, served_weight_bytes
+from vllm_offload.plan.host import extension_bytes, size_cpu_tier
+from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token, request_kv_bytes
+from vllm_offload.plan.layout import choose_layout, planned_model
+from vllm_offload.plan.lengths import capacity_warnings, fit_lengths, target
+from vllm_offload.plan.records import (
+    GpuPool,
+    HostExtension,
+    Notes,
+    Plan,
+    PlanError,
+    Platform,
+    Weights,
+    plan_json,
+)
+from vllm_offload.plan.render import render
+
+__all__ = [
+    "Plan",
+    "PlanError",
+    "Platform",
+    "compute_dtype_bytes",
+    "h2d_bytes_per_s",
+    "kv_bytes_per_token",
+    "make_plan",
+    "plan_json",
+    "render",
+]
+
+
+def make_plan(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str] | None = None,
+    disk: DiskFacts | None = None,
+) -> Plan:
+    """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
+    env = env or {}
+    tp = config.parallel.tensor_parallel_size
+    notes = Notes(warnings=tuple(f"could not read {what}" for what in model.unknown),
+                  unplanned=model.unknown)  # fmt: skip
+    layout, step = choose_layout(config, model, host, platform, env)
+    notes += step
+    planned = planned_model(model, layout.backend)
+    memory, step = place_weights(config, planned, host, platform, env, layout.dtype_bytes,
+                                 layout.block_tokens, target(config, planned))  # fmt: skip
+    notes += step
+    extension, step = extension_bytes(config, planned, platform)
+    notes += step
+    shape, length, step = fit_lengths(config, planned, layout, memory.kv_pool_bytes, extension,
+                                      platform)  # fmt: skip
+    notes += step
+    tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes,
+                                    extension)  # fmt: skip
+    notes += step
+    request_bytes = request_kv_bytes(planned, layout.dtype_bytes, length.max_model_len,
+                                     layout.block_tokens, tp) * tp  # fmt: skip
+    disk_tier, step = plan_disk_tier(config, planned, disk, layout, request_bytes)
+    notes += step
+    notes += capacity_warnings(layout, tier, length, shape, bool(extension))
+    # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered
+    # 4 GiB at full speed under an 8 MiB limit without CAP_IPC_LOCK: benchmarks/results/
+    # h200-vllm-0.32.0/host-checks/), so refusing a tier for it would refuse what works.
+    notes += combination_checks(config, model, host, platform, env, layout.backend)
+    costs, spilled_ceiling, step = offload_costs(host, platform, planned, layout, memory, shape,
+                                                 length, extension, tp)  # fmt: skip
+    notes += step
+    return Plan(
+        platform=platform,
+        model_path=model.path,
+        architecture=model.architecture,
+        kv=layout,
+        weights=Weights(
+            served_weight_bytes(config, planned),
+            model.weight_bytes_source,
+            memory.weights_gpu_bytes,
+            memory.weights_offloaded_bytes,
+            memory.prefetch_group_size,
+            memory.prefetch_num_in_group,
+            memory.offloaded_layers,
+        ),
+        gpu=GpuPool(
+            memory.total_bytes,
+            memory.budget_bytes,
+            memory.kv_pool_bytes,
+            shape.gpu_blocks,
+            shape.gpu_tokens,
+        ),
+        length=length,
+        extension=HostExtension(
+            extension, shape.extension_blocks * layout.block_tokens, spilled_ceiling
+        ),
+        cpu_tier=tier,
+        host_ram=ram,
+        disk=disk_tier,
+        tensor_parallel_size=tp,
+        costs=costs,
+        notes=notes,
+    )

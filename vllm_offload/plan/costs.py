@@ -1,0 +1,80 @@
+"""What offloading costs in decode speed: every decode step moves each offloaded weight
+byte, and each byte of a request's KV spilled into the host extension, over the PCIe link
+once; the link's speed bounds the steps per second."""
+
+from __future__ import annotations
+
+from vllm_offload.hardware import HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.gpu import GpuMemory
+from vllm_offload.plan.kv import request_kv_bytes
+from vllm_offload.plan.lengths import PoolShape
+from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, Platform, gib
+
+# Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
+# (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
+# links are this scaled by their transfer rate and width; every weight-offload decode step
+# reads all offloaded bytes over it (UVA) or copies them in (prefetch).
+H2D_GEN5_X16_BYTES_PER_S = 55.47e9
+PCIE_GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+# Without a GPU to ask (a declared card): the link of an RTX 4090 / A6000-class card.
+ASSUMED_PCIE = (4, 16)
+
+
+def h2d_bytes_per_s(host: HostFacts) -> tuple[float, str]:
+    """Host->GPU copy speed of registered memory on this host's link, and where it is from."""
+    gpu = min(host.gpus, key=lambda g: (g.pcie_generation or 99, g.pcie_width or 99), default=None)
+    gen, width = (gpu.pcie_generation, gpu.pcie_width) if gpu else (None, None)
+    link = "read from NVML"
+    if gen not in PCIE_GT_PER_S or not width:
+        (gen, width), link = ASSUMED_PCIE, "assumed: no GPU here to ask"
+    speed = H2D_GEN5_X16_BYTES_PER_S * PCIE_GT_PER_S[gen] / PCIE_GT_PER_S[5] * width / 16
+    how = "measured on an H200" if (gen, width) == (5, 16) else "an H200's Gen5 x16 figure scaled"
+    return speed, f"PCIe Gen{gen} x{width}, {link}; {how}"
+
+
+def offload_costs(
+    host: HostFacts,
+    platform: Platform,
+    model: ModelFacts,
+    layout: KvLayout,
+    memory: GpuMemory,
+    shape: PoolShape,
+    lengths: Lengths,
+    extension: int,
+    tp: int,
+) -> tuple[Costs, float | None, Notes]:
+    """The weight-offload decode ceiling, and (with a host extension) a max_model_len
+    request's: (costs, that request's ceiling rounded, the decisions that say them)."""
+    speed, source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")
+    offloaded = memory.weights_offloaded_bytes
+    ceiling = speed / offloaded if offloaded and speed else None
+    # The GPU part as aligned for the extension: what a spilled request does not spill.
+    gpu_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
+    max_len = lengths.max_model_len
+    request = request_kv_bytes(model, layout.dtype_bytes, max_len, layout.block_tokens, tp)
+    spilled = max(0, request - gpu_part)
+    spilled_ceiling = speed / spilled if extension and spilled and speed else None
+    decisions = []
+    if extension:
+        decisions.append(
+            f"host extension: {gib(extension)} per GPU = "
+            f"{shape.extension_blocks * layout.block_tokens:,} tokens of KV in host RAM "
+            "after the GPU pool, used once the GPU's blocks are taken; "
+            + (
+                f"a {max_len:,}-token request puts {gib(spilled)} there, which every decode "
+                f"step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({source}): at most "
+                f"{spilled_ceiling:.1f} tokens/s for it; its prefill reads it many times over"
+                if spilled_ceiling is not None
+                else "no request of max_model_len tokens reaches it alone"
+            )
+        )
+    if ceiling is not None:
+        decisions.append(
+            f"decode speed cost: each step moves {gib(offloaded)} of weights host->GPU at "
+            f"~{speed / 1e9:.1f} GB/s ({source}): at most {ceiling:.1f} steps/s, "
+            "i.e. tokens/s per request"
+        )
+    costs = Costs(speed, source, None if ceiling is None else round(ceiling, 2))
+    rounded = None if spilled_ceiling is None else round(spilled_ceiling, 2)
+    return costs, rounded, Notes(decisions=tuple(decisions))

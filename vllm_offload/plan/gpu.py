@@ -1,0 +1,277 @@
+"""One GPU's budget: what vLLM may use, its working memory, the weights (as configured, or
+the fewest whole layers that leave a pool for the target), and the KV pool left; what no
+offload can reach is refused with the longest length that is reachable."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
+from vllm_offload.plan.records import Notes, PlanError, Platform, gib
+
+# GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
+# peak during profiling and CUDA graphs. Measured on an H100 with an 8B shape
+# (docs/benchmarks.md); scaled with the model's hidden size.
+GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
+GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
+# The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
+CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
+# Offloading weights 'auto' without a length to reach leaves room for one request this long.
+AUTO_OFFLOAD_ROOM_TOKENS = 4096
+
+Target = tuple[int, int]  # (tokens, requests) the pool must hold at once
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """Where the weights go and how big the GPU KV pool is, per rank."""
+
+    total_bytes: int
+    budget_bytes: int
+    weights_offloaded_bytes: int
+    weights_gpu_bytes: int
+    kv_pool_bytes: int
+    # prefetch backend: every group_size layers, the last num_in_group live in host RAM
+    prefetch_group_size: int = 0
+    prefetch_num_in_group: int = 0
+    offloaded_layers: int = 0
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """One rank's GPU memory before the KV pool: what vLLM may use, its working memory,
+    and the weights (whole decoder layers are what can be offloaded)."""
+
+    total_bytes: int
+    budget_bytes: int
+    overhead_bytes: int  # without the prefetch backend's layer buffers
+    weights_bytes: int
+    layer_bytes: int
+    layers: int  # decoder layers on this rank
+    prefetch_buffer_bytes: int  # the prefetch backend's GPU buffers, when it offloads
+
+    @property
+    def offloadable_bytes(self) -> int:
+        return min(self.weights_bytes, self.layer_bytes * self.layers)
+
+    def largest_pool_bytes(self) -> int:
+        """The KV pool left with every decoder layer's weights in host RAM."""
+        return (self.budget_bytes - (self.weights_bytes - self.offloadable_bytes)
+                - self.overhead_bytes - self.prefetch_buffer_bytes)  # fmt: skip
+
+
+def served_weight_bytes(config: DeploymentConfig, model: ModelFacts) -> int:
+    """The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served
+    in 16 bits); quantised weights stay as stored."""
+    if model.quantization is not None:
+        return model.weight_bytes
+    return int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype)
+               / model.dtype_bytes)  # fmt: skip
+
+
+def gpu_overhead_bytes(model: ModelFacts) -> int:
+    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
+
+
+def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) -> int:
+    """Weight bytes of one decoder layer: all weights less the embeddings (and an untied
+    LM head), shared evenly; the unit the prefetch backend moves."""
+    embeddings = model.vocab_size * model.hidden_size * dtype_bytes
+    embeddings *= 1 if model.tie_word_embeddings else 2
+    return max(1, (weight_bytes - embeddings) // max(1, model.num_layers))
+
+
+def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]:
+    """(group size, layers offloaded per group, layers offloaded): the fewest layers that
+    cover ``layers_needed``, in the smallest groups (spread evenly, so each copy has
+    resident layers' compute to hide behind). vLLM offloads the last ``k`` of every ``g``."""
+    best = (num_layers, num_layers, num_layers + 1)  # worse than any answer
+    for group in range(1, num_layers + 1):
+        for in_group in range(1, group + 1):
+            # whole groups, then the partial last group's layers past group - in_group
+            count = num_layers // group * in_group + max(0, num_layers % group - group + in_group)
+            if layers_needed <= count < best[2]:
+                best = (group, in_group, count)
+    return best
+
+
+def gpu_budget(config: DeploymentConfig, model: ModelFacts, host: HostFacts,
+               weight_bytes: int) -> GpuBudget:  # fmt: skip
+    tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
+    if not host.gpus:
+        raise PlanError("gpu", "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N")
+    total = min(g.total_bytes for g in host.gpus)
+    # Tensor parallelism splits every layer; pipeline stages hold whole layers.
+    layer = decoder_layer_bytes(model, weight_bytes, compute_dtype_bytes(model, config.model.dtype))
+    layer //= tp
+    prefetch = config.weights_offload.backend == "prefetch"
+    return GpuBudget(
+        total_bytes=total,
+        budget_bytes=int(total * config.gpu.memory_utilization),
+        overhead_bytes=gpu_overhead_bytes(model),
+        weights_bytes=weight_bytes // (tp * pp),
+        layer_bytes=layer,
+        layers=max(1, model.num_layers // pp),
+        # the GPU buffers offloaded layers are copied into
+        prefetch_buffer_bytes=config.weights_offload.prefetch_step * layer if prefetch else 0,
+    )
+
+
+def cpu_platform_memory(config: DeploymentConfig, weight_bytes: int,
+                        env: dict[str, str]) -> GpuMemory:  # fmt: skip
+    """vLLM's CPU backend: weights in RAM, the KV pool as VLLM_CPU_KVCACHE_SPACE (which
+    wins inside vLLM), the config, or 1 GiB (vLLM's own default takes most of the RAM)."""
+    parallel = config.parallel
+    weights_per_rank = weight_bytes // (parallel.tensor_parallel_size
+                                        * parallel.pipeline_parallel_size)  # fmt: skip
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if space:
+        pool = int(space) * GIB
+    elif config.gpu.kv_cache_memory_bytes != "auto":
+        pool = config.gpu.kv_cache_memory_bytes
+    else:
+        pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
+    return GpuMemory(0, 0, 0, weights_per_rank, pool)
+
+
+def place_weights(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    dtype_b: int,
+    block: int,
+    target: Target,
+) -> tuple[GpuMemory, Notes]:
+    """Weights on the GPU or offloaded (as configured, or the fewest that leave a pool for
+    ``target``), then the KV pool from what is left (or as configured); raises PlanError
+    when nothing is left. ``dtype_b``: bytes per KV element."""
+    weight_bytes = served_weight_bytes(config, model)
+    if platform != "cuda":
+        return cpu_platform_memory(config, weight_bytes, env), Notes()
+    tp = config.parallel.tensor_parallel_size
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    fixed_pool = config.gpu.kv_cache_memory_bytes
+    offload = config.weights_offload.cpu_gib
+    tokens, requests = target
+    if offload == "auto":
+        room = (fixed_pool if fixed_pool != "auto"
+                else pool_bytes_for(model, dtype_b, block, tp, tokens, requests))  # fmt: skip
+        need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+        if need > 0:
+            need += gpu.prefetch_buffer_bytes
+        if need > gpu.offloadable_bytes:
+            raise unreachable(config, model, host, weight_bytes, dtype_b, block, target, room)
+        # rounded up to 0.1 GiB, the figure shown
+        offloaded = min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes)
+        offloaded = max(0, offloaded)
+    else:
+        offloaded = min(int(offload * GIB), gpu.weights_bytes)
+    overhead = gpu.overhead_bytes + (gpu.prefetch_buffer_bytes if offloaded else 0)
+    group_size = num_in_group = offloaded_layers = 0
+    if gpu.prefetch_buffer_bytes and offloaded > 0:
+        needed = min(model.num_layers, math.ceil(offloaded / gpu.layer_bytes))
+        group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
+        offloaded = offloaded_layers * gpu.layer_bytes
+    notes = Notes()
+    if offload == "auto":
+        what = f"{gib(offloaded)} per GPU" + (
+            f" ({offloaded_layers} whole layers)" if offloaded_layers else "")  # fmt: skip
+        room_for = (f"the configured {gib(fixed_pool)} GPU KV pool" if fixed_pool != "auto"
+                    else f"a GPU KV pool of {requests} x {tokens:,} tokens")  # fmt: skip
+        notes = Notes(decisions=(
+            f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
+            if offloaded
+            else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}",
+        ))  # fmt: skip
+    weights_gpu = gpu.weights_bytes - offloaded
+    pool = fixed_pool if fixed_pool != "auto" else gpu.budget_bytes - weights_gpu - overhead
+    if pool <= 0:
+        fix = (
+            "set weights_offload.cpu_gib (or 'auto') to keep part of the weights in host RAM"
+            if offloaded == 0
+            else "offload more weights (weights_offload.cpu_gib) or raise gpu.memory_utilization"
+        )
+        raise PlanError(
+            "weights_offload.cpu_gib",
+            f"the weights ({gpu.weights_bytes / GIB:.2f} GiB per GPU) and vLLM's working "
+            f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
+            f"{config.gpu.memory_utilization:.0%} of {gpu.total_bytes / GIB:.1f} GiB: {fix}",
+        )
+    memory = GpuMemory(gpu.total_bytes, gpu.budget_bytes, offloaded, weights_gpu, pool,
+                       group_size, num_in_group, offloaded_layers)  # fmt: skip
+    return memory, notes
+
+
+def reachable_tokens(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    weight_bytes: int,
+    dtype_b: int,
+    block: int,
+    requests: int,
+) -> int:
+    """The longest request of which ``requests`` fit the GPU pool left with every decoder
+    layer's weights offloaded (capped at the model's limit)."""
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    cap = model.max_position_embeddings or 1 << 24
+    tp = config.parallel.tensor_parallel_size
+    return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
+
+
+def unreachable(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    weight_bytes: int,
+    dtype_b: int,
+    block: int,
+    target: Target,
+    room: int,
+) -> PlanError:
+    """Why no weight offload reaches ``target``, the longest length that is reachable, and
+    what else would reach further, each with its number."""
+    tokens, requests = target
+    gpu = gpu_budget(config, model, host, weight_bytes)
+    if config.gpu.kv_cache_memory_bytes != "auto":
+        return PlanError(
+            "gpu.kv_cache_memory_bytes",
+            f"a {gib(room)} GPU KV pool does not fit even with every decoder layer's weights "
+            f"in host RAM ({gib(gpu.offloadable_bytes)} per GPU): set it <= "
+            f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
+        )
+    best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
+    helps = []
+    if dtype_b > 1:
+        fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
+        helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
+    if config.gpu.memory_utilization < 0.95:
+        roomier = config.model_copy(update={"gpu": config.gpu.model_copy(
+            update={"memory_utilization": 0.95})})  # fmt: skip
+        more = reachable_tokens(roomier, model, host, weight_bytes, dtype_b, block, requests)
+        helps.append(f"gpu.memory_utilization = 0.95 ({more:,} tokens)")
+    if host.gpus:
+        tp = config.parallel.tensor_parallel_size * 2
+        wider = config.model_copy(update={"parallel": config.parallel.model_copy(
+            update={"tensor_parallel_size": tp})})  # fmt: skip
+        twice = replace(host, gpus=tuple(replace(host.gpus[0], index=i) for i in range(tp)))
+        more = reachable_tokens(wider, model, twice, weight_bytes, dtype_b, block, requests)
+        helps.append(f"{tp} GPUs (parallel.tensor_parallel_size = {tp}: {more:,} tokens)")
+    field_name = "model.max_model_len" if config.model.max_model_len != "auto" else "gpu"
+    limit = f"set model.max_model_len <= {best:,}" if best > 0 else "no request length fits at all"
+    return PlanError(
+        field_name,
+        f"{requests} request(s) of {tokens:,} tokens need a {gib(room)} GPU KV pool, but "
+        f"even with every decoder layer's weights in host RAM "
+        f"({gib(gpu.offloadable_bytes)} per GPU) the pool is "
+        f"{gib(max(0, gpu.largest_pool_bytes()))}: {limit}"
+        + (f" (gpu.min_concurrent_requests = {requests})" if requests > 1 else "")
+        + ". What else would reach further: "
+        + "; ".join(helps or ["a GPU with more memory"]),
+    )

@@ -1,0 +1,148 @@
+"""The KV layout: which CPU tier (auto: native where an NVIDIA GPU is present), the GPU
+block and the tier's chunk, and the KV element type ('fit': fp8 only where the model's own
+dtype would need more weights offloaded to hold the target)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, place_weights
+from vllm_offload.plan.host import extension_bytes
+from vllm_offload.plan.kv import kv_bytes_per_token, kv_dtype_bytes, without_hybrid_manager
+from vllm_offload.plan.lengths import fit_lengths, target
+from vllm_offload.plan.records import Backend, KvLayout, Notes, PlanError, Platform, gib
+
+# vLLM's CPU attention needs blocks in multiples of 32; 16 is vLLM's default on GPUs.
+DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cuda": 16, "cpu": 128}
+# With the native CPU tier, bigger GPU blocks make each host<->GPU copy bigger: on an
+# H200 a CPU hit of 1 GiB loaded at 35 GB/s with 16-token blocks and 49 GB/s with 128
+# (TTFT 74 -> 64 ms), at no measured throughput cost (docs/benchmarks.md). Only for plain
+# attention layers: MLA and hybrid models have backend-specific block sizes.
+OFFLOAD_BLOCK_SIZE = 128
+# Tokens per CPU-tier chunk with the native tier: fewer, larger transfers and lookups
+# (CPU hit 80.6 -> 73.7 ms against one 16-token block per chunk, same run).
+OFFLOAD_CHUNK_TOKENS = 256
+
+
+def planned_model(model: ModelFacts, backend: Backend) -> ModelFacts:
+    """The model as vLLM plans it with this backend: LMCache's connector turns vLLM's
+    hybrid KV cache manager off, so sliding-window layers keep every token."""
+    return without_hybrid_manager(model) if backend == "lmcache" else model
+
+
+def resolve_backend(config: DeploymentConfig, host: HostFacts,
+                    platform: Platform) -> tuple[Backend, str]:  # fmt: skip
+    chosen = config.kv_offload.backend
+    if chosen == "auto":
+        if platform == "cuda" and host.has_nvidia_gpu:
+            return "native", "auto: an NVIDIA GPU is present"
+        return "none", "auto: no NVIDIA GPU, so no CPU KV tier"
+    return chosen, "configured"
+
+
+def choose_block(config: DeploymentConfig, model: ModelFacts, backend: Backend,
+                 platform: Platform) -> tuple[int, Notes]:  # fmt: skip
+    block = config.kv_offload.block_size
+    if block != "auto":
+        return block, Notes()
+    plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
+    if backend == "native" and plain_attention:
+        block, why = OFFLOAD_BLOCK_SIZE, "bigger host<->GPU copies for the native tier"
+    else:
+        block = DEFAULT_BLOCK_SIZE[platform]
+        why = "vLLM's default" if platform == "cuda" else "the CPU backend's (a multiple of 32)"
+    return block, Notes(decisions=(f"kv_offload.block_size auto -> {block}: {why}",))
+
+
+def layout_for(config: DeploymentConfig, model: ModelFacts, backend: Backend, reason: str,
+               block: int, cache_dtype: Literal["auto", "fp8"]) -> KvLayout:  # fmt: skip
+    """The layout at ``cache_dtype``; raises PlanError for a chunk that is not whole blocks."""
+    dtype_b = kv_dtype_bytes(model, config.model.dtype, cache_dtype)
+    per_token = kv_bytes_per_token(model, dtype_b, config.parallel.tensor_parallel_size)
+    configured = config.kv_offload.cpu_chunk_tokens
+    if configured == "auto":
+        chunk = max(OFFLOAD_CHUNK_TOKENS, block) if backend == "native" else block
+    elif configured % block:
+        raise PlanError(
+            "kv_offload.cpu_chunk_tokens",
+            f"{configured} is not a multiple of the block size ({block} tokens); use "
+            f"{-(-configured // block) * block}",
+        )
+    else:
+        chunk = configured
+    return KvLayout(backend, reason, block, chunk, cache_dtype, dtype_b, per_token,
+                    per_token * block)  # fmt: skip
+
+
+def choose_layout(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+) -> tuple[KvLayout, Notes]:
+    backend, reason = resolve_backend(config, host, platform)
+    notes = Notes()
+    if config.kv_offload.backend == "auto":
+        notes += Notes(
+            decisions=(f"kv_offload.backend {reason.replace(': ', f' -> {backend}: ')}",)
+        )
+    if backend != "none" and platform != "cuda":
+        notes += Notes.problem(
+            "kv_offload.backend",
+            "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
+        )
+    model = planned_model(model, backend)
+    block, step = choose_block(config, model, backend, platform)
+    notes += step
+    cache_dtype = config.model.kv_cache_dtype
+    if cache_dtype == "fit":
+        cache_dtype, why = fit_kv_cache_dtype(config, model, host, platform, env,
+                                              layout_for(config, model, backend, reason,
+                                                         block, "auto"))  # fmt: skip
+        notes += Notes(decisions=(f"model.kv_cache_dtype fit -> {cache_dtype}: {why}",))
+    return layout_for(config, model, backend, reason, block, cache_dtype), notes
+
+
+def fit_kv_cache_dtype(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    at_model_dtype: KvLayout,
+) -> tuple[Literal["auto", "fp8"], str]:
+    """model.kv_cache_dtype = 'fit': the model's dtype unless it cannot hold the target
+    (max_model_len x min_concurrent_requests) without offloading more weights; then fp8.
+    Two GPU budgets at the model's dtype are compared: with the target, and without."""
+    if platform != "cuda":
+        return "auto", "the model's dtype (fp8 KV needs an NVIDIA GPU)"
+    if config.model.max_model_len == "auto":
+        return "auto", "the model's dtype (no length to reach: model.max_model_len is auto)"
+    asked = f"{config.gpu.min_concurrent_requests} x {config.model.max_model_len:,} tokens"
+    dtype_b, block = at_model_dtype.dtype_bytes, at_model_dtype.block_tokens
+    try:
+        memory, _ = place_weights(config, model, host, platform, env, dtype_b, block,
+                                  target(config, model))  # fmt: skip
+        extension, _ = extension_bytes(config, model, platform)
+        fit_lengths(config, model, at_model_dtype, memory.kv_pool_bytes, extension, platform)
+    except PlanError:
+        return "fp8", f"at the model's dtype {asked} do not fit the GPU"
+    if config.weights_offload.cpu_gib != "auto":
+        return "auto", f"{asked} fit at the model's dtype"
+    limit = model.max_position_embeddings
+    one_request = (min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS), 1)
+    try:
+        base = place_weights(config, model, host, platform, env, dtype_b, block,
+                             one_request)[0].weights_offloaded_bytes  # fmt: skip
+    except PlanError:  # even a short request needs offloading past what fits: no baseline
+        base = 0
+    if memory.weights_offloaded_bytes > base:
+        return "fp8", (
+            f"at the model's dtype {asked} need {gib(memory.weights_offloaded_bytes)} of "
+            f"weights offloaded, {gib(base)} without them"
+        )
+    return "auto", f"{asked} fit at the model's dtype without offloading more weights"

@@ -1,0 +1,208 @@
+"""How long one request may be, and how many at once: the GPU pool (and its host
+extension, aligned as patch 0006 maps it) in whole blocks, max_model_len as configured
+(checked) or 'auto' (the longest the pool holds), and the concurrency at full length."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, Target
+from vllm_offload.plan.kv import longest_for, pool_bytes_for, request_kv_bytes
+from vllm_offload.plan.records import (
+    CpuTier,
+    KvLayout,
+    Lengths,
+    Notes,
+    PlanError,
+    Platform,
+)
+
+# Patch 0006 maps the host extension in 2 MiB granules (vllm/v1/core/kv_host_extension.py).
+HOST_MAP_GRANULE = 2 << 20
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """The KV pool in blocks: the GPU part, the host extension after it, the bytes one
+    request (and several at once) may use, and the full-length requests it holds."""
+
+    gpu_blocks: int
+    extension_blocks: int
+    usable_bytes: int
+    concurrency: float = 0.0  # full-length requests, the extension's blocks included
+    gpu_tokens: int = 0  # what vLLM logs as "KV cache size: N tokens"
+
+
+def target(config: DeploymentConfig, model: ModelFacts) -> Target:
+    """(tokens, requests) the GPU pool must hold at once: the configured length, or (auto)
+    room for one ordinary request."""
+    limit = model.max_position_embeddings
+    tokens = (config.model.max_model_len if config.model.max_model_len != "auto"
+              else min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS))  # fmt: skip
+    return tokens, config.gpu.min_concurrent_requests
+
+
+def pool_shape(model: ModelFacts, layout: KvLayout, pool_bytes: int, extension: int) -> PoolShape:
+    per_block = layout.bytes_per_block
+    gpu_blocks = pool_bytes // per_block if per_block else 0
+    if not (extension and per_block):
+        return PoolShape(gpu_blocks, 0, pool_bytes)
+    # As patch 0006 counts them: both parts in whole multiples of the blocks that keep each
+    # GPU/host boundary on a 2 MiB mapping granule in every layer's region.
+    page = per_block // len(model.layers)
+    step = HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
+    gpu_blocks = gpu_blocks // step * step
+    extension_blocks = extension // per_block // step * step
+    return PoolShape(gpu_blocks, extension_blocks, (gpu_blocks + extension_blocks) * per_block)
+
+
+def fit_lengths(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    layout: KvLayout,
+    pool_bytes: int,
+    extension: int,
+    platform: Platform,
+) -> tuple[PoolShape, Lengths, Notes]:
+    """The longest request, max_model_len and the concurrency at that length; raises
+    PlanError (naming the field) when the configured length or concurrency does not fit."""
+    block, dtype_b = layout.block_tokens, layout.dtype_bytes
+    tp = config.parallel.tensor_parallel_size
+    requests = config.gpu.min_concurrent_requests
+    shape = pool_shape(model, layout, pool_bytes, extension)
+    usable_blocks = max(0, shape.gpu_blocks - 1)  # vLLM's block pool holds one null block back
+    # Sliding-window layers keep only their window, so one request may run past the blocks
+    # a full-attention model could give it (up to the model's limit).
+    model_limit = model.max_position_embeddings
+    configured = config.model.max_model_len
+    extended_tokens = (usable_blocks + shape.extension_blocks) * block
+    cap = max(extended_tokens, model_limit or 0, configured if configured != "auto" else 0)
+    longest = longest_for(model, dtype_b, block, tp, shape.usable_bytes, 1, cap)
+    model_max = model_limit or longest
+    notes = Notes()
+    source: Literal["configured", "auto"]
+    if configured == "auto":
+        max_len, notes = _auto_length(model, layout, pool_bytes, shape, longest, model_max, tp,
+                                      requests, bool(extension))  # fmt: skip
+        source = "auto"
+    else:
+        max_len, source = configured, "configured"
+        notes = _check_configured(config, model, layout, shape, longest, platform, bool(extension))
+    per_block = layout.bytes_per_block
+    blocks_per_request = (request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block
+                          if per_block else 1)  # fmt: skip
+    concurrency = shape.gpu_blocks / blocks_per_request if blocks_per_request else 0.0
+    gpu_tokens = int(concurrency * max_len)
+    concurrency += shape.extension_blocks / blocks_per_request if blocks_per_request else 0.0
+    shape = PoolShape(shape.gpu_blocks, shape.extension_blocks, shape.usable_bytes,
+                      concurrency, gpu_tokens)  # fmt: skip
+    lengths = Lengths(longest, model_max, max_len, source, round(concurrency, 2), requests)
+    return shape, lengths, notes
+
+
+def _auto_length(
+    model: ModelFacts,
+    layout: KvLayout,
+    pool_bytes: int,
+    shape: PoolShape,
+    longest: int,
+    model_max: int,
+    tp: int,
+    requests: int,
+    extended: bool,
+) -> tuple[int, Notes]:
+    """max_model_len 'auto': the longest the pool holds for ``requests`` at once, capped at
+    the model's limit."""
+    block = layout.block_tokens
+    max_len = (min(model_max, longest) if requests == 1
+               else longest_for(model, layout.dtype_bytes, block, tp, shape.usable_bytes,
+                                requests, model_max))  # fmt: skip
+    pool_name = "GPU KV pool and host extension" if extended else "GPU KV pool"
+    if max_len <= 0:
+        raise PlanError(
+            "gpu.kv_cache_memory_bytes",
+            f"the GPU KV pool ({pool_bytes / (1 << 30):.2f} GiB) holds no whole block of "
+            f"{block} tokens ({layout.bytes_per_block} bytes) for each of {requests} "
+            "request(s); give the pool more memory",
+        )
+    held = "one request" if requests == 1 else f"{requests} requests at once"
+    verb = "hold" if extended else "holds"
+    why = ("the model's limit" if max_len == model_max
+           else f"the longest the {pool_name} {verb} for {held}")  # fmt: skip
+    return max_len, Notes(decisions=(f"model.max_model_len auto -> {max_len:,}: {why}",))
+
+
+def _check_configured(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    layout: KvLayout,
+    shape: PoolShape,
+    longest: int,
+    platform: Platform,
+    extended: bool,
+) -> Notes:
+    """A configured max_model_len: refused (naming the field) where one request, or
+    gpu.min_concurrent_requests of them, do not fit; warned past the model's limit."""
+    max_len = int(config.model.max_model_len)
+    block, dtype_b = layout.block_tokens, layout.dtype_bytes
+    tp, requests = config.parallel.tensor_parallel_size, config.gpu.min_concurrent_requests
+    offload_hint = (
+        "; or set weights_offload.cpu_gib = 'auto' to offload the weights that make room"
+        if platform == "cuda" and config.weights_offload.cpu_gib != "auto"
+        else ""
+    )
+    if max_len > longest:
+        where = ("GPU KV pool and its host extension, which hold" if extended
+                 else "GPU KV pool, which holds")  # fmt: skip
+        raise PlanError(
+            "model.max_model_len",
+            f"{max_len} tokens do not fit the {where} {longest} tokens for one request. "
+            f"The CPU tier does not extend one request (vLLM keeps a request's whole KV "
+            f"in its pool); set model.max_model_len <= {longest} or 'auto'{offload_hint}"
+            + (
+                "; or give kv_offload.host_extension_gib the rest (host RAM that continues "
+                "the pool: a request that reaches it runs slower)"
+                if platform == "cuda" and all(layer.kind == "full" for layer in model.layers)
+                else ""
+            ),
+        )
+    if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > shape.usable_bytes:
+        reach = longest_for(model, dtype_b, block, tp, shape.usable_bytes, requests, max_len)
+        request_blocks = -(-request_kv_bytes(model, dtype_b, max_len, block, tp)
+                           // layout.bytes_per_block)  # fmt: skip
+        usable_blocks = max(0, shape.gpu_blocks - 1)
+        raise PlanError(
+            "gpu.min_concurrent_requests",
+            f"the GPU KV pool holds "
+            f"{(usable_blocks + shape.extension_blocks) // request_blocks} request(s) of "
+            f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
+            f"to {reach}{offload_hint}",
+        )
+    if model.max_position_embeddings and max_len > model.max_position_embeddings:
+        return Notes(warnings=(
+            f"max_model_len {max_len} exceeds the model's limit "
+            f"({model.max_position_embeddings}); vLLM will refuse it",
+        ))  # fmt: skip
+    return Notes()
+
+
+def capacity_warnings(layout: KvLayout, tier: CpuTier, lengths: Lengths, shape: PoolShape,
+                      extended: bool) -> Notes:  # fmt: skip
+    """What the sizes mean for long requests: a tier shorter than one, a pool that queues
+    them one at a time."""
+    warnings = []
+    if layout.backend != "none" and tier.tokens < lengths.max_model_len:
+        warnings.append(
+            f"the CPU tier ({tier.tokens} tokens) is smaller than one full-length "
+            f"request ({lengths.max_model_len} tokens)"
+        )
+    if shape.concurrency < 2 and not extended:
+        warnings.append(
+            f"the GPU pool holds {shape.concurrency:.2f} requests of {lengths.max_model_len} "
+            "tokens; long requests will queue one at a time"
+        )
+    return Notes(warnings=tuple(warnings))

@@ -1,0 +1,208 @@
+"""What a plan is: a record of records, one per part of the deployment, each figure with
+its unit in its name, and the notes the steps left (decisions, warnings, problems).
+
+``plan_json`` flattens it into the keys `plan --json`, the manager's page and the bench
+read (each field's ``json`` name, in declaration order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
+
+from vllm_offload.errors import FieldError
+
+Platform = Literal["cuda", "cpu"]
+Backend = Literal["native", "lmcache", "none"]
+Problem = dict[str, str]  # {"field": config key, "message": what is wrong and the fix}
+
+
+class PlanError(FieldError):
+    """The config cannot be served on this hardware; names the field and the fix."""
+
+
+def _key(name: str) -> dict[str, str]:
+    """Field metadata: the flat JSON key of a field whose name differs from it."""
+    return {"json": name}
+
+
+@dataclass(frozen=True)
+class Notes:
+    """What a step decided, warns about, or finds that forbids a start (the plan is still
+    worth showing: `serve --dry-run` prints a GPU host's command anywhere)."""
+
+    decisions: tuple[str, ...] = ()  # what each 'auto' became, and why
+    warnings: tuple[str, ...] = ()
+    unplanned: tuple[str, ...] = ()  # what the model folder had that could not be read
+    problems: tuple[Problem, ...] = ()
+
+    def __add__(self, other: Notes) -> Notes:
+        return Notes(
+            self.decisions + other.decisions,
+            self.warnings + other.warnings,
+            self.unplanned + other.unplanned,
+            self.problems + other.problems,
+        )
+
+    @staticmethod
+    def problem(field_name: str, message: str) -> Notes:
+        return Notes(problems=({"field": field_name, "message": message},))
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """Where KV goes besides the GPU and how it is cut: the CPU tier's backend, the GPU
+    block and the tier's chunk, the element type, and what a token and a block cost (per
+    tensor-parallel rank, all layers)."""
+
+    backend: Backend = field(metadata=_key("kv_offload_backend"))
+    backend_reason: str = field(metadata=_key("kv_offload_backend_reason"))
+    block_tokens: int = field(metadata=_key("block_size_tokens"))
+    chunk_tokens: int = field(metadata=_key("cpu_chunk_tokens"))  # a multiple of the block
+    cache_dtype: Literal["auto", "fp8"] = field(metadata=_key("kv_cache_dtype"))  # 'fit' resolved
+    dtype_bytes: int = field(metadata=_key("kv_dtype_bytes"))
+    bytes_per_token: int = field(metadata=_key("kv_bytes_per_token"))
+    bytes_per_block: int = field(metadata=_key("kv_bytes_per_block"))
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weights at the dtype vLLM serves them, and how many bytes of them (per rank:
+    vLLM's --cpu-offload-gb is per rank) live in host RAM."""
+
+    bytes: int = field(metadata=_key("weight_bytes"))
+    source: str = field(metadata=_key("weight_bytes_source"))
+    gpu_bytes: int = field(metadata=_key("weights_gpu_bytes"))
+    offloaded_bytes: int = field(metadata=_key("weights_offloaded_bytes"))
+    # prefetch backend: every group_size layers, the last num_in_group live in host RAM
+    # (vLLM's --offload-group-size / --offload-num-in-group); 0 otherwise.
+    prefetch_group_size: int = field(metadata=_key("prefetch_group_size"))
+    prefetch_num_in_group: int = field(metadata=_key("prefetch_num_in_group"))
+    offloaded_layers: int = field(metadata=_key("weights_offloaded_layers"))
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """One GPU's memory and the KV pool vLLM makes of it."""
+
+    total_bytes: int = field(metadata=_key("gpu_total_bytes"))
+    budget_bytes: int = field(metadata=_key("gpu_budget_bytes"))
+    kv_pool_bytes: int = field(metadata=_key("gpu_kv_pool_bytes"))
+    kv_pool_blocks: int = field(metadata=_key("gpu_kv_pool_blocks"))
+    kv_pool_tokens: int = field(
+        metadata=_key("gpu_kv_pool_tokens")
+    )  # vLLM's "KV cache size: N tokens"
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """How long one request may be, and how many such the pool holds."""
+
+    longest_request_tokens: int  # must fit the GPU pool (and its host extension)
+    model_max_tokens: int
+    max_model_len: int
+    source: Literal["configured", "auto"] = field(metadata=_key("max_model_len_source"))
+    concurrency_at_full_length: float = field(metadata=_key("max_concurrency_at_full_length"))
+    min_concurrent_requests: int = field(metadata=_key("min_concurrent_requests"))  # asked: gpu.*
+
+
+@dataclass(frozen=True)
+class HostExtension:
+    """Host RAM continuing the GPU KV pool (patch 0006), per GPU; 0: none."""
+
+    bytes: int = field(metadata=_key("host_extension_bytes"))
+    tokens: int = field(metadata=_key("host_extension_tokens"))
+    # A max_model_len request's decode steps per second at most, if it spills.
+    spilled_decode_steps_per_s_ceiling: float | None = field(
+        metadata=_key("spilled_decode_steps_per_s_ceiling")
+    )
+
+
+@dataclass(frozen=True)
+class CpuTier:
+    """The CPU KV tier, all ranks together (for reuse and preemption)."""
+
+    bytes: int = field(metadata=_key("cpu_tier_bytes"))
+    blocks: int = field(metadata=_key("cpu_tier_blocks"))
+    tokens: int = field(metadata=_key("cpu_tier_tokens"))
+
+
+@dataclass(frozen=True)
+class HostRam:
+    """The host's RAM and /dev/shm as planned against, and the largest CPU tier each holds
+    once vLLM, offloaded weights and the host extension have theirs."""
+
+    total_bytes: int = field(metadata=_key("ram_total_bytes"))
+    available_bytes: int = field(metadata=_key("ram_available_bytes"))
+    reserve_bytes: int = field(metadata=_key("ram_reserve_bytes"))
+    shm_free_bytes: int = field(metadata=_key("shm_free_bytes"))
+    server_bytes: int = field(metadata=_key("server_ram_bytes"))  # vLLM's own processes
+    tier_room_ram_bytes: int = field(metadata=_key("cpu_tier_room_ram_bytes"))
+    tier_room_shm_bytes: int = field(metadata=_key("cpu_tier_room_shm_bytes"))
+
+
+@dataclass(frozen=True)
+class DiskTier:
+    """The disk tier behind the CPU tier (0 bytes: none): its directory, the folder of this
+    model's files in it, and the free space it keeps on that filesystem."""
+
+    path: str = field(metadata=_key("disk_tier_path"))
+    root: str = field(metadata=_key("disk_tier_root"))
+    bytes: int = field(metadata=_key("disk_tier_bytes"))
+    tokens: int = field(metadata=_key("disk_tier_tokens"))
+    reserve_bytes: int = field(metadata=_key("disk_reserve_bytes"))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What weight offload costs: each decode step moves every offloaded byte host->GPU
+    over this link."""
+
+    h2d_bytes_per_s: float
+    h2d_source: str
+    decode_steps_per_s_ceiling: float | None  # None: no weights offloaded
+
+
+@dataclass(frozen=True)
+class Plan:
+    platform: Platform
+    model_path: str
+    architecture: str
+    kv: KvLayout
+    weights: Weights
+    gpu: GpuPool
+    length: Lengths
+    extension: HostExtension
+    cpu_tier: CpuTier
+    host_ram: HostRam
+    disk: DiskTier
+    tensor_parallel_size: int
+    costs: Costs
+    notes: Notes
+
+    def to_json(self) -> dict[str, Any]:
+        return plan_json(self)
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan as one flat dict: every record's fields under their JSON names, in order
+    (the keys `plan --json` has always printed)."""
+    flat: dict[str, Any] = {}
+    for part in fields(plan):
+        value = getattr(plan, part.name)
+        if not is_dataclass(value):
+            flat[part.name] = value
+            continue
+        for item in fields(value):
+            entry = getattr(value, item.name)
+            flat[item.metadata.get("json", item.name)] = (
+                [dict(e) if isinstance(e, dict) else e for e in entry]
+                if isinstance(entry, tuple)
+                else entry
+            )
+    return flat
+
+
+def gib(n: float) -> str:
+    """Bytes as the plan's words show them."""
+    return f"{n / (1 << 30):,.2f} GiB"

@@ -1,0 +1,86 @@
+"""The plan as the short human table `plan` and `serve` print: what goes where, how long one
+request can be, then the decisions, warnings and problems."""
+
+from __future__ import annotations
+
+from vllm_offload.plan.records import Plan, gib
+
+
+def render(plan: Plan) -> str:
+    """The short human table: what goes where, and how long one request can be."""
+    kv, w, length, ext, ram = plan.kv, plan.weights, plan.length, plan.extension, plan.host_ram
+    rows = [
+        ("model", f"{plan.architecture} at {plan.model_path}"),
+        ("platform", plan.platform),
+        ("weights", f"{gib(w.bytes)} ({w.source})"),
+        (
+            "  on GPU / offloaded",
+            f"{gib(w.gpu_bytes)} / {gib(w.offloaded_bytes)} per GPU"
+            + (
+                f" ({w.offloaded_layers} layers: the last {w.prefetch_num_in_group}"
+                f" of every {w.prefetch_group_size}, prefetched)"
+                if w.offloaded_layers
+                else ""
+            ),
+        ),
+        ("KV per token", f"{kv.bytes_per_token:,} bytes"),
+        ("KV per block", f"{kv.bytes_per_block:,} bytes ({kv.block_tokens} tokens)"),
+        (
+            "GPU KV pool",
+            f"{gib(plan.gpu.kv_pool_bytes)} = {plan.gpu.kv_pool_blocks:,} blocks "
+            f"= {plan.gpu.kv_pool_tokens:,} tokens",
+        ),
+        (
+            "longest request",
+            f"{length.longest_request_tokens:,} tokens "
+            + ("(GPU pool + host extension)" if ext.bytes else "(must fit the GPU pool)"),
+        ),
+        (
+            "max_model_len",
+            f"{length.max_model_len:,} tokens ({length.source}; "
+            f"model limit {length.model_max_tokens:,})",
+        ),
+        (
+            "concurrency",
+            f"{length.concurrency_at_full_length:.2f} requests at full length"
+            + (
+                f" (at least {length.min_concurrent_requests} asked)"
+                if length.min_concurrent_requests > 1
+                else ""
+            ),
+        ),
+        ("KV cache dtype", f"{kv.cache_dtype} ({kv.dtype_bytes} bytes per element)"),
+        (
+            "host extension",
+            f"{gib(ext.bytes)} = {ext.tokens:,} tokens per GPU "
+            "(continues the pool in host RAM; slower)"
+            if ext.bytes
+            else "none (kv_offload.host_extension_gib = 0)",
+        ),
+        ("CPU KV tier", f"{kv.backend} ({kv.backend_reason})"),
+        (
+            "  size",
+            f"{gib(plan.cpu_tier.bytes)} = {plan.cpu_tier.blocks:,} blocks = "
+            f"{plan.cpu_tier.tokens:,} tokens (for reuse and preemption)",
+        ),
+        (
+            "host RAM",
+            f"{gib(ram.available_bytes)} available of "
+            f"{gib(ram.total_bytes)}, reserve {gib(ram.reserve_bytes)}, "
+            f"vLLM itself ~{gib(ram.server_bytes)}",
+        ),
+        ("/dev/shm free", gib(ram.shm_free_bytes)),
+    ]
+    if plan.disk.bytes:
+        rows.append((
+            "disk KV tier",
+            f"{gib(plan.disk.bytes)} = {plan.disk.tokens:,} tokens at "
+            f"{plan.disk.path}, keeping {gib(plan.disk.reserve_bytes)} free (survives "
+            "restarts)",
+        ))  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += [f"chose: {d}" for d in plan.notes.decisions]
+    lines += [f"warning: {w}" for w in plan.notes.warnings]
+    lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.notes.problems]
+    return "\n".join(lines)
