@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import psutil
 
+from vllm_offload import vllm_metrics as vm
 from vllm_offload.hardware import nvml_devices
 from vllm_offload.manager import tier_report, wedge
 from vllm_offload.vllm_client import VllmClient, sum_samples
@@ -21,21 +22,21 @@ HISTORY_S = 600
 
 # vLLM metric -> our name; counters become per-second rates between samples.
 GAUGES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "gpu_kv_usage",
-    "vllm:kv_offload_cpu_cache_usage_perc": "cpu_tier_busy",
+    vm.RUNNING: "running",
+    vm.WAITING: "waiting",
+    vm.GPU_KV_USAGE: "gpu_kv_usage",
+    vm.CPU_TIER_BUSY: "cpu_tier_busy",
 }
 COUNTERS = {
-    "vllm:external_prefix_cache_hits": "cpu_tier_hit_tokens_per_s",
-    "vllm:prefix_cache_hits": "gpu_prefix_hit_tokens_per_s",
-    "vllm:prompt_tokens": "prompt_tokens_per_s",
-    "vllm:generation_tokens": "generation_tokens_per_s",
-    "vllm:num_preemptions": "preemptions_per_s",
-    "vllm:kv_offload_load_bytes": "offload_load_bytes_per_s",
-    "vllm:kv_offload_store_bytes": "offload_store_bytes_per_s",
+    vm.CPU_TIER_HITS: "cpu_tier_hit_tokens_per_s",
+    vm.GPU_PREFIX_HITS: "gpu_prefix_hit_tokens_per_s",
+    vm.PROMPT_TOKENS: "prompt_tokens_per_s",
+    vm.GENERATION_TOKENS: "generation_tokens_per_s",
+    vm.PREEMPTIONS: "preemptions_per_s",
+    vm.OFFLOAD_LOAD_BYTES: "offload_load_bytes_per_s",
+    vm.OFFLOAD_STORE_BYTES: "offload_store_bytes_per_s",
 }
-TTFT = "vllm:time_to_first_token_seconds"
+TTFT = vm.TTFT
 
 
 VLLM_METRICS = {*GAUGES, *COUNTERS, *wedge.SOURCES, *tier_report.SOURCES, f"{TTFT}_sum",

@@ -10,20 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_offload import vllm_metrics as vm
+
 # vLLM metric -> Totals field. Counters run since the server started.
 SOURCES = {
-    "vllm:external_prefix_cache_hits": "served_tokens",
-    "vllm:prefix_cache_hits": "gpu_hit_tokens",
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:request_prefill_time_seconds_sum": "prefill_s",
-    "vllm:kv_offload_store_bytes": "store_bytes",
-    "vllm:kv_offload_load_bytes": "load_bytes",
-    "vllm:kv_offload_cpu_cache_usage_perc": "busy",
-    # vLLM 0.32's tiering metrics; only secondary tiers (the disk tier) export these.
-    "vllm:kv_offload_tiering_read_bytes": "disk_read_bytes",
-    "vllm:kv_offload_tiering_read_time": "disk_read_s",
-    "vllm:kv_offload_tiering_write_bytes": "disk_write_bytes",
-    "vllm:kv_offload_tiering_write_time": "disk_write_s",
+    vm.CPU_TIER_HITS: "served_tokens",
+    vm.GPU_PREFIX_HITS: "gpu_hit_tokens",
+    vm.PROMPT_TOKENS: "prompt_tokens",
+    f"{vm.PREFILL_TIME}_sum": "prefill_s",
+    vm.OFFLOAD_STORE_BYTES: "store_bytes",
+    vm.OFFLOAD_LOAD_BYTES: "load_bytes",
+    vm.CPU_TIER_BUSY: "busy",
+    vm.DISK_READ_BYTES: "disk_read_bytes",
+    vm.DISK_READ_TIME: "disk_read_s",
+    vm.DISK_WRITE_BYTES: "disk_write_bytes",
+    vm.DISK_WRITE_TIME: "disk_write_s",
 }
 QUIET_VERDICT_S = 3600.0
 STORED_MUCH_BYTES = 1 << 30
@@ -48,7 +49,7 @@ class Totals:
     @classmethod
     def from_metrics(cls, scraped: dict[str, float]) -> Totals:
         values = {key: scraped.get(name, 0.0) for name, key in SOURCES.items() if key != "busy"}
-        return cls(**values, busy=scraped.get("vllm:kv_offload_cpu_cache_usage_perc"))
+        return cls(**values, busy=scraped.get(vm.CPU_TIER_BUSY))
 
     @property
     def computed_tokens(self) -> float:

@@ -14,14 +14,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from vllm_offload import vllm_metrics as vm
+
 # vLLM metric -> Counters field (sums over label sets; the KV-fetch gauge is per stage).
 SOURCES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:generation_tokens": "generation_tokens",
-    "vllm:kv_cache_usage_perc": "gpu_kv_usage",
-    "vllm:num_requests_kv_fetch_by_stage": "kv_loads",
+    vm.RUNNING: "running",
+    vm.WAITING: "waiting",
+    vm.PROMPT_TOKENS: "prompt_tokens",
+    vm.GENERATION_TOKENS: "generation_tokens",
+    vm.GPU_KV_USAGE: "gpu_kv_usage",
+    vm.KV_LOADS_BY_STAGE: "kv_loads",
 }
 RESTART_WINDOW_S = 3600.0
 
