@@ -7,7 +7,7 @@ FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
 # LMCACHE=1 also installs LMCache (kv_offload.backend = "lmcache"; GPU hosts only).
 LMCACHE ?=
 INSTALLED := $(VENV)/.installed-$(FLAVOR)$(if $(LMCACHE),-lmcache)
-PATCHES := $(wildcard patches/*/*)
+PATCHES := $(wildcard vllm_offload/patches/*/*)
 TEST_INSTALLED := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
@@ -19,7 +19,7 @@ PIP_SOURCES = $(if $(filter cpu,$(FLAVOR)),$$($(BIN)/pip install -q --dry-run --
   --no-deps "$$(grep '^torch==' requirements/cpu.txt)" >/dev/null 2>&1 \
   || echo --extra-index-url $(TORCH_CPU_INDEX)))
 
-.PHONY: install serve test test-slow lint clean pip-sources
+.PHONY: install serve test test-slow lint clean pip-sources patches-import patches-export
 
 install: $(INSTALLED)
 
@@ -60,6 +60,17 @@ test: lint
 test-slow: $(TEST_INSTALLED)
 	$(BIN)/python benchmarks/manager_load.py --out artifacts/manager_load.json
 	$(BIN)/python benchmarks/manager_load.py --openai-clients 16 --out artifacts/soak.json
+
+# Porting the patch series to a vLLM release (README, "Patches to vLLM"): in a vLLM git tree on a
+# branch at the new release's tag, `make patches-import VLLM_TREE=~/vllm VERSION=0.32.0`
+# replays the old series with `git am -3`; resolve conflicts as in any rebase, then
+# `make patches-export VLLM_TREE=~/vllm BASE=v0.33.0 VERSION=0.33.0` writes the new one.
+patches-import:
+	python3 tools/patch_series.py import --tree $(VLLM_TREE) --series vllm_offload/patches/vllm-$(VERSION)
+
+patches-export:
+	python3 tools/patch_series.py export --tree $(VLLM_TREE) --base $(BASE) \
+	  --out vllm_offload/patches/vllm-$(VERSION)
 
 # The extra pip options `make install` uses here (empty where none is needed).
 pip-sources:

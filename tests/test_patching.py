@@ -14,6 +14,7 @@ from vllm_offload.deployment import patch_problem
 from vllm_offload.patching import PatchError, State
 from vllm_offload.vllm_version import InstalledVllm, find
 
+REPO = Path(__file__).resolve().parents[1]
 PRISTINE_025 = Path(os.environ.get("VLLM_OFFLOAD_CACHE", Path.home() / ".cache/vllm-offload")) / (
     "pristine/vllm-0.25.0"
 )
@@ -171,3 +172,75 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     out = subprocess.run(run, capture_output=True, text=True)
     assert out.returncode == 2
     assert "no vllm/ directory there" in out.stderr
+
+
+FORMAT_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: vllm-offload <vllm-offload@users.noreply.invalid>
+Date: Tue, 24 Nov 2026 00:00:00 +0000
+Subject: [PATCH] A subject long enough that git folds it onto a second
+ line
+
+What it does.
+
+Why: the reason.
+---
+ vllm/x.py | 2 +-
+ 1 file changed, 1 insertion(+), 1 deletion(-)
+
+diff --git a/vllm/x.py b/vllm/x.py
+index 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222 100644
+--- a/vllm/x.py
++++ b/vllm/x.py
+@@ -1,2 +1,2 @@
+ keep
+--- old
++-- new
+-- 
+2.39.5
+"""
+
+
+def test_a_format_patch_file_gives_its_subject_reason_and_diff() -> None:
+    """Issue #30: patches carry their subject and reason as `git format-patch` writes them;
+    a removed line that starts with '--' stays a removed line, the signature is no line."""
+    patch = patching.parse_patch("0001-x.patch", FORMAT_PATCH)
+    assert patch.subject == "A subject long enough that git folds it onto a second line"
+    assert patch.reason == "What it does.\n\nWhy: the reason."
+    (file_patch,) = patch.files
+    assert file_patch.path == "vllm/x.py" and not file_patch.is_new
+    (hunk,) = file_patch.hunks
+    assert hunk.old_lines == ("keep\n", "-- old\n") and hunk.new_lines == ("keep\n", "-- new\n")
+
+
+def test_every_series_is_format_patch_files_with_a_reason() -> None:
+    for version in ("0.32.0", "0.25.0"):
+        series = patching.load_series(version)
+        assert series.patches and all(p.subject and "Why:" in p.reason for p in series.patches)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.25.0"])
+def test_a_series_goes_through_a_vllm_git_tree_and_back(version: str, tmp_path: Path) -> None:
+    """`make patches-import` then `make patches-export` (tools/patch_series.py): git am -3
+    takes the series onto the release's files and format-patch gives it back byte for
+    byte, so porting to a release is git's work."""
+    site = pristine_032(tmp_path) if version == "0.32.0" else pristine_025(tmp_path)
+    series = patching.load_series(version)
+    tree = tmp_path / "vllm"
+    for rel, digest in series.pristine.items():
+        if digest:
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(site / rel, tree / rel)
+    env = {**os.environ, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}  # fmt: skip
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "release"],
+                 ["tag", f"v{version}"]):  # fmt: skip
+        subprocess.run(["git", "-C", str(tree), *argv], check=True, env=env)
+    tool = [sys.executable, str(REPO / "tools" / "patch_series.py")]
+    directory = REPO / "vllm_offload" / "patches" / f"vllm-{version}"
+    subprocess.run([*tool, "import", "--tree", str(tree), "--series", str(directory)],
+                   check=True, env=env, capture_output=True)  # fmt: skip
+    out = tmp_path / "exported"
+    subprocess.run([*tool, "export", "--tree", str(tree), "--base", f"v{version}", "--out",
+                    str(out)], check=True, env=env, capture_output=True)  # fmt: skip
+    for name in ("series", "pristine.sha256", *(p.name for p in series.patches)):
+        assert (out / name).read_bytes() == (directory / name).read_bytes(), name

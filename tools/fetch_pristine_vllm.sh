@@ -15,7 +15,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$wheels" "vllm==$version"
 rm -rf "$dest" && mkdir -p "$dest"
-python3 - "$wheels" "$dest" "$version" "$here/patches/vllm-$version/pristine.sha256" <<'PY'
+python3 - "$wheels" "$dest" "$version" "$here/vllm_offload/patches/vllm-$version/pristine.sha256" <<'PY'
 import pathlib, sys, zipfile
 wheels, dest, version, sums = sys.argv[1:]
 wanted = [line.split()[1] for line in open(sums) if line.split()[0] != "-"]

@@ -1,4 +1,8 @@
-"""vllm-offload's changes to vLLM, kept as unified diffs in ``patches/vllm-X.Y.Z/``.
+"""vllm-offload's changes to vLLM, kept as a series of `git format-patch` files in
+``vllm_offload/patches/vllm-X.Y.Z/`` (package data: each patch's subject and reason at its
+top, its diff below; ``series`` lists them in order; ``pristine.sha256`` has the release's
+hash of each file they change). ``tools/patch_series.py`` moves a series to and from a
+vLLM git tree, so porting it to a release is ``git am -3``.
 
 ``apply`` and ``revert`` are all-or-nothing: every target is checked against
 the pristine hash of its release first, the new contents are computed in
@@ -11,19 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.resources
 import json
 import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.vllm_version import find as find_vllm
 from vllm_offload.vllm_version import version_from_tree
 
-PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+PATCHES_DIR = importlib.resources.files("vllm_offload") / "patches"
 STATE_FILE = ".vllm_offload_patches.json"
 JOURNAL_DIR = ".vllm_offload_journal"
 HASHES_FILE = "pristine.sha256"
@@ -58,8 +64,29 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@dataclass(frozen=True)
+class Patch:
+    name: str  # its file in the series, e.g. 0001-CPU-block-accounting.patch
+    subject: str
+    reason: str
+    files: tuple[FilePatch, ...]
+
+
+def parse_patch(name: str, text: str) -> Patch:
+    """A `git format-patch` file: mail headers (its Subject, folded lines joined), the
+    message up to the "---" line (the reason), then the diff."""
+    head, _, rest = text.partition("\n\n")
+    subject = ""
+    for line in head.replace("\n ", " ").splitlines():
+        if line.startswith("Subject: "):
+            subject = line.removeprefix("Subject: ").removeprefix("[PATCH] ")
+    reason, _, _diff = rest.partition("\n---\n")
+    return Patch(name, subject, reason.strip(), tuple(parse_diff(text)))
+
+
 def parse_diff(text: str) -> list[FilePatch]:
-    """Unified diffs as written by `diff -u` / difflib (a/ b/ prefixes)."""
+    """The unified diffs in ``text`` (a/ b/ prefixes; git's extended header lines and a
+    mail signature are skipped)."""
     files: list[FilePatch] = []
     lines = text.splitlines(keepends=True)
     i = 0
@@ -79,6 +106,8 @@ def parse_diff(text: str) -> list[FilePatch]:
             new: list[str] = []
             i += 1
             while i < len(lines) and lines[i][:1] in (" ", "-", "+", "\\"):
+                if lines[i] == "-- \n":  # a format-patch signature: the diff has ended
+                    break
                 if (
                     lines[i].startswith("--- ")
                     and i + 1 < len(lines)
@@ -121,32 +150,31 @@ def _apply_hunks(text: str, hunks: tuple[Hunk, ...], reverse: bool, path: str) -
 @dataclass(frozen=True)
 class Series:
     version: str
-    directory: Path
-    patches: tuple[str, ...]
+    name: str  # vllm-X.Y.Z
+    patches: tuple[Patch, ...]
     pristine: dict[str, str]  # path -> sha256 of the release's file ("" for files we add)
 
     def file_patches(self) -> list[FilePatch]:
-        result: list[FilePatch] = []
-        for name in self.patches:
-            result.extend(parse_diff((self.directory / name).read_text()))
-        return result
+        return [fp for patch in self.patches for fp in patch.files]
 
 
-def load_series(version: str, patches_dir: Path = PATCHES_DIR) -> Series:
+def load_series(version: str, patches_dir: Traversable = PATCHES_DIR) -> Series:
     directory = patches_dir / f"vllm-{version}"
     if not (directory / "series").is_file():
-        known = sorted(p.name.removeprefix("vllm-") for p in patches_dir.glob("vllm-*"))
+        known = sorted(p.name.removeprefix("vllm-") for p in patches_dir.iterdir()
+                       if p.name.startswith("vllm-"))  # fmt: skip
         raise PatchError(
             f"no patches for vLLM {version}; vllm-offload supports {', '.join(known)}. "
             "Install a supported release (make install) or start with --allow-unpatched"
         )
-    names = tuple(n.strip() for n in (directory / "series").read_text().splitlines() if n.strip())
+    names = [n.strip() for n in (directory / "series").read_text().splitlines() if n.strip()]
+    patches = tuple(parse_patch(n, (directory / n).read_text()) for n in names)
     pristine: dict[str, str] = {}
     for line in (directory / HASHES_FILE).read_text().splitlines():
         if line.strip():
             digest, path = line.split(maxsplit=1)
             pristine[path] = "" if digest == "-" else digest
-    return Series(version, directory, names, pristine)
+    return Series(version, directory.name, patches, pristine)
 
 
 def site_version(site: Path) -> str:
@@ -228,7 +256,7 @@ def _is_release_file(
     return data is not None and sha256(data) == series.pristine[rel]
 
 
-def status(site: Path, patches_dir: Path = PATCHES_DIR) -> State:
+def status(site: Path, patches_dir: Traversable = PATCHES_DIR) -> State:
     recover(site)
     series = load_series(site_version(site), patches_dir)
     hashes = {rel: _read(site / rel) for rel in series.pristine}
@@ -332,7 +360,7 @@ def _write_all(
     shutil.rmtree(journal)
 
 
-def apply(site: Path, patches_dir: Path = PATCHES_DIR) -> bool:
+def apply(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:
     """Apply the series for the installed release; False if it was applied already."""
     recover(site)
     series = load_series(site_version(site), patches_dir)
@@ -341,15 +369,15 @@ def apply(site: Path, patches_dir: Path = PATCHES_DIR) -> bool:
     _check_pristine(series, site)
     new = _patched(series, site)
     state = {
-        "series": series.directory.name,
-        "patches": list(series.patches),
+        "series": series.name,
+        "patches": [patch.name for patch in series.patches],
         "patched": {rel: sha256(data) for rel, data in new.items()},
     }
     _write_all(site, new, state)
     return True
 
 
-def revert(site: Path, patches_dir: Path = PATCHES_DIR) -> bool:
+def revert(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:
     """Restore the release's files byte for byte; False if nothing was applied."""
     recover(site)
     series = load_series(site_version(site), patches_dir)

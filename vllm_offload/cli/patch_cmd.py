@@ -13,8 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "patch",
         help="apply, revert or inspect vllm-offload's patches to vLLM",
-        description="vllm-offload's changes to vLLM are unified diffs per release "
-        "(patches/vllm-X.Y.Z/). apply and revert are all-or-nothing and idempotent.",
+        description="vllm-offload's changes to vLLM are a series of git format-patch files "
+        "per release (vllm_offload/patches/vllm-X.Y.Z/); status lists them with their "
+        "subjects. apply and revert are all-or-nothing and idempotent.",
     )
     parser.add_argument("action", choices=["status", "apply", "revert"])
     parser.add_argument(
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     if args.action == "status":
         state = patching.status(site)
         print(f"vLLM {version} at {site}: {state.value}")
+        for patch in patching.load_series(version).patches:
+            print(f"  {patch.name}")
     elif args.action == "apply":
         changed = patching.apply(site)
         print(f"vLLM {version} at {site}: {'applied' if changed else 'already applied'}")

@@ -15,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     install_parser = subparsers.add_parser(
         "install-service",
         help="install the systemd units (server and manager), polkit rule, env file, token",
-        description="Render systemd/*.in for this venv and install them. With --root, "
+        description="Render the unit templates (vllm_offload/systemd/templates/) for this "
+        "venv and install them. With --root, "
         "files go under DIR as if it were /; paths inside them are as the service sees them.",
     )
     install_parser.add_argument("--user", default="vllm-offload", help="user the server runs as")

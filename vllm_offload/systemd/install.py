@@ -9,6 +9,7 @@ the files are the ones the service sees.
 from __future__ import annotations
 
 import grp
+import importlib.resources
 import json
 import os
 import pwd
@@ -24,7 +25,7 @@ from vllm_offload import config as config_mod
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.systemd.control import ServiceError, validate_unit
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "systemd"  # the repository's unit templates
+TEMPLATES = importlib.resources.files("vllm_offload.systemd") / "templates"  # package data
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-offload")
 MANIFEST = "installed.json"
 ENV_FILE_TEXT = """\
