@@ -174,7 +174,8 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert "no vllm/ directory there" in out.stderr
 
 
-FORMAT_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+FORMAT_PATCH = (
+    """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
 From: vllm-offload <vllm-offload@users.noreply.invalid>
 Date: Tue, 24 Nov 2026 00:00:00 +0000
 Subject: [PATCH] A subject long enough that git folds it onto a second
@@ -195,9 +196,9 @@ index 1111111111111111111111111111111111111111..22222222222222222222222222222222
  keep
 --- old
 +-- new
--- 
-2.39.5
 """
+    + "-- \n2.39.5\n"
+)  # git's signature: "-- " and its version
 
 
 def test_a_format_patch_file_gives_its_subject_reason_and_diff() -> None:

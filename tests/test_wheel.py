@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -27,8 +26,12 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
-                           "'purelib'))"], check=True, capture_output=True, text=True).stdout
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     site.strip(), str(wheel)], check=True)  # fmt: skip
     (Path(site.strip()) / "zz-borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
