@@ -6,7 +6,9 @@ of the same name stands in for the two broken installs, run by the same child Py
 
 from __future__ import annotations
 
+import functools
 import os
+import venv
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,16 @@ def fake_lmcache(root: Path, ops_source: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(root)}
 
 
-def test_not_installed_names_the_install(demo_dir: Path) -> None:
-    problem = deployment.lmcache_problem(dict(os.environ))
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Python with no packages: LMCache is not installed there, wherever this runs."""
+    directory = tmp_path_factory.mktemp("bare")
+    venv.create(directory, with_pip=False)
+    return str(directory / "bin" / "python")
+
+
+def test_not_installed_names_the_install(bare_python: str) -> None:
+    problem = deployment.lmcache_problem(dict(os.environ), bare_python)
     assert problem is not None
     assert "LMCache is not installed" in problem
     assert "make install LMCACHE=1" in problem and "kv_offload.backend = native" in problem
@@ -49,11 +59,17 @@ def test_loading_ops_pass(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_with_exit_2(
-    demo_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    demo_dir: Path,
+    bare_python: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Through `serve` on a declared GPU host: exit 2 naming the field, nothing started."""
+    """Through `serve` on a declared GPU host: exit 2 naming the field, nothing started
+    (the check asks the bare Python, where LMCache is missing whatever this host has)."""
     started: list[launch.LaunchSpec] = []
     monkeypatch.setattr(launch, "run", started.append)
+    asks_bare = functools.partial(deployment.lmcache_problem, python=bare_python)
+    monkeypatch.setattr(deployment, "lmcache_problem", asks_bare)
     code = main(["serve", "--model", str(demo_dir), "--gpu-mem-gib", "24", "--ram-gib", "64",
                  "--kv-offload-backend", "lmcache", "--kv-offload-cpu-tier-gib", "4"])  # fmt: skip
     assert code == 2

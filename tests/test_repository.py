@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,18 +28,31 @@ def make_pip_sources(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+def torch_cpu_wheel(folder: Path) -> None:
+    """A stand-in for the pinned torch CPU build, as a wheel folder of pip's would hold it."""
+    pin = (ROOT / "requirements/cpu.txt").read_text().split("torch==", 1)[1].split()[0]
+    folder.mkdir()
+    with zipfile.ZipFile(folder / f"torch-{pin}-py3-none-any.whl", "w") as wheel:
+        info = f"torch-{pin}.dist-info"
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {pin}\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+
+
 def test_make_install_adds_pytorchs_cpu_index_only_where_torch_cpu_is_missing(
     tmp_path: Path,
 ) -> None:
     """Issue #14: torch==2.13.0+cpu is on PyTorch's own index, not PyPI, so a stock pip
-    could not install it. Where pip's configured sources have it (this machine's wheel
-    folder), that index is never asked; where they lack it, it is added."""
-    here = make_pip_sources(dict(os.environ))
-    assert here == ""
+    could not install it. Where pip's configured sources have it (a wheel folder, as on the
+    CI machine), that index is never asked; where they lack it, it is added."""
+    (tmp_path / "index").mkdir()  # an index without torch's CPU build, as PyPI is
     stock = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "",
              "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": (tmp_path / "index").as_uri()}  # fmt: skip
-    (tmp_path / "index").mkdir()  # an index without torch's CPU build, as PyPI is
     assert make_pip_sources(stock) == "--extra-index-url https://download.pytorch.org/whl/cpu"
+    torch_cpu_wheel(tmp_path / "wheels")
+    assert make_pip_sources({**stock, "PIP_FIND_LINKS": str(tmp_path / "wheels")}) == ""
 
 
 def test_the_seeds_entry_points_still_work(demo_dir: Path) -> None:

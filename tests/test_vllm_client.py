@@ -52,10 +52,15 @@ def test_nothing_listening() -> None:
 
 def test_waiting_ends_when_ready_when_the_process_ends_or_at_the_bound() -> None:
     with client() as server:
-        assert server.wait_healthy(5) < 5
-    calls = iter([False, False, True])
-    assert wait_until(lambda: next(calls), 5, "a thing", poll_s=0.01) >= 0
+        server.wait_healthy(60)  # the stand-in is healthy: returns, no TimeoutError
+    asked: list[bool] = []
+    answers = [False, False, True]
+    wait_until(lambda: asked.append(True) or answers[len(asked) - 1], 60, "a thing", poll_s=0.01)
+    assert len(asked) == 3  # asked until the answer was yes, and no more
+    asked.clear()
     with pytest.raises(RuntimeError, match="the process ended"):
-        wait_until(lambda: False, 5, "a thing", alive=lambda: False)
+        wait_until(lambda: asked.append(True) or False, 60, "a thing", alive=lambda: False)
+    assert asked == []  # a dead process is not asked
     with pytest.raises(TimeoutError, match="waiting for a thing"):
-        wait_until(lambda: False, 0.05, "a thing", poll_s=0.01)
+        wait_until(lambda: asked.append(True) or False, 0.05, "a thing", poll_s=0.01)
+    assert asked  # asked while the bound lasted

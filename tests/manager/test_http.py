@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.manager.conftest import TOKEN, Env
@@ -48,9 +47,8 @@ def test_connections_that_send_no_request_are_closed(env: Env, tmp_path: Path) -
         idle = socket.create_connection(("127.0.0.1", port))
         slow = socket.create_connection(("127.0.0.1", port))
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the head never ends
-        began = time.monotonic()
+        # Closed by the manager (its 10 s head timeout), where uvicorn alone waits for ever.
         assert closed_by_peer(idle, 60) and closed_by_peer(slow, 60)
-        assert time.monotonic() - began < 60
         idle.close()
         slow.close()
         assert answers()  # and the manager still serves

@@ -140,7 +140,7 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
     from vllm_offload.manager import unit_monitor
 
     failures = iter([OSError(errno.EMFILE, "Too many open files"), RuntimeError("a bug")])
-    hang = threading.Event()
+    hang, release = threading.Event(), threading.Event()
 
     class Flaky(Systemd):
         def status(self, unit: str) -> ServiceStatus:
@@ -148,10 +148,11 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
             if failure is not None:
                 raise failure
             if hang.is_set():
-                time.sleep(30)
+                release.wait(120)
             return ServiceStatus(unit, "inactive", "dead", None)
 
-    monkeypatch.setattr(unit_monitor, "MONITOR_STALE_S", 0.5)
+    # Stale after 5 s: a busy box may hold a 0.05 s loop back a while, never 5 s.
+    monkeypatch.setattr(unit_monitor, "MONITOR_STALE_S", 5.0)
     monitor = UnitMonitor(Flaky(), "vllm", Sampler("http://127.0.0.1:1"), interval_s=0.05)
     assert not monitor.stopped  # not started: nothing to report
     monitor.start()
@@ -162,10 +163,11 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
         assert monitor._latest is not None, "the monitor never polled again"
         assert not monitor.stopped
         hang.set()  # the loop is stuck in a call: /healthz must say so
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not monitor.stopped and time.monotonic() < deadline:
             time.sleep(0.05)
         assert monitor.stopped
     finally:
+        release.set()
         monitor.stop()
     assert not monitor.stopped  # stopped on purpose

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from vllm_offload.systemd.control import ServiceError, Systemd
+from vllm_offload.vllm_client import wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -24,8 +24,7 @@ def test_a_start_by_hand_resets_a_failed_unit_and_starts_it(tmp_path: Path) -> N
     systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
     with pytest.raises(ServiceError, match=r"systemctl start vllm\.service failed"):
         systemd.start("vllm")
-    time.sleep(0.5)
-    assert systemd.status("vllm").active_state == "failed"
+    wait_until(lambda: systemd.status("vllm").active_state == "failed", 60, "the failed state")
     ready.touch()
     try:
         systemd.start("vllm")  # reset-failed, then start

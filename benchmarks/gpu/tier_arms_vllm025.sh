@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue #7 follow-up on the GPU host (vLLM 0.25.0 bundle unpacked in /root/site), one
 # call each, back to back:
-#   session3.sh kv-patched    # baseline vs native tier (16- and 256-token chunks, store
+#   tier_arms_vllm025.sh kv-patched    # baseline vs native tier (16- and 256-token chunks, store
 #                             # threshold 2), reuse with a settle pause, saturated + 16 req/s
-#   session3.sh weights       # decode speed with 8 GiB of weights offloaded: UVA vs prefetch
-#   session3.sh kv-unpatched  # the same KV arms on unpatched vLLM (torch-pinned tier)
-#   session3.sh breakdown     # reuse with the server's own timings (queue, prefill, load
+#   tier_arms_vllm025.sh weights       # decode speed with 8 GiB of weights offloaded: UVA vs prefetch
+#   tier_arms_vllm025.sh kv-unpatched  # the same KV arms on unpatched vLLM (torch-pinned tier)
+#   tier_arms_vllm025.sh breakdown     # reuse with the server's own timings (queue, prefill, load
 #                             # bytes and time) for 16/256/1024-token chunks, and chat
-#   session3.sh blocks        # GPU block size 16/64/128 tokens under 256-token CPU chunks
+#   tier_arms_vllm025.sh blocks        # GPU block size 16/64/128 tokens under 256-token CPU chunks
 # Llama-3-8B shape, dummy weights; the arms run side by side on the one GPU, each with a
 # 4 GiB GPU KV pool; 55.4 GB/s is the registered-buffer H2D figure of pinned_memory.py.
 # These runs chose today's defaults, so the arms pin what was measured: `native` is the
