@@ -1,0 +1,301 @@
+"""Which models are on the GPU, and the switches between them.
+
+A request leases its model: it runs at once when the model is resident and taking
+requests, else it waits in that model's queue while a switch brings the model in. One
+task makes the switches, one at a time, for the model whose request has waited longest:
+it picks a resident model to put away (the least recently used of those that may go),
+lets that model's requests in flight finish (new ones for it wait), puts it away (sleep or
+stop), then brings the asked-for model in (wake or start) and lets its queue run.
+
+Against thrashing (requests for A and B alternating): a resident model in use goes only
+after it has been resident for ``min_resident_s``, so each switch is paid for with that
+much serving, and the requests that queued meanwhile run together. An idle model (nothing
+in flight for IDLE_S, or nothing asked of it since it came in) may go at once. A queue
+over ``queue_limit`` requests answers Busy (a 503 with Retry-After); a model that fails to
+come in fails its queue with the reason.
+
+Engines are injected (``EngineOps``): real vLLM processes in ``engines.py``, stand-ins in
+the tests. Everything runs on one asyncio loop, so the bookkeeping needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Status = Literal["serving", "draining", "away", "moving", "failed"]
+# A resident model with nothing in flight for this long is idle: it may go before its
+# min_resident_s. Clients that alternate models keep it busier than that (each request's
+# end counts as a use), a person switching models by hand does not.
+IDLE_S = 1.0
+
+
+class EngineOps(Protocol):
+    """One model's engine, as the switcher drives it."""
+
+    async def bring_in(self) -> str:
+        """Wake it, or start it; returns how ("woke", "started"). Raises on failure."""
+        ...
+
+    async def put_away(self) -> str:
+        """Sleep it, or stop it; returns how ("slept", "stopped")."""
+        ...
+
+
+class Busy(Exception):
+    """Too many requests wait for switches; try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(Exception):
+    """The model could not be brought in (its engine failed to start or wake)."""
+
+
+@dataclass(frozen=True)
+class ResidencySettings:
+    max_resident: int = 1  # models on the GPU at once
+    min_resident_s: float = 5.0  # a busy resident model stays at least this long
+    keep_alive_s: float | None = None  # idle this long: put away; None: until needed
+    queue_limit: int = 64  # requests waiting for switches, all models together
+    drain_timeout_s: float = 300.0  # in-flight requests of a model being put away
+
+
+@dataclass
+class Slot:
+    """One model's place in the switcher's books."""
+
+    name: str
+    status: Status = "away"
+    in_flight: int = 0
+    since: float = 0.0  # when it last became resident
+    last_used: float = 0.0
+    queue: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float  # wall clock
+    text: str
+    model: str
+    seconds: float | None = None  # how long the switch step took
+
+
+class Residency:
+    def __init__(
+        self,
+        engines: Mapping[str, EngineOps],
+        settings: ResidencySettings,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: Callable[[Event], None] = lambda _event: None,
+    ) -> None:
+        self.engines = engines
+        self.settings = settings
+        self.clock = clock
+        self.on_event = on_event
+        self.slots = {name: Slot(name) for name in engines}
+        self._kick = asyncio.Event()
+        self._switching = asyncio.Lock()  # one switch step at a time, by hand or not
+        self._task: asyncio.Task[None] | None = None
+
+    # -- requests ---------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[None]:
+        """Hold ``name`` resident for one request: waits while it is brought in; raises
+        Busy (queue full) or Unavailable (it could not come in)."""
+        slot = self.slots[name]
+        if slot.status == "serving":
+            slot.in_flight += 1
+        else:
+            await self._wait_for(slot)  # returns holding a place the switch reserved
+        slot.last_used = self.clock()
+        try:
+            yield
+        finally:
+            self._done_with(slot)
+
+    def _done_with(self, slot: Slot) -> None:
+        slot.in_flight -= 1
+        slot.last_used = self.clock()
+        if slot.in_flight == 0:
+            slot.drained.set()
+        self._kick.set()
+
+    async def _wait_for(self, slot: Slot) -> None:
+        waiting = sum(len(s.queue) for s in self.slots.values())
+        if waiting >= self.settings.queue_limit:
+            raise Busy(
+                f"{waiting} requests already wait for a model switch (residency.queue_limit); "
+                "try again shortly",
+                retry_after_s=max(1, round(self.settings.min_resident_s)),
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self.clock(), future)
+        slot.queue.append(entry)
+        self._kick.set()
+        try:
+            await future
+        except asyncio.CancelledError:  # the client went away
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._done_with(slot)  # the place reserved for it
+            raise
+        finally:
+            if entry in slot.queue:
+                slot.queue.remove(entry)
+
+    def state(self) -> dict[str, dict[str, object]]:
+        return {name: {"status": s.status, "in_flight": s.in_flight, "waiting": len(s.queue)}
+                for name, s in self.slots.items()}  # fmt: skip
+
+    # -- the switcher -----------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="switcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def bring_in(self, name: str) -> None:
+        """Make ``name`` resident now (start-up, or by hand), putting another away first
+        if the GPU is full; raises Unavailable if it cannot come in."""
+        slot = self.slots[name]
+        async with self._switching:
+            if slot.status in ("serving", "draining"):
+                return
+            if len(self._resident()) >= self.settings.max_resident:
+                victim = min(self._resident(), key=lambda s: s.last_used)
+                await self._put_away(victim)
+            await self._bring_in(slot)
+        if slot.status != "serving":
+            raise Unavailable(f"model '{name}' could not be brought in (see the events)")
+
+    async def put_away(self, name: str) -> None:
+        """Put ``name`` away now (by hand, or its keep_alive passed)."""
+        slot = self.slots[name]
+        async with self._switching:
+            if slot.status in ("serving", "draining"):
+                await self._put_away(slot)
+
+    def engine_exited(self, name: str) -> None:
+        """Its process ended on its own: the model is no longer anywhere."""
+        slot = self.slots[name]
+        if slot.status != "moving":  # a switch step in progress learns it from its call
+            slot.status = "failed"
+            self._event(name, f"the engine of '{name}' exited; it starts again when asked for")
+        self._kick.set()
+
+    def _resident(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.status in ("serving", "draining")]
+
+    async def _run(self) -> None:
+        while True:
+            self._kick.clear()  # before the step: a kick during it is seen after it
+            async with self._switching:
+                wait_s = await self._step()
+            if wait_s is not None and wait_s <= 0:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=wait_s)
+
+    async def _step(self) -> float | None:
+        """Make the next switch, if one is due; seconds until something may change by
+        time alone (None: only a request or an exit changes anything)."""
+        target = self._next_target()
+        if target is None:
+            return await self._expire_idle()
+        if len(self._resident()) < self.settings.max_resident:
+            await self._bring_in(target)
+            return 0
+        now = self.clock()
+        ready = [s for s in self._resident() if s.status == "serving" and self._may_go(s, now)]
+        if not ready:
+            idle_s = min(IDLE_S, self.settings.min_resident_s)
+            waits = [min(s.since + self.settings.min_resident_s, s.last_used + idle_s) - now
+                     for s in self._resident()]  # fmt: skip
+            return max(0.01, min(waits))
+        await self._put_away(min(ready, key=lambda s: s.last_used))
+        await self._bring_in(target)
+        return 0
+
+    def _next_target(self) -> Slot | None:
+        """The model not resident whose request has waited longest."""
+        asked = [s for s in self.slots.values() if s.queue and s.status in ("away", "failed")]
+        return min(asked, key=lambda s: s.queue[0][0], default=None)
+
+    def _may_go(self, slot: Slot, now: float) -> bool:
+        if now - slot.since >= self.settings.min_resident_s:
+            return True
+        unused = slot.last_used == slot.since  # nothing asked of it since it came in
+        idle_s = min(IDLE_S, self.settings.min_resident_s)
+        return slot.in_flight == 0 and (unused or now - slot.last_used >= idle_s)
+
+    async def _expire_idle(self) -> float | None:
+        keep = self.settings.keep_alive_s
+        if keep is None:
+            return None
+        now = self.clock()
+        idle = [s for s in self._resident() if s.in_flight == 0 and now - s.last_used >= keep]
+        for slot in idle:
+            await self._put_away(slot, why=f"idle for {keep:g} s (residency.keep_alive_s)")
+        busy = [s.last_used + keep - now for s in self._resident()]
+        return max(0.01, min(busy)) if busy else None
+
+    async def _put_away(self, slot: Slot, why: str = "") -> None:
+        slot.status = "draining"
+        if slot.in_flight:
+            slot.drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slot.drained.wait(), self.settings.drain_timeout_s)
+        slot.status = "moving"
+        began = self.clock()
+        try:
+            how = await self.engines[slot.name].put_away()
+        except Exception as exc:  # a sleep that fails leaves the engine unusable
+            slot.status = "failed"
+            self._event(slot.name, f"putting '{slot.name}' away failed: {exc}")
+            return
+        slot.status = "away"
+        self._event(slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""),
+                    self.clock() - began)  # fmt: skip
+
+    async def _bring_in(self, slot: Slot) -> None:
+        slot.status = "moving"
+        began = self.clock()
+        try:
+            how = await self.engines[slot.name].bring_in()
+        except Exception as exc:
+            slot.status = "failed"
+            self._event(slot.name, f"'{slot.name}' could not be brought in: {exc}")
+            self._release(slot, Unavailable(f"model '{slot.name}' could not be brought in: {exc}"))
+            return
+        slot.status = "serving"
+        slot.since = slot.last_used = self.clock()
+        self._event(slot.name, f"{how} '{slot.name}'", slot.since - began)
+        self._release(slot, None)
+
+    def _release(self, slot: Slot, error: Exception | None) -> None:
+        """Let the queue run (each request's place counted in flight now, before its task
+        runs: the next switch step must not find the model idle), or fail it."""
+        while slot.queue:
+            _, future = slot.queue.popleft()
+            if future.done():
+                continue
+            if error is None:
+                slot.in_flight += 1
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def _event(self, model: str, text: str, seconds: float | None = None) -> None:
+        self.on_event(Event(round(time.time(), 3), text, model,
+                            None if seconds is None else round(seconds, 3)))  # fmt: skip
