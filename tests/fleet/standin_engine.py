@@ -1,0 +1,73 @@
+"""A stand-in for one model's vLLM engine, on a unix socket: /health, /metrics, a streamed
+/v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up. Lets
+the front door's tests run in seconds; the real engines run in tests/e2e/."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+
+def make_app(name: str) -> FastAPI:
+    app = FastAPI()
+    state = {"asleep": False, "requests": 0}
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return (
+            f"# HELP vllm:prompt_tokens prompt tokens\n# TYPE vllm:prompt_tokens counter\n"
+            f'vllm:prompt_tokens_total{{model_name="{name}"}} {state["requests"]}.0\n'
+        )
+
+    @app.post("/sleep")
+    def sleep() -> dict[str, str]:
+        state["asleep"] = True
+        return {"status": "sleeping"}
+
+    @app.post("/wake_up")
+    def wake() -> dict[str, str]:
+        state["asleep"] = False
+        return {"status": "awake"}
+
+    @app.post("/v1/{path:path}", response_model=None)
+    async def answer(path: str, request: Request) -> object:
+        body = await request.json()
+        if state["asleep"]:
+            return PlainTextResponse("asleep", status_code=500)
+        state["requests"] += 1
+        words = int(body.get("max_tokens", 3))
+        if not body.get("stream"):
+            return {
+                "model": body["model"],
+                "served_by": name,
+                "path": path,
+                "choices": [{"message": {"content": " ".join(["w"] * words)}}],
+            }
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for i in range(words):
+                yield f"data: {json.dumps({'served_by': name, 'i': i})}\n\n".encode()
+                await asyncio.sleep(float(body.get("delay_s", 0.0)))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--uds", required=True)
+    parser.add_argument("--name", required=True)
+    args = parser.parse_args()
+    uvicorn.run(make_app(args.name), uds=args.uds, log_level="warning")

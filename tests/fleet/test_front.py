@@ -1,0 +1,155 @@
+"""The front door (issue #31) over engine processes: real child processes on unix sockets
+(tests/fleet/standin_engine.py stands in for vLLM, which tests/e2e/test_fleet_e2e.py
+runs), the switcher, and the app driven through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.front import FrontDoor, create_front_app
+from vllm_offload.fleet.residency import Residency, ResidencySettings
+from vllm_offload.vllm_client import sum_samples
+
+STANDIN = str(Path(__file__).with_name("standin_engine.py"))
+
+
+Front = tuple[httpx.AsyncClient, FrontDoor]
+
+
+def standin(tmp_path: Path, name: str, exited: Callable[[str, int], None]) -> EngineProcess:
+    socket = tmp_path / f"{name}.sock"
+    command = (sys.executable, STANDIN, "--uds", str(socket), "--name", name)
+    return EngineProcess(EngineSpec(name, command, dict(os.environ), socket, "sleep"), exited)
+
+
+@asynccontextmanager
+async def front_door(tmp_path: Path, api_key: str | None = None) -> AsyncIterator[Front]:
+    residency_ref: list[Residency] = []
+
+    def exited(name: str, _code: int) -> None:
+        residency_ref[0].engine_exited(name)
+
+    engines = {name: standin(tmp_path, name, exited) for name in ("chat", "coder")}
+    residency = Residency(engines, ResidencySettings(min_resident_s=0.2))
+    residency_ref.append(residency)
+    front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096}, api_key)
+    await residency.bring_in("chat")
+    residency.start()
+    transport = httpx.ASGITransport(app=create_front_app(front))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
+            yield client, front
+    finally:
+        await residency.stop()
+        await front.aclose()
+        for engine in engines.values():
+            await engine.stop()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 180))
+
+
+def chat(model: str, **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_requests_go_to_their_model_and_a_switch_happens(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with front_door(tmp_path) as (client, _front):
+            first = await client.post("/v1/chat/completions", json=chat("chat"))
+            assert first.json()["served_by"] == "chat"
+            other = await client.post("/v1/completions", json={"model": "coder", "prompt": "x"})
+            assert other.status_code == 200 and other.json()["served_by"] == "coder"
+            assert other.json()["path"] == "completions"
+            listed = (await client.get("/v1/models")).json()["data"]
+            states = {m["id"]: (m["state"], m["max_model_len"]) for m in listed}
+            assert states == {"chat": ("asleep", 2048), "coder": ("serving", 4096)}
+
+    run(test)
+
+
+def test_a_stream_survives_a_switch_asked_beside_it(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with front_door(tmp_path) as (client, front):
+            chunks: list[dict[str, object]] = []
+
+            async def stream() -> None:
+                body = chat("chat", stream=True, max_tokens=20, delay_s=0.05)
+                async with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                    async for line in answer.aiter_lines():
+                        if line.startswith("data: {"):
+                            chunks.append(json.loads(line[6:]))
+
+            streaming = asyncio.create_task(stream())
+            while not chunks:
+                await asyncio.sleep(0.01)
+            other = await client.post("/v1/chat/completions", json=chat("coder"))
+            await streaming
+            assert [c["i"] for c in chunks] == list(range(20))  # whole, in order
+            assert all(c["served_by"] == "chat" for c in chunks)
+            assert other.json()["served_by"] == "coder"
+            assert front.residency.slots["coder"].status == "serving"
+
+    run(test)
+
+
+def test_an_unknown_model_is_404_naming_the_registered_ones(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with front_door(tmp_path) as (client, _front):
+            answer = await client.post("/v1/chat/completions", json=chat("gpt-4"))
+            assert answer.status_code == 404
+            message = answer.json()["error"]["message"]
+            assert "'gpt-4' does not exist" in message and "chat, coder" in message
+            assert (await client.post("/v1/chat/completions", content=b"[1]")).status_code == 400
+            assert (await client.get("/docs")).status_code == 404  # only OpenAI routes
+            assert (await client.post("/sleep")).status_code == 404  # never an engine's own
+
+    run(test)
+
+
+def test_a_killed_engine_leaves_the_others_serving_and_starts_again(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with front_door(tmp_path) as (client, front):
+            await client.post("/v1/chat/completions", json=chat("coder"))
+            coder = front.engines["coder"]
+            assert coder.pid is not None
+            os.kill(coder.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while front.residency.slots["coder"].status != "failed":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            assert front.state_of("coder") == "failed"
+            answer = await client.post("/v1/chat/completions", json=chat("chat"))
+            assert answer.json()["served_by"] == "chat"  # the other model serves
+            again = await client.post("/v1/chat/completions", json=chat("coder"))
+            assert again.json()["served_by"] == "coder"  # and the killed one is back
+
+    run(test)
+
+
+def test_the_api_key_and_the_merged_metrics(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with front_door(tmp_path, api_key="s3cret") as (client, _front):
+            assert (await client.post("/v1/chat/completions", json=chat("chat"))).status_code == 401
+            assert (await client.get("/v1/models")).status_code == 401
+            key = {"Authorization": "Bearer s3cret"}
+            await client.post("/v1/chat/completions", json=chat("chat"), headers=key)
+            await client.post("/v1/chat/completions", json=chat("coder"), headers=key)
+            text = (await client.get("/metrics")).text  # no key: as vLLM's own /metrics
+            assert text.count("# TYPE vllm:prompt_tokens counter") == 1
+            assert 'model_name="chat"' in text and 'model_name="coder"' in text
+            assert sum_samples(text, {"vllm:prompt_tokens"}) == {"vllm:prompt_tokens": 2.0}
+
+    run(test)

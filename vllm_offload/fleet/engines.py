@@ -1,0 +1,171 @@
+"""One model's vLLM server as a child process of the front door, reached over its own unix
+socket: started, health-checked, put to sleep or stopped, woken or started again.
+
+The socket lives in a directory only the server's user may enter, so the engine's
+development routes (``/sleep``, ``/wake_up``, ``/collective_rpc``...: vLLM opens them with
+``VLLM_SERVER_DEV_MODE=1``, which sleep mode needs) are reachable by the front door alone;
+the front door forwards OpenAI routes only. Each engine's output goes to the front door's
+stderr (the journal), each line prefixed with its model's name; its last lines are kept to
+say why it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+# A large model's start (weights read, CUDA graphs captured, the CPU tier allocated) takes
+# minutes; a level-1 sleep of a 16 GB model ~0.35 s once its host buffers exist, the first
+# one ~8 s (measured on the H200: issue #31).
+START_TIMEOUT_S = 900.0
+SLEEP_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 120.0
+LOG_TAIL_LINES = 40
+
+Idle = Literal["sleep", "stop"]
+State = Literal["stopped", "starting", "serving", "asleep", "stopping", "failed"]
+
+
+class EngineError(Exception):
+    """An engine did not start, sleep or wake; the text says why (its log's last error)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str  # the served model name
+    command: tuple[str, ...]  # `vllm-offload serve ... --uds SOCKET` for this model alone
+    env: dict[str, str]
+    socket: Path
+    idle: Idle
+    sleep_level: int = 1
+
+
+def uds_client(socket_path: Path, timeout: httpx.Timeout | float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+                             base_url="http://engine", timeout=timeout)  # fmt: skip
+
+
+@dataclass
+class EngineProcess:
+    """Implements the switcher's EngineOps for one spec."""
+
+    spec: EngineSpec
+    on_exit: Callable[[str, int], None]  # (model, exit code) when it ends on its own
+    state: State = "stopped"
+    pid: int | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    _proc: asyncio.subprocess.Process | None = None
+    _stopping: bool = False
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def bring_in(self) -> str:
+        if self.alive and self.state == "asleep":
+            await self._call("POST", "/wake_up", "wake")
+            self.state = "serving"
+            return "woke"
+        await self.start()
+        return "started"
+
+    async def put_away(self) -> str:
+        if self.spec.idle == "sleep" and self.alive:
+            level = self.spec.sleep_level
+            await self._call("POST", f"/sleep?level={level}&mode=abort", "sleep")
+            self.state = "asleep"
+            return "slept"
+        await self.stop()
+        return "stopped"
+
+    async def start(self) -> None:
+        if self.alive:
+            await self.stop()
+        self.spec.socket.unlink(missing_ok=True)
+        self.state, self._stopping = "starting", False
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.spec.command, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a stuck stop kills all of it
+        )  # fmt: skip
+        self.pid = self._proc.pid
+        self._spawn(self._pump(self._proc))
+        self._spawn(self._watch(self._proc))
+        began = time.monotonic()
+        async with uds_client(self.spec.socket, 5.0) as engine:
+            while time.monotonic() - began < START_TIMEOUT_S:
+                if not self.alive:
+                    self.state = "failed"
+                    raise EngineError(f"exited ({self._proc.returncode}) while starting: "
+                                      f"{self.last_error()}")  # fmt: skip
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await engine.get("/health")).status_code == 200:
+                        self.state = "serving"
+                        return
+                await asyncio.sleep(0.25)
+        await self.stop()
+        self.state = "failed"
+        raise EngineError(f"not healthy within {START_TIMEOUT_S:.0f} s: {self.last_error()}")
+
+    async def stop(self) -> None:
+        """SIGTERM (vLLM's own shutdown: it finishes what it serves, its processes follow),
+        SIGKILL to its whole process group after STOP_TIMEOUT_S."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            self.state = "stopped"
+            return
+        self._stopping, self.state = True, "stopping"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        self.state = "stopped"
+
+    async def _call(self, method: str, path: str, what: str) -> None:
+        if not self.alive:
+            raise EngineError(f"cannot {what}: the engine is not running")
+        async with uds_client(self.spec.socket, SLEEP_TIMEOUT_S) as engine:
+            try:
+                response = await engine.request(method, path)
+            except httpx.HTTPError as exc:
+                raise EngineError(f"{what} failed: {exc}") from None
+        if response.status_code != 200:
+            raise EngineError(f"{what} answered {response.status_code}: {response.text[:300]}")
+
+    def last_error(self) -> str:
+        errors = [line for line in self.tail if "Error" in line or "error" in line]
+        return (errors or list(self.tail) or ["no output"])[-1][-500:]
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        prefix = f"[{self.spec.name}] "
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.tail.append(line)
+            sys.stderr.write(prefix + line + "\n")
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if not self._stopping and proc is self._proc:
+            self.state = "failed"
+            self.on_exit(self.spec.name, code)
