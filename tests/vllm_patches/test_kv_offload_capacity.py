@@ -28,14 +28,19 @@ def table_log() -> Iterator[list[str]]:
 
 
 def vllm_config(
-    demo_dir: Path, max_model_len: int, extra: dict[str, Any] | None, block_size: int = 16
+    demo_dir: Path,
+    max_model_len: int,
+    extra: dict[str, Any] | None,
+    block_size: int = 16,
+    connector_module: str | None = None,
 ) -> Any:
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
 
     transfer = None
     if extra is not None:
         transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                    kv_connector_extra_config=extra)  # fmt: skip
+                                    kv_connector_extra_config=extra,
+                                    kv_connector_module_path=connector_module)  # fmt: skip
     config = VllmConfig(
         model_config=ModelConfig(model=str(demo_dir), max_model_len=max_model_len),
         cache_config=CacheConfig(block_size=block_size),

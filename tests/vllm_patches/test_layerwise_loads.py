@@ -33,7 +33,9 @@ class Engine:
     """vLLM's Scheduler with the OffloadingConnector; steps stand in for the model runner:
     one sampled token per scheduled request, and the transfer jobs the test says are done."""
 
-    def __init__(self, demo_dir: Path, layerwise: bool) -> None:
+    def __init__(
+        self, demo_dir: Path, layerwise: bool, connector_module: str | None = None
+    ) -> None:
         import torch
         from vllm.utils.hashing import sha256
         from vllm.v1.core import kv_cache_utils
@@ -41,7 +43,7 @@ class Engine:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
         from vllm.v1.structured_output import StructuredOutputManager
 
-        config = vllm_config(demo_dir, 1024, tier(layerwise), block_size=BLOCK)
+        config = vllm_config(demo_dir, 1024, tier(layerwise), BLOCK, connector_module)
         specs = {
             name: FullAttentionSpec(
                 block_size=BLOCK, num_kv_heads=4, head_size=64, dtype=torch.bfloat16
@@ -336,3 +338,23 @@ def test_only_plain_attention_layers_wait_layer_by_layer() -> None:
     assert worker_mod._attention_waits_cover((full, sliding))
     assert not worker_mod._attention_waits_cover((full, mamba))
     assert not worker_mod._attention_waits_cover((mla,))
+
+
+@pytest.mark.parametrize("ours", [False, True])
+def test_a_sleep_keeps_the_cpu_tier_with_vllm_offloads_connector(
+    demo_dir: Path, ours: bool
+) -> None:
+    """Issue #31: vLLM's sleep resets the prefix caches with the connector's, which emptied
+    the CPU tier. With vllm_ext.connector (what the launcher names for engines that sleep)
+    the tier's chunks are still found after that reset; with vLLM's own, they are not."""
+    from vllm_offload.vllm_ext import connector
+
+    engine = Engine(
+        demo_dir, layerwise=True, connector_module=connector.MODULE_PATH if ours else None
+    )
+    assert (type(engine.scheduler.connector).__module__ == connector.MODULE_PATH) == ours
+    engine.run_to_the_tier("a", DOC)
+    assert engine.scheduler.reset_prefix_cache(reset_running_requests=True, reset_connector=True)
+    engine.add("b", DOC)
+    loads = engine.step().kv_connector_metadata.load_jobs
+    assert len(loads) == (1 if ours else 0)
