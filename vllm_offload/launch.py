@@ -141,7 +141,13 @@ def max_model_len_arg(plan: Plan) -> str:
 
 
 def served_name(config: DeploymentConfig, model_dir: Path) -> str:
-    return config.model.served_name or model_dir.name
+    """model.served_name, else the folder's name as configured (a link's own name, not
+    its target's: an HF snapshot would answer to its hash)."""
+    if config.model.served_name:
+        return config.model.served_name
+    if config.model.path:
+        return Path(os.path.abspath(os.path.expanduser(config.model.path))).name
+    return model_dir.name
 
 
 def build(
