@@ -139,7 +139,7 @@ def test_control_characters_round_trip_and_the_file_stays_valid(tmp_path: Path) 
     and the manager refused to start on the file, which only a shell could fix."""
     value = 'a\nb"c\\d\x7f\te\x1b[31m'
     config = config_mod.with_overrides(
-        DeploymentConfig(), {"model.served_name": value, "extra_args": ["--seed", "1\n2"]}
+        DeploymentConfig(), {"model.path": value, "extra_args": ["--seed", "1\n2"]}
     )
     path = tmp_path / "config.toml"
     config_mod.save(config, path)
@@ -197,3 +197,50 @@ def test_a_backup_that_cannot_be_written_keeps_the_old_one(
         config_mod.save(config_mod.with_overrides(DeploymentConfig(), {"server.port": 10}), path)
     assert backup.read_bytes() == old_backup and path.read_bytes() == current
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "config.toml.bak"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "field"),
+    [("--kv-offload-cpu-tier-gib", "kv_offload.cpu_tier_gib"),
+     ("--kv-offload-disk-gib", "kv_offload.disk_gib"),
+     ("--kv-offload-host-extension-gib", "kv_offload.host_extension_gib"),
+     ("--weights-offload-cpu-gib", "weights_offload.cpu_gib"),
+     ("--gpu-mem-gib", "--gpu-mem-gib"), ("--ram-gib", "--ram-gib")],
+)  # fmt: skip
+def test_sizes_past_any_machine_exit_2_naming_the_field(
+    demo_dir: Path, flag: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #29: 1e308 GiB overflowed the planner's arithmetic (a traceback, exit 1; a
+    500 from the manager)."""
+    from vllm_offload.cli import main
+
+    declared = [] if flag == "--gpu-mem-gib" else ["--gpu-mem-gib", "24"]
+    assert main(["plan", "--model", str(demo_dir), *declared, flag, "1e308"]) == 2
+    assert f"error: {field}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("model.max_model_len", 10**30), ("gpu.kv_cache_memory_bytes", 10**30),
+     ("model.served_name", "--trust-remote-code.x"), ("model.served_name", "-m"),
+     ("model.served_name", "a b"), ("weights_offload.params", ["--model"]),
+     ("weights_offload.params", ["visual", "-x"]), ("server.host", "--host"),
+     ("server.host", "a b"), ("server.host", "-localhost"), ("model.path", "-m")],
+)  # fmt: skip
+def test_values_that_would_reach_vllm_as_options_are_refused(key: str, value: object) -> None:
+    """Issue #29: a served name, a parameter name or a host that starts with '-' became an
+    option of vLLM's (one with a '.' took the next token as its value)."""
+    with pytest.raises(ConfigError) as info:
+        config_mod.with_overrides(DeploymentConfig(), {key: value})
+    assert info.value.field == key
+
+
+def test_real_names_and_addresses_are_accepted() -> None:
+    config = config_mod.with_overrides(DeploymentConfig(), {
+        "model.served_name": "meta-llama/Llama-3.1-8B-Instruct:v2@main+fp8",
+        "weights_offload.params": ["visual", "audio_tower", "model.layers.0", "_x"],
+        "server.host": "fe80::1%eth0", "model.max_model_len": 10_485_760,
+    })  # fmt: skip
+    assert config.weights_offload.params[2] == "model.layers.0"
+    for host in ("0.0.0.0", "::", "localhost", "gpu-box.lan", "127.0.0.1", ""):
+        config_mod.with_overrides(config, {"server.host": host})

@@ -279,7 +279,10 @@ def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
     )  # fmt: skip
     assert uva.weights.offloaded_bytes == 8 * GIB and uva.weights.offloaded_layers == 0
     # 8 GiB of ~0.41 GiB decoder layers: 20 layers, the last 4 of every 6
-    assert (prefetch.weights.prefetch_group_size, prefetch.weights.prefetch_num_in_group) == (6, 4)
+    assert (
+        prefetch.weights.prefetch_group_size,
+        prefetch.weights.prefetch_num_in_group,
+    ) == (6, 4)
     assert prefetch.weights.offloaded_layers == 20
     assert 8 * GIB <= prefetch.weights.offloaded_bytes < 8.5 * GIB
     # one layer's GPU buffer for the copy in flight comes out of the pool

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import os
+import re
 import shutil
 import tempfile
 import tomllib
@@ -38,6 +40,25 @@ class ConfigError(FieldError):
 
 
 MAX_STRING_CHARS = 4096
+# Bounds past any real machine: larger numbers only overflow the planner's arithmetic.
+MAX_GIB = 1 << 20  # 1 PiB, for every *_gib key
+MAX_BYTES = MAX_GIB << 30
+MAX_TOKENS = 1 << 28  # 268M tokens, for max_model_len
+
+# Values the launcher writes into vLLM's argv. vLLM's parser reads a token that starts with
+# "-" as an option, and one that also holds a "." as a dotted JSON option that takes the
+# next token as its value, so none of these may start with "-", and each keeps to the
+# characters its use needs.
+SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")
+PARAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,255}")
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+
+
+def _bounded_gib(value: float | str) -> float | str:
+    if isinstance(value, float) and value > MAX_GIB:
+        raise ValueError(f"must be at most {MAX_GIB} GiB (1 PiB); give a size a machine has")
+    return value
 
 
 class _Section(BaseModel):
@@ -94,6 +115,30 @@ class ModelSection(_Section):
             raise ValueError("max_model_len must be a positive number of tokens or 'auto'")
         return self
 
+    @field_validator("max_model_len")
+    @classmethod
+    def _bounded_len(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value > MAX_TOKENS:
+            raise ValueError(f"must be at most {MAX_TOKENS:,} tokens, or 'auto'")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_no_option(cls, path: str) -> str:
+        if path.startswith("-"):
+            raise ValueError("must not start with '-'; give the folder's path (./-name)")
+        return path
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, name: str) -> str:
+        if name and not SERVED_NAME.fullmatch(name):
+            raise ValueError(
+                "must be up to 256 letters, digits and . _ : / @ + -, starting with a letter "
+                "or digit (e.g. 'org/model-7b'); or '' for the model folder's name"
+            )
+        return name
+
 
 class GpuSection(_Section):
     memory_utilization: float = Field(
@@ -120,6 +165,13 @@ class GpuSection(_Section):
         if isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be a positive number of bytes or 'auto'")
         return self
+
+    @field_validator("kv_cache_memory_bytes")
+    @classmethod
+    def _bounded_pool(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value > MAX_BYTES:
+            raise ValueError(f"must be at most {MAX_BYTES} bytes (1 PiB), or 'auto'")
+        return value
 
 
 KvOffloadBackend = Literal["auto", "native", "lmcache", "none"]
@@ -171,6 +223,7 @@ class KvOffloadSection(_Section):
     host_extension_gib: float = Field(
         0.0,
         ge=0.0,
+        le=MAX_GIB,
         description="Host RAM, in GiB per GPU, that continues the GPU KV pool, so that one "
         "request may be longer than the GPU holds (vLLM 0.32.0, patch 0006; NVIDIA GPUs, "
         "models whose layers are all full attention). The GPU's blocks are used first; a "
@@ -198,6 +251,8 @@ class KvOffloadSection(_Section):
         description="Deprecated (seed fork): CPU tier size in GPU blocks. Translated to "
         "cpu_tier_gib with a warning; set cpu_tier_gib instead.",
     )
+
+    _bounded = field_validator("cpu_tier_gib", "disk_gib")(_bounded_gib)
 
     @model_validator(mode="after")
     def _positive_tier(self) -> KvOffloadSection:
@@ -242,11 +297,24 @@ class WeightsOffloadSection(_Section):
         description="prefetch backend: layers copied ahead; each costs one layer of GPU memory.",
     )
 
+    _bounded = field_validator("cpu_gib")(_bounded_gib)
+
     @model_validator(mode="after")
     def _non_negative(self) -> WeightsOffloadSection:
         if isinstance(self.cpu_gib, float) and self.cpu_gib < 0:
             raise ValueError("cpu_gib must be >= 0 or 'auto'")
         return self
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, params: list[str]) -> list[str]:
+        for name in params:
+            if not PARAM_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name[:40]!r} is not part of a parameter name: use letters, digits, _ "
+                    "and . (e.g. 'visual', 'model.layers.0'), not starting with '.'"
+                )
+        return params
 
 
 class ParallelSection(_Section):
@@ -269,6 +337,18 @@ class ServerSection(_Section):
         description="File holding the API key clients must send. Empty: no key. "
         "The key reaches vLLM through its environment, never its command line.",
     )
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, host: str) -> str:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if host and (len(host) > 253 or not HOST_NAME.fullmatch(host)):
+                raise ValueError(
+                    "not an IP address or host name; e.g. 127.0.0.1, ::1, 0.0.0.0 or localhost"
+                ) from None
+        return host
 
 
 class ManagerSection(_Section):

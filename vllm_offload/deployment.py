@@ -8,15 +8,16 @@ exactly what the command line refuses, with the same words.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_offload import demo_model, hardware, launch, model_facts, patching
-from vllm_offload.config import DeploymentConfig
+from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
@@ -34,10 +35,29 @@ class Prepared:
 
 
 def model_dir(config: DeploymentConfig) -> Path:
-    """The configured model, or the built-in demo model (written on first use)."""
+    """The configured model folder resolved once (``~`` expanded, relative to the working
+    directory, every link followed): what the model roots are checked against and what
+    vLLM is given. Else the built-in demo model (written on first use)."""
     if config.model.path:
-        return Path(config.model.path).expanduser().absolute()
+        return Path(os.path.realpath(os.path.expanduser(config.model.path)))
     return demo_model.ensure_default()
+
+
+def model_roots(config: DeploymentConfig) -> list[Path]:
+    """manager.model_roots resolved; empty: the configured model's parent directory."""
+    if config.manager.model_roots:
+        return [Path(os.path.realpath(root)) for root in config.manager.model_roots]
+    return [model_dir(config).parent]
+
+
+def check_inside(directory: Path, roots: Sequence[Path]) -> None:
+    """Refuse (422, model.path) a resolved model folder outside the resolved roots."""
+    if not any(directory == root or root in directory.parents for root in roots):
+        raise ConfigError(
+            "model.path",
+            f"{directory} is outside the model roots ({', '.join(map(str, roots))}); add its "
+            "directory to manager.model_roots",
+        )
 
 
 def plan_for(
@@ -58,12 +78,18 @@ def prepare(
     vllm: InstalledVllm | None,
     *,
     allow_unpatched: bool = False,
+    roots: Sequence[Path] | None = None,
 ) -> Prepared:
     """Everything short of starting: raises what makes a plan impossible (a bad model
-    directory, a config that cannot fit); lists in ``problems`` what forbids a start
-    here and now. ``vllm`` None: none is installed here (a dry run on a laptop), so the
-    spec is for the pinned release and the patch state is not checked."""
+    directory, one outside ``roots`` (default: manager.model_roots, where set), a config
+    that cannot fit); lists in ``problems`` what forbids a start here and now. ``vllm``
+    None: none is installed here (a dry run on a laptop), so the spec is for the pinned
+    release and the patch state is not checked."""
     directory = model_dir(config)
+    if roots is None and config.manager.model_roots:
+        roots = model_roots(config)
+    if roots is not None and config.model.path:
+        check_inside(directory, roots)
     plan = plan_for(config, directory, host, environ)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems

@@ -52,6 +52,11 @@ class LaunchSpec:
     kv_transfer_config: dict[str, Any] | None
     notes: tuple[str, ...] = ()
     secret_env: tuple[str, ...] = field(default=())  # names whose values are never printed
+    # What vLLM's own parser must read from ``args`` for each option the launcher writes
+    # (its namespace's name -> value), and the administrator's part of ``args``, its tail:
+    # argv_check compares the two readings before vLLM starts.
+    owned: dict[str, Any] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
 
     def command_line(self, python: str = sys.executable) -> list[str]:
         return [python, "-m", SERVER_MODULE, *self.args]
@@ -63,6 +68,32 @@ class LaunchSpec:
         )
         cmd = shlex.join(self.command_line(python))
         return f"{env} {cmd}" if env else cmd
+
+    def option(self, flag: str) -> str | None:
+        """The value the launcher wrote as ``flag=value``; None if it wrote none."""
+        return next((a.split("=", 1)[1] for a in self.args if a.startswith(flag + "=")), None)
+
+
+class _Options:
+    """The options the launcher writes, each one ``--flag=value`` token (a value that
+    starts with "-" or holds a "." can then never be read as an option of its own), with
+    the value vLLM's parser must read back."""
+
+    def __init__(self) -> None:
+        self.args: list[str] = []
+        self.owned: dict[str, Any] = {}
+
+    def add(self, flag: str, value: str | int | float | dict[str, Any], read: Any = None) -> None:
+        """``flag=value``; ``read``: what vLLM's parser makes of it, when not ``value``."""
+        text = json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
+        self.args.append(f"{flag}={text}")
+        self.owned[flag.removeprefix("--").replace("-", "_")] = value if read is None else read
+
+    def add_list(self, flag: str, values: list[str]) -> None:
+        """An option of several values (vLLM's nargs='+'), as separate tokens: config
+        validation keeps each to a name that cannot start with "-"."""
+        self.args += [flag, *values]
+        self.owned[flag.removeprefix("--").replace("-", "_")] = list(values)
 
 
 def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] | None:
@@ -110,7 +141,13 @@ def max_model_len_arg(plan: Plan) -> str:
 
 
 def served_name(config: DeploymentConfig, model_dir: Path) -> str:
-    return config.model.served_name or model_dir.name
+    """model.served_name, else the folder's name as configured (a link's own name, not
+    its target's: an HF snapshot would answer to its hash)."""
+    if config.model.served_name:
+        return config.model.served_name
+    if config.model.path:
+        return Path(os.path.abspath(os.path.expanduser(config.model.path))).name
+    return model_dir.name
 
 
 def build(
@@ -121,61 +158,40 @@ def build(
     api_key: str | None = None,
 ) -> LaunchSpec:
     """The exact server invocation for ``plan``; pure."""
-    args: list[str] = [
-        "--model", str(model_dir),
-        "--served-model-name", served_name(config, model_dir),
-        "--host", config.server.host,
-        "--port", str(config.server.port),
-        "--block-size", str(plan.kv.block_tokens),
-        "--max-model-len", max_model_len_arg(plan),
-    ]  # fmt: skip
+    options = _Options()
+    options.add("--model", str(model_dir))
+    name = served_name(config, model_dir)  # the folder's name, unless configured
+    options.add("--served-model-name", name, read=[name])
+    options.add("--host", config.server.host)
+    options.add("--port", config.server.port)
+    options.add("--block-size", plan.kv.block_tokens)
+    options.add("--max-model-len", int(max_model_len_arg(plan)))
     if config.model.dtype != "auto":
-        args += ["--dtype", config.model.dtype]
+        options.add("--dtype", config.model.dtype)
     if plan.kv.cache_dtype != "auto":  # as resolved: 'fit' may have chosen fp8
-        args += ["--kv-cache-dtype", plan.kv.cache_dtype]
+        options.add("--kv-cache-dtype", plan.kv.cache_dtype)
     if plan.platform == "cuda":
-        args += ["--gpu-memory-utilization", str(config.gpu.memory_utilization)]
+        options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
-        args += ["--kv-cache-memory-bytes", str(plan.gpu.kv_pool_bytes)]
+        options.add("--kv-cache-memory-bytes", plan.gpu.kv_pool_bytes)
     parallel = config.parallel
     if parallel.tensor_parallel_size > 1:
-        args += ["--tensor-parallel-size", str(parallel.tensor_parallel_size)]
+        options.add("--tensor-parallel-size", parallel.tensor_parallel_size)
     if parallel.pipeline_parallel_size > 1:
-        args += ["--pipeline-parallel-size", str(parallel.pipeline_parallel_size)]
+        options.add("--pipeline-parallel-size", parallel.pipeline_parallel_size)
     if parallel.distributed_executor_backend != "auto":
-        args += ["--distributed-executor-backend", parallel.distributed_executor_backend]
+        options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
 
     env: dict[str, str] = {}
     notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
                         f"({plan.kv.backend_reason})"]  # fmt: skip
     if plan.weights.offloaded_bytes > 0:
-        params = config.weights_offload.params
-        args += ["--offload-backend", config.weights_offload.backend]
-        if plan.weights.offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
-            args += [
-                "--offload-group-size", str(plan.weights.prefetch_group_size),
-                "--offload-num-in-group", str(plan.weights.prefetch_num_in_group),
-                "--offload-prefetch-step", str(config.weights_offload.prefetch_step),
-            ]  # fmt: skip
-            if params:
-                args += ["--offload-params", *params]
-        else:
-            args += ["--cpu-offload-gb", f"{plan.weights.offloaded_bytes / GIB:.3f}"]
-            if params:
-                args += ["--cpu-offload-params", *params]
-        if v2_runner_ignores_cpu_offload(vllm_version):
-            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-            notes.append(
-                f"set VLLM_USE_V2_MODEL_RUNNER=0: vLLM {vllm_version}'s V2 model runner "
-                "ignores cpu_offload_gb"
-            )
-
+        notes += _weight_offload(options, env, config, plan, vllm_version)
     if plan.extension.bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
-        extension = {HOST_EXTENSION_KEY: plan.extension.bytes}
-        args += ["--additional-config", json.dumps(extension, separators=(",", ":"))]
+        options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
     kv_config = kv_transfer_config(config, plan)
     if kv_config is not None:
-        args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
+        options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:
         env[CPU_TIER_RESERVE_ENV] = str(plan.host_ram.reserve_bytes)
     if plan.kv.backend == "lmcache":
@@ -190,8 +206,32 @@ def build(
     if api_key is not None:
         env[API_KEY_ENV] = api_key
         secret = (API_KEY_ENV,)
-    args += config.extra_args
-    return LaunchSpec(tuple(args), env, kv_config, tuple(notes), secret)
+    extra = tuple(config.extra_args)
+    return LaunchSpec(tuple(options.args) + extra, env, kv_config, tuple(notes), secret,
+                      options.owned, extra)  # fmt: skip
+
+
+def _weight_offload(
+    options: _Options, env: dict[str, str], config: DeploymentConfig, plan: Plan, version: str
+) -> list[str]:
+    """The weight-offload options; the notes they need."""
+    params = config.weights_offload.params
+    options.add("--offload-backend", config.weights_offload.backend)
+    if plan.weights.offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
+        options.add("--offload-group-size", plan.weights.prefetch_group_size)
+        options.add("--offload-num-in-group", plan.weights.prefetch_num_in_group)
+        options.add("--offload-prefetch-step", config.weights_offload.prefetch_step)
+        if params:
+            options.add_list("--offload-params", params)
+    else:
+        options.add("--cpu-offload-gb", float(f"{plan.weights.offloaded_bytes / GIB:.3f}"))
+        if params:
+            options.add_list("--cpu-offload-params", params)
+    if not v2_runner_ignores_cpu_offload(version):
+        return []
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    return [f"set VLLM_USE_V2_MODEL_RUNNER=0: vLLM {version}'s V2 model runner ignores "
+            "cpu_offload_gb"]  # fmt: skip
 
 
 def read_api_key(config: DeploymentConfig) -> str | None:
@@ -218,15 +258,20 @@ def read_api_key(config: DeploymentConfig) -> str | None:
 
 
 def validate_with_vllm(spec: LaunchSpec) -> None:
-    """Parse the KVTransferConfig with vLLM's own class (imports vLLM: seconds)."""
-    if spec.kv_transfer_config is None:
-        return
-    from vllm.config import KVTransferConfig
+    """Parse the KVTransferConfig with vLLM's own class, then the whole command line with
+    vLLM's own parser (argv_check); imports vLLM: seconds."""
+    from vllm_offload import argv_check
 
-    try:
-        KVTransferConfig(**spec.kv_transfer_config)
-    except Exception as exc:  # vLLM raises pydantic and plain ValueErrors alike
-        raise PreflightError("kv_offload", f"vLLM rejects the KV transfer config: {exc}") from exc
+    if spec.kv_transfer_config is not None:
+        from vllm.config import KVTransferConfig
+
+        try:
+            KVTransferConfig(**spec.kv_transfer_config)
+        except Exception as exc:  # vLLM raises pydantic and plain ValueErrors alike
+            raise PreflightError(
+                "kv_offload", f"vLLM rejects the KV transfer config: {exc}"
+            ) from exc
+    argv_check.check(spec)
 
 
 def run(spec: LaunchSpec) -> None:

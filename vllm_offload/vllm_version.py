@@ -22,6 +22,8 @@ API_KEY_ENV = "VLLM_API_KEY"
 # --max-model-len's value that makes vLLM fit it to the KV pool it measures (both releases
 # read -1 so; 0.32.0 also takes 'auto').
 AUTO_MAX_MODEL_LEN = "-1"
+# Where the server's argument parser (make_arg_parser) lives: 0.32.0, then 0.25.0.
+ARG_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,12 @@ def test_dry_run_prints_command_and_kv_config(
     assert argv == [f"VLLM_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}"]
     argv = env
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert argv[argv.index("--model") + 1] == str(demo_dir)
+    assert f"--model={demo_dir}" in argv
     assert argv[-1] == "--enforce-eager"
     kv = json.loads(kv_json)
     assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == 8 << 30
-    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == kv
+    written = next(a for a in argv if a.startswith("--kv-transfer-config="))
+    assert json.loads(written.split("=", 1)[1]) == kv
     assert "KV offload backend: native" in err
     assert "GPU KV pool" in err
 
@@ -197,7 +198,7 @@ def test_serve_starts_with_the_built_spec(
     key.chmod(0o600)
     assert serve("--model", str(demo_dir), "--port", "8111", "--server-api-key-file", str(key)) == 0
     (spec,) = started
-    assert spec.args[spec.args.index("--port") + 1] == "8111"
+    assert spec.option("--port") == "8111"
     assert spec.env["VLLM_API_KEY"] == "k-123"
 
 
@@ -233,6 +234,6 @@ def test_dry_run_with_a_host_extension_on_a_cpu_host(
                  "--kv-offload-host-extension-gib", "1", "--dry-run")  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 2
-    assert "--additional-config '{\"kv_host_extension_bytes\":1073741824}'" in out
+    assert "'--additional-config={\"kv_host_extension_bytes\":1073741824}'" in out
     assert "error: kv_offload.host_extension_gib: the host extension maps host RAM" in err
     assert started == []

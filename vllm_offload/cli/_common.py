@@ -84,12 +84,16 @@ def add_host_options(parser: argparse.ArgumentParser) -> None:
 
 
 def host_facts(args: argparse.Namespace) -> hardware.HostFacts:
-    if args.gpu_mem_gib is not None and args.gpu_mem_gib <= 0:
-        raise UsageError("--gpu-mem-gib: must be a positive number of GiB, e.g. 24")
-    if args.gpu_count < 1:
-        raise UsageError("--gpu-count: must be at least 1")
-    if args.ram_gib is not None and args.ram_gib <= 0:
-        raise UsageError("--ram-gib: must be a positive number of GiB")
+    # NaN fails every comparison: `not 0 < x <= MAX` refuses it too.
+    biggest = config_mod.MAX_GIB
+    if args.gpu_mem_gib is not None and not 0 < args.gpu_mem_gib <= biggest:
+        raise UsageError(
+            f"--gpu-mem-gib: must be a positive number of GiB up to {biggest}, e.g. 24"
+        )
+    if not 1 <= args.gpu_count <= 64:
+        raise UsageError("--gpu-count: must be 1 to 64")
+    if args.ram_gib is not None and not 0 < args.ram_gib <= biggest:
+        raise UsageError(f"--ram-gib: must be a positive number of GiB up to {biggest}")
     facts = hardware.probe()
     if declared(args):
         facts = hardware.declared(

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_offload import config as config_mod
 from vllm_offload import deployment, disk_layout, hardware, launch, vllm_version
-from vllm_offload.deployment import Prepared, model_dir
+from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import detect, fence, page, wedge
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
@@ -92,41 +92,16 @@ def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
         raise Refused(exc.field, exc.message) from None
 
 
-def model_roots(config: config_mod.DeploymentConfig) -> list[Path]:
-    if config.manager.model_roots:
-        return [Path(r) for r in config.manager.model_roots]
-    return [model_dir(config).parent]
-
-
-def resolve_model(config: config_mod.DeploymentConfig) -> Path:
-    """The model directory, resolved (symlinks too) and inside a model root; else 422."""
-    if not config.model.path:
-        return model_dir(config)
-    resolved = Path(os.path.realpath(config.model.path))
-    roots = [Path(os.path.realpath(r)) for r in model_roots(config)]
-    if not any(resolved == r or r in resolved.parents for r in roots):
-        raise config_mod.ConfigError(
-            "model.path",
-            f"{config.model.path} is outside the model roots "
-            f"({', '.join(map(str, roots))}); add its directory to manager.model_roots",
-        )
-    if not (resolved / "config.json").is_file():
-        raise config_mod.ConfigError("model.path", f"{config.model.path}: no config.json there")
-    return resolved
-
-
-def prepare(config: config_mod.DeploymentConfig) -> Prepared:
+def prepare(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
     """What `vllm-offload serve` would do with ``config`` on this host (the same checks
-    and words), after the manager's own fence: the model must lie inside the roots."""
-    resolved = resolve_model(config)
-    if config.model.path:
-        config = config_mod.with_overrides(config, {"model.path": str(resolved)})
-    return deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find())
+    and words), its model confined to the roots the ``saved`` file sets."""
+    return deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find(),
+                              roots=model_roots(saved))  # fmt: skip
 
 
-def startable(config: config_mod.DeploymentConfig) -> Prepared:
+def startable(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
     """``prepare``, refusing (409, the first reason) what `serve` would refuse."""
-    prepared = prepare(config)
+    prepared = prepare(config, saved)
     if prepared.problems:
         first = prepared.problems[0]
         raise Refused(first.field, first.message)
@@ -275,7 +250,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         tier_bytes = disk_bytes = 0
         disk_path = backend = ""
         try:
-            prepared = prepare(config)
+            prepared = prepare(config, config)
             plan: dict[str, Any] | str = prepared.plan.to_json()
             problems = [p.detail() for p in prepared.problems]
             tier_bytes = prepared.plan.cpu_tier.bytes
@@ -322,7 +297,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             # Starting on a config that cannot be served only makes a crash loop: say why now.
             try:
                 config = _load(settings)
-                startable(config)
+                startable(config, config)
             except VllmOffloadError as exc:
                 raise HTTPException(
                     409, {**exc.detail(), "refused": f"not {action}ing the server"}
@@ -357,15 +332,18 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         config = _load(settings)
         return {"config": config.model_dump(), "path": str(settings.config_path), "etag": etag}
 
-    def from_api(body: ConfigBody) -> config_mod.DeploymentConfig:
-        """A config sent to the API: valid, and inside the fence the saved file sets."""
-        config = config_mod.parse(body.config)
-        fence.check(_load(settings), config)
-        return config
+    def from_api(
+        body: ConfigBody,
+    ) -> tuple[config_mod.DeploymentConfig, config_mod.DeploymentConfig]:
+        """A config sent to the API, valid and inside the fence the saved file sets; and
+        the saved one."""
+        config, saved = config_mod.parse(body.config), _load(settings)
+        fence.check(saved, config)
+        return config, saved
 
     @app.post("/api/config/preview")
     def preview(body: ConfigBody) -> dict[str, Any]:
-        prepared = prepare(from_api(body))
+        prepared = prepare(*from_api(body))
         return {
             "plan": prepared.plan.to_json(),
             "problems": [p.detail() for p in prepared.problems],
@@ -375,8 +353,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def put_config(
         body: ConfigBody, if_match: str | None = Header(None, max_length=200)
     ) -> dict[str, Any]:
-        config = from_api(body)
-        plan = startable(config).plan
+        config, saved = from_api(body)
+        plan = startable(config, saved).plan
         with saving:
             if if_match is not None and if_match != config_mod.file_tag(settings.config_path):
                 raise Refused(

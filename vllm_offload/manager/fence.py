@@ -6,7 +6,9 @@ files, or opens the server. Only an administrator, editing the file, can."""
 
 from __future__ import annotations
 
-from vllm_offload.config import DeploymentConfig, flag_name
+import os
+
+from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
 from vllm_offload.errors import Forbidden
 
 # Config keys only the file may set. kv_offload.disk_path: the server writes there and
@@ -33,7 +35,8 @@ def _value(config: DeploymentConfig, dotted: str) -> object:
 
 
 def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
-    """Raise Forbidden (403) naming the field if ``new`` changes what only the file may."""
+    """Raise Forbidden (403) naming the field if ``new`` changes what only the file may;
+    ConfigError (422) for a model path the manager and the server could resolve apart."""
     for dotted in FENCED_KEYS:
         if _value(new, dotted) != _value(saved, dotted):
             raise Forbidden(
@@ -41,6 +44,14 @@ def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
                 "only an administrator can change this, in the config file; the manager's "
                 "API cannot",
             )
+    path = new.model.path
+    if path != saved.model.path and path and (path[0] != "/" or os.path.normpath(path) != path):
+        # The manager and the server resolve a path each, as different users: '~' or a
+        # relative one could name another folder for each.
+        raise ConfigError(
+            "model.path",
+            "give an absolute path without '~', '.' or '..' parts (as the model list shows)",
+        )
     allowed = (
         TUNING_FLAGS
         | {flag_name(t) for t in saved.extra_args}
