@@ -62,9 +62,20 @@ def _toml_value(value: Any) -> str:
 def to_toml(config: DeploymentConfig) -> str:
     data = config.model_dump(exclude_none=True)
     lines = [f"extra_args = {_toml_value(data.pop('extra_args'))}"]
+    models = data.pop("models")
+    if models:  # several models: [model] stays at its defaults, unwritten
+        data.pop("model")
     for section, values in data.items():
         lines.append(f"\n[{section}]")
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+    for entry in models:
+        lines.append("\n[[models]]")
+        tables = {k: v for k, v in entry.items() if isinstance(v, dict)}
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in entry.items() if k not in tables)
+        for table, values in tables.items():
+            if values:  # [models.kv_offload] belongs to the [[models]] entry above it
+                lines.append(f"[models.{table}]")
+                lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
     return "\n".join(lines) + "\n"
 
 

@@ -1,13 +1,15 @@
-"""The whole config: its sections, and reading one from plain data (as TOML gives it) with
-the first bad key named."""
+"""The whole config: its sections, reading one from plain data (as TOML gives it) with the
+first bad key named, and (several models) each model's own single-model config."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
 from vllm_offload.config.flags import refused_flag
+from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
 from vllm_offload.config.sections import (
     GpuSection,
     KvOffloadSection,
@@ -39,6 +41,14 @@ class DeploymentConfig(_Section):
         "vllm-offload writes; flags it writes itself (--max-model-len, --port, ...) are "
         "refused: set their config keys instead.",
     )
+    models: list[ModelEntry] = Field(
+        default_factory=list,
+        description="Several models on one box ([[models]] entries instead of [model]): one "
+        "OpenAI port routes each request to its model, brought onto the GPU when asked for "
+        "([residency]). Each entry has [model]'s keys and may have its own gpu, kv_offload "
+        "and weights_offload tables and extra_args over the shared ones.",
+    )
+    residency: ResidencySection = Field(default_factory=ResidencySection)
 
     @field_validator("extra_args")
     @classmethod
@@ -58,7 +68,8 @@ SECTIONS: dict[str, type[_Section]] = {
 
 def _first_error(exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("int", "float", "literal")))
+    parts = [p for p in err["loc"] if not str(p).startswith(("int", "float", "literal"))]
+    loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts).replace(".[", "[")
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key; remove it (see `vllm-offload config show` for the valid keys)"
@@ -68,9 +79,51 @@ def _first_error(exc: ValidationError) -> ConfigError:
 def parse(data: dict[str, Any]) -> DeploymentConfig:
     """Validate a plain dict (as read from TOML); raise ConfigError naming the first bad key."""
     try:
-        return DeploymentConfig.model_validate(data)
+        config = DeploymentConfig.model_validate(data)
     except ValidationError as exc:
         raise _first_error(exc) from None
+    if config.models:
+        engine_configs(config)  # each model's whole config must be valid too
+    return config
+
+
+def model_name(entry: ModelSection) -> str:
+    """The name a model answers to: its served_name, else its folder's name."""
+    return entry.served_name or PurePath(entry.path).name
+
+
+def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
+    """Each [[models]] entry's own single-model config, by the name it answers to: the
+    shared sections with the entry's tables over them, the file's extra_args then its own.
+    Raises ConfigError naming the entry's key (models[1].kv_offload.cpu_tier_gib)."""
+    if config.model != ModelSection():
+        raise ConfigError("model", "with [[models]] entries, give each model there; remove "
+                          "[model] (or keep [model] alone for one model)")  # fmt: skip
+    shared = config.model_dump(exclude={"models", "residency"})
+    configs: dict[str, DeploymentConfig] = {}
+    for i, entry in enumerate(config.models):
+        name = model_name(entry)
+        if not name:
+            raise ConfigError(f"models[{i}].served_name", "a model without a path (the demo "
+                              "model) needs a served_name")  # fmt: skip
+        if name in configs:
+            raise ConfigError(f"models[{i}].served_name", f"'{name}' names two models; give "
+                              "each its own served_name")  # fmt: skip
+        data = {**shared, "model": entry.model_dump(include=set(ModelSection.model_fields))}
+        for table in MODEL_TABLES:
+            data[table] = {**shared[table], **getattr(entry, table)}
+        data["extra_args"] = [*config.extra_args, *entry.extra_args]
+        try:
+            configs[name] = DeploymentConfig.model_validate(data)
+        except ValidationError as exc:
+            error = _first_error(exc)
+            where = error.field.removeprefix("model.")
+            raise ConfigError(f"models[{i}].{where}", error.message) from None
+    default = config.residency.default_model
+    if default and default not in configs:
+        raise ConfigError("residency.default_model", f"'{default}' is none of the models' "
+                          f"names ({', '.join(configs)})")  # fmt: skip
+    return configs
 
 
 def with_overrides(config: DeploymentConfig, overrides: dict[str, Any]) -> DeploymentConfig:

@@ -1,0 +1,122 @@
+"""Several models on one box (issue #31): each model planned as it runs when on the GPU,
+beside the others asleep; the set's host RAM; what cannot fit, refused naming the model
+and the number. Expected numbers are worked out here from the planner's constants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_host
+from tests.shapes import LLAMA3_8B, write_shape
+from vllm_offload import model_facts
+from vllm_offload.config import parse
+from vllm_offload.config.schema import engine_configs
+from vllm_offload.hardware import GIB, HostFacts, declared
+from vllm_offload.plan.fleet import (
+    ASLEEP_GPU_BYTES,
+    SLEEP_BACKUP_FACTOR,
+    FleetPlan,
+    plan_fleet,
+)
+from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
+from vllm_offload.plan.records import PlanError
+
+
+def two_models(tmp_path: Path, **residency: Any) -> dict[str, Any]:
+    chat = write_shape(tmp_path / "chat", dict(LLAMA3_8B, max_position_embeddings=131072))
+    coder = write_shape(tmp_path / "coder", dict(LLAMA3_8B, max_position_embeddings=131072))
+    return {"models": [{"path": str(chat)}, {"path": str(coder)}], "residency": residency}
+
+
+def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> FleetPlan:
+    config = parse(data)
+    engines = engine_configs(config)
+    facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
+    return plan_fleet(config, engines, facts, host, platform, {},  # type: ignore[arg-type]
+                      {n: None for n in engines})  # fmt: skip
+
+
+def big_host() -> HostFacts:
+    return declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
+
+
+def test_two_models_asleep_beside_each_other(tmp_path: Path) -> None:
+    fleet = fleet_of(two_models(tmp_path), big_host())
+    assert list(fleet.models) == ["chat", "coder"] and fleet.default == "chat"
+    assert {m.idle for m in fleet.models.values()} == {"sleep"}
+    # the GPU less the other model asleep
+    share = 0.9 - ASLEEP_GPU_BYTES / (80 * GIB)
+    for model in fleet.models.values():
+        assert model.config.gpu.memory_utilization == pytest.approx(share, abs=1e-4)
+        assert model.plan.gpu.budget_bytes == int(80 * GIB * round(share, 4))
+    # host RAM: each engine's own processes and its slept weights, then equal tiers
+    plan = fleet.models["chat"].plan
+    holds = server_ram_bytes(1) + int(plan.weights.gpu_bytes * SLEEP_BACKUP_FACTOR)
+    host = big_host()
+    ram = host.ram_available_bytes - ram_reserve(host) - 2 * holds
+    shm = host.shm_free_bytes - 2 * SERVER_SHM_BYTES
+    tier = min(ram, shm) // 2 // GIB * GIB
+    assert [m.plan.cpu_tier.bytes for m in fleet.models.values()] == [tier, tier]
+    assert all(m.plan.notes.problems == () for m in fleet.models.values())
+    assert fleet.notes.problems == ()
+    assert fleet.models["chat"].away_ram_bytes == holds + tier
+    assert any("equal share" in d for d in fleet.notes.decisions)
+
+
+def test_on_a_cpu_host_models_stop_and_each_is_planned_alone(tmp_path: Path) -> None:
+    data = two_models(tmp_path)
+    data["kv_offload"] = {"backend": "none"}
+    fleet = fleet_of(data, make_host(None), "cpu")
+    assert {m.idle for m in fleet.models.values()} == {"stop"}
+    assert all(m.config.gpu.memory_utilization == 0.9 for m in fleet.models.values())
+    assert "residency.idle auto -> stop" in fleet.notes.decisions[0]
+    asleep = fleet_of({**data, "residency": {"idle": "sleep"}}, make_host(None), "cpu")
+    assert [p["field"] for p in asleep.notes.problems] == ["residency.idle"]
+
+
+def test_a_set_the_host_cannot_hold_is_refused_with_the_numbers(tmp_path: Path) -> None:
+    small = declared(make_host(None), gpu_mem_gib=80, ram_gib=48)
+    fleet = fleet_of(two_models(tmp_path), small)
+    (problem,) = fleet.notes.problems
+    assert problem["field"] == "models"
+    assert (
+        "'chat'" in problem["message"]
+        and "of host RAM more than this host has" in (problem["message"])
+    )
+    assert "residency.idle = 'stop'" in problem["message"]
+    stopping = fleet_of(two_models(tmp_path, idle="stop"), small)
+    assert stopping.notes.problems == ()  # one engine at a time fits
+
+
+def test_sleeping_refuses_the_host_extension_and_shared_disk_tiers(tmp_path: Path) -> None:
+    data = two_models(tmp_path)
+    data["models"][1]["kv_offload"] = {"host_extension_gib": 4}
+    fleet = fleet_of(data, big_host())
+    assert [p["field"] for p in fleet.notes.problems] == ["models[1].kv_offload.host_extension_gib"]
+    disk = tmp_path / "nvme"
+    disk.mkdir()
+    shared = two_models(tmp_path)
+    shared["kv_offload"] = {"disk_path": str(disk)}
+    fleet = fleet_of(shared, big_host())
+    assert "kv_offload.disk_path" in [p["field"] for p in fleet.notes.problems]
+
+
+def test_several_resident_models_need_their_shares_to_fit(tmp_path: Path) -> None:
+    fleet = fleet_of(two_models(tmp_path, max_resident=2), big_host())
+    assert [p["field"] for p in fleet.notes.problems] == ["residency.max_resident"]
+    shares = two_models(tmp_path, max_resident=2)
+    for entry in shares["models"]:
+        entry["gpu"] = {"memory_utilization": 0.45}
+    assert fleet_of(shares, big_host()).notes.problems == ()
+
+
+def test_a_model_that_cannot_fit_is_named_by_its_entry(tmp_path: Path) -> None:
+    data = two_models(tmp_path)
+    data["models"][1]["max_model_len"] = 131072
+    with pytest.raises(PlanError) as info:
+        fleet_of(data, declared(make_host(None), gpu_mem_gib=24, ram_gib=256))
+    assert info.value.field == "models[1].max_model_len"
+    assert info.value.message.startswith("'coder': ")

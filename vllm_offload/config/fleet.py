@@ -1,0 +1,128 @@
+"""Several models in one config: ``[[models]]`` entries (each a ``[model]`` section of its
+own, and optionally its own ``gpu``, ``kv_offload``, ``weights_offload`` keys and
+``extra_args``, over the file's shared sections), and ``[residency]``: how many stay on
+the GPU, what "not resident" means, and how switches are paced.
+
+Each entry resolves to a whole single-model config (``engine_configs``): the shared
+sections with the entry's keys over them. That config is what its engine serves, planned
+and launched exactly as a one-model deployment is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from vllm_offload.config.sections import ModelSection, _Section
+
+# The per-model tables an entry may carry (the rest is the box's: one server, one manager).
+MODEL_TABLES = ("gpu", "kv_offload", "weights_offload")
+
+
+class ModelEntry(ModelSection):
+    gpu: dict[str, Any] = Field(
+        default_factory=dict, description="[gpu] keys for this model alone (over [gpu])."
+    )
+    kv_offload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="[kv_offload] keys for this model alone, e.g. its cpu_tier_gib.",
+    )
+    weights_offload: dict[str, Any] = Field(
+        default_factory=dict, description="[weights_offload] keys for this model alone."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="vLLM arguments for this model's engine, after the file's extra_args.",
+    )
+
+    @field_validator("gpu", "kv_offload", "weights_offload")
+    @classmethod
+    def _plain_table(cls, table: dict[str, Any]) -> dict[str, Any]:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                raise ValueError(f"{key}: a value, not a table")
+        return table
+
+
+class ResidencySection(_Section):
+    default_model: str = Field(
+        "",
+        description="Served name of the model on the GPU at start (several models). Empty: "
+        "the first [[models]] entry.",
+    )
+    max_resident: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Models on the GPU at once. Above 1, each model's gpu.memory_utilization "
+        "is its share, and the shares of any max_resident of them must fit together.",
+    )
+    idle: Literal["auto", "sleep", "stop"] = Field(
+        "auto",
+        description="What a model that is not on the GPU is: 'sleep' (its engine keeps "
+        "running, its weights wait in host RAM and come back in about a second: vLLM's "
+        "sleep mode, NVIDIA GPUs), 'stop' (its engine exits; the next request for it "
+        "starts it again, a minute or more), or 'auto' (sleep on an NVIDIA GPU, stop "
+        "elsewhere).",
+    )
+    sleep_level: Literal[1, 2] = Field(
+        1,
+        description="vLLM's sleep level: 1 keeps the weights in host RAM (fast wake), 2 drops "
+        "them and reads them again from disk at wake (less RAM, slower wake).",
+    )
+    min_resident_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds a model in use stays on the GPU before another may take its "
+        "place: requests for a model that is away wait, then run together. Against "
+        "switching back and forth for every request; an idle model goes at once.",
+    )
+    keep_alive_s: float | Literal["forever"] = Field(
+        "forever",
+        description="Seconds an idle model stays on the GPU before it is put away even "
+        "though no other model asks ('forever': until another model needs the GPU; a "
+        "resident model costs nothing while idle, and putting it away costs its next "
+        "request a wake).",
+    )
+    queue_limit: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Requests that may wait for model switches at once; past it the front "
+        "door answers 503 with Retry-After.",
+    )
+    drain_timeout_s: float = Field(
+        300.0,
+        ge=1.0,
+        le=86400.0,
+        description="Seconds a model being put away lets its requests in flight finish; "
+        "those still running then are ended with an error.",
+    )
+    preload: bool = Field(
+        True,
+        description="Start every model at start-up (and put all but the default away), so "
+        "the first switch to each costs what later ones do; false: start each on its first "
+        "request.",
+    )
+    runtime_dir: str = Field(
+        "",
+        description="Directory of the engines' sockets and the front door's control socket. "
+        "Empty: $RUNTIME_DIRECTORY (the unit's /run/<unit>-offload), else "
+        "$XDG_RUNTIME_DIR/vllm-offload, else ~/.cache/vllm-offload/run.",
+    )
+
+    @field_validator("keep_alive_s")
+    @classmethod
+    def _positive_keep_alive(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and not 0 < value <= 86400 * 365:
+            raise ValueError("must be a number of seconds > 0, or 'forever'")
+        return value
+
+    @field_validator("runtime_dir")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if path and not path.startswith("/"):
+            raise ValueError("must be an absolute path (or '' for the default)")
+        return path

@@ -1,0 +1,248 @@
+"""Several models on one box: each model planned as its engine runs when on the GPU, and the
+GPU memory and host RAM of the whole set.
+
+Models asleep keep their engines: each holds some GPU memory (CUDA context, workspaces,
+graphs' pool) and, at level 1, its weights in host RAM; so the model on the GPU gets the
+GPU less what the sleepers hold, and every engine's RAM (its own processes, offloaded
+weights, host extension, CPU tier, and a sleeper's weights) must fit the host at once.
+Stopped models hold nothing. Each model is planned by ``make_plan`` on a view of the host
+that has what the others hold taken out, so one set of rules decides every model; the
+CPU tiers left 'auto' share what the set leaves, equally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import GIB, DiskFacts, HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan import make_plan
+from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
+from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
+
+Idle = Literal["sleep", "stop"]
+# GPU memory an engine asleep still holds: 26.7 -> 2.6 GiB at level 1 (H200, Llama-3.1-8B
+# shape, CUDA graphs, issue #31's measurement); planned with room to spare.
+ASLEEP_GPU_BYTES = 3 * GIB
+# Host RAM a level-1 sleep takes for the weights: vLLM backs each weight allocation up in a
+# pinned host tensor, which torch's host allocator rounds up to a power of two and keeps
+# after the wake (17.6 GiB for 15.6 GiB of weights on the H200: 1.13x, issue #31).
+SLEEP_BACKUP_FACTOR = 1.15
+# The model on the GPU must keep at least this share of it.
+MIN_GPU_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    config: DeploymentConfig  # what its engine runs (its GPU share as the set leaves it)
+    model: ModelFacts
+    plan: Plan
+    idle: Idle
+    away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    models: dict[str, ModelPlan]  # in the file's order
+    default: str
+    notes: Notes
+
+
+def idle_mode(config: DeploymentConfig, platform: Platform) -> tuple[Idle, Notes]:
+    idle = config.residency.idle
+    if idle == "auto":
+        chosen: Idle = "sleep" if platform == "cuda" else "stop"
+        why = "vLLM's sleep mode on an NVIDIA GPU" if chosen == "sleep" else "no NVIDIA GPU"
+        return chosen, Notes(decisions=(f"residency.idle auto -> {chosen}: {why}",))
+    if idle == "sleep" and platform != "cuda":
+        return "stop", Notes.problem("residency.idle", "vLLM's sleep mode needs an NVIDIA "
+                                     "GPU; set residency.idle = 'stop' (or 'auto')")  # fmt: skip
+    return idle, Notes()
+
+
+def _gpu_share(name: str, config: DeploymentConfig, host: HostFacts, sleepers: int
+               ) -> tuple[DeploymentConfig, Notes]:  # fmt: skip
+    """``config`` with the GPU share the sleepers leave it: vLLM's memory_utilization is a
+    share of the whole GPU, and its start checks that much is free."""
+    if not sleepers or not host.gpus:
+        return config, Notes()
+    total = min(g.total_bytes for g in host.gpus)
+    asked = config.gpu.memory_utilization
+    share = asked - sleepers * ASLEEP_GPU_BYTES / total
+    if share < MIN_GPU_SHARE:
+        return config, Notes.problem(
+            "residency.idle", f"'{name}' would keep {share:.0%} of the GPU beside "
+            f"{sleepers} models asleep ({gib(ASLEEP_GPU_BYTES)} each): fewer models, "
+            "residency.idle = 'stop', or a larger GPU")  # fmt: skip
+    gpu = config.gpu.model_copy(update={"memory_utilization": round(share, 4)})
+    return config.model_copy(update={"gpu": gpu}), Notes(decisions=(
+        f"'{name}': gpu.memory_utilization {asked:g} -> {share:.4f}: leaves "
+        f"{gib(sleepers * ASLEEP_GPU_BYTES)} for the {sleepers} other model(s) asleep",
+    ))  # fmt: skip
+
+
+def holds(plan: Plan, idle: Idle, level: int) -> int:
+    """Host RAM one engine holds while alive and away (besides its CPU tier)."""
+    tp = plan.tensor_parallel_size
+    engine = server_ram_bytes(tp) + (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
+    backup = int(plan.weights.gpu_bytes * tp * SLEEP_BACKUP_FACTOR) if level == 1 else 0
+    return engine + (backup if idle == "sleep" else 0)
+
+
+def plan_fleet(
+    config: DeploymentConfig,
+    engines: Mapping[str, DeploymentConfig],
+    facts: Mapping[str, ModelFacts],
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    disks: Mapping[str, DiskFacts | None],
+) -> FleetPlan:
+    """Plan every model of the set; raises PlanError naming the model's entry for what no
+    setting makes fit, lists in the notes' problems what forbids a start."""
+    idle, notes = idle_mode(config, platform)
+    level = config.residency.sleep_level
+    resident = min(config.residency.max_resident, len(engines))
+    sleepers = len(engines) - resident if idle == "sleep" else 0
+    shares: dict[str, DeploymentConfig] = {}
+    for name, engine in engines.items():
+        shares[name], step = _gpu_share(name, engine, host, sleepers)
+        notes += step
+    notes += _resident_shares_fit(config, shares, host, sleepers)
+    alone = {name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
+             for i, name in enumerate(engines)}  # fmt: skip
+    # Engines alive at once: every one when they sleep; else max_resident of them (counted
+    # as all, which only errs on the safe side).
+    together = idle == "sleep" or resident > 1
+    tiers, step = _tier_shares(alone, shares, host, idle, level, together)
+    notes += step + _disk_tiers_apart(shares)
+    if idle == "sleep":
+        notes += _no_extension_asleep(alone)
+    planned: dict[str, ModelPlan] = {}
+    for i, name in enumerate(engines):
+        engine = shares[name]
+        if name in tiers:  # an 'auto' tier: the set's equal share, as a number
+            update = {"cpu_tier_gib": tiers[name] / GIB}
+            engine = engine.model_copy(update={"kv_offload": engine.kv_offload.model_copy(
+                update=update)})  # fmt: skip
+        view = _view(host, name, alone, tiers, idle, level, together)
+        plan = _plan(i, name, engine, facts[name], view, platform, env, disks[name])
+        away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
+        planned[name] = ModelPlan(name, engine, facts[name], plan, idle, away)
+    default = config.residency.default_model or next(iter(engines))
+    return FleetPlan(planned, default, notes)
+
+
+def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, host: HostFacts,
+          platform: Platform, env: dict[str, str], disk: DiskFacts | None) -> Plan:  # fmt: skip
+    try:
+        return make_plan(config, model, host, platform, env, disk)
+    except PlanError as exc:
+        raise PlanError(f"models[{index}].{exc.field.removeprefix('model.')}",
+                        f"'{name}': {exc.message}") from None  # fmt: skip
+
+
+def _resident_shares_fit(config: DeploymentConfig, shares: Mapping[str, DeploymentConfig],
+                         host: HostFacts, sleepers: int) -> Notes:  # fmt: skip
+    """Above one resident model, the largest shares of the GPU must fit it together."""
+    resident = config.residency.max_resident
+    if resident == 1 or len(shares) == 1 or not host.gpus:
+        return Notes()
+    total = min(g.total_bytes for g in host.gpus)
+    largest = sorted((c.gpu.memory_utilization for c in shares.values()), reverse=True)
+    together = sum(largest[:resident]) + sleepers * ASLEEP_GPU_BYTES / total
+    if together <= 1.0:
+        return Notes()
+    return Notes.problem("residency.max_resident", f"{resident} models on the GPU at once "
+                         f"take {together:.0%} of it (their gpu.memory_utilization shares"
+                         + (f" and {sleepers} asleep" if sleepers else "") + "): give each "
+                         "model its share ([models.gpu] memory_utilization), or lower "
+                         "max_resident")  # fmt: skip
+
+
+def _tier_shares(
+    alone: Mapping[str, Plan],
+    configs: Mapping[str, DeploymentConfig],
+    host: HostFacts,
+    idle: Idle,
+    level: int,
+    together: bool,
+) -> tuple[dict[str, int], Notes]:
+    """The 'auto' CPU tiers: equal shares, in whole GiB, of the RAM and /dev/shm every
+    engine's holdings and the configured tiers leave (engines that never run together:
+    each planned alone)."""
+    auto = [n for n, c in configs.items()
+            if c.kv_offload.cpu_tier_gib == "auto" and c.kv_offload.num_cpu_blocks is None
+            and alone[n].kv.backend != "none"]  # fmt: skip
+    if not together:
+        return {}, Notes()  # one engine at a time: each planned alone, as it runs
+    fixed = sum(holds(p, idle, level) for p in alone.values())
+    configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
+    ram = host.ram_available_bytes - ram_reserve(host) - fixed - configured
+    shm = host.shm_free_bytes - SERVER_SHM_BYTES * len(alone) - configured
+    held = ", ".join(f"'{n}' {gib(holds(p, idle, level))}" for n, p in alone.items())
+    if ram < 0 or shm < 0:
+        short = f"{gib(-ram)} of host RAM" if ram < 0 else f"{gib(-shm)} of /dev/shm"
+        return {}, Notes.problem("models", f"the models need {short} more than this host "
+                                 f"has for them (each engine while asleep or serving: {held}; "
+                                 f"configured CPU tiers {gib(configured)}; reserve "
+                                 f"{gib(ram_reserve(host))}): residency.idle = 'stop', fewer "
+                                 "models, or smaller CPU tiers")  # fmt: skip
+    if not auto:
+        return {}, Notes()
+    share = min(ram, shm) // len(auto) // GIB * GIB
+    return {n: share for n in auto}, Notes(decisions=(
+        f"kv_offload.cpu_tier_gib auto -> {share // GIB} for each of {', '.join(auto)}: an "
+        f"equal share of what the engines leave (RAM {gib(ram)} after the reserve, the "
+        f"engines' own holdings ({held}) and configured tiers; /dev/shm {gib(shm)})",
+    ))  # fmt: skip
+
+
+def _view(host: HostFacts, name: str, alone: Mapping[str, Plan], tiers: Mapping[str, int],
+          idle: Idle, level: int, together: bool) -> HostFacts:  # fmt: skip
+    """The host as model ``name`` finds it: less what the other engines hold (their
+    processes, weights, tiers) and what its own sleep keeps."""
+    if not together:
+        return host
+    own = alone[name]
+    backup = holds(own, idle, level) - holds(own, "stop", level)
+    others = [(holds(p, idle, level), tiers.get(n, p.cpu_tier.bytes))
+              for n, p in alone.items() if n != name]  # fmt: skip
+    ram = sum(h + t for h, t in others) + backup
+    shm = sum(SERVER_SHM_BYTES + t for _h, t in others)
+    return replace(host, ram_available_bytes=host.ram_available_bytes - ram,
+                   shm_free_bytes=max(0, host.shm_free_bytes - shm))  # fmt: skip
+
+
+def _no_extension_asleep(alone: Mapping[str, Plan]) -> Notes:
+    """Patch 0006 refuses the host extension with sleep mode (its host blocks are mapped
+    outside vLLM's sleeping allocator)."""
+    notes = Notes()
+    for i, (name, plan) in enumerate(alone.items()):
+        if plan.extension.bytes:
+            notes += Notes.problem(
+                f"models[{i}].kv_offload.host_extension_gib",
+                f"'{name}': the KV pool's host extension cannot sleep (vLLM with patch 0006 "
+                "refuses it with sleep mode): set it to 0 for this model, or "
+                "residency.idle = 'stop'",
+            )
+    return notes
+
+
+def _disk_tiers_apart(configs: Mapping[str, DeploymentConfig]) -> Notes:
+    """A disk tier serves one engine (it holds the tier's lock)."""
+    seen: dict[str, str] = {}
+    for name, config in configs.items():
+        path = config.kv_offload.disk_path
+        if path and path in seen:
+            return Notes.problem(
+                "kv_offload.disk_path",
+                f"'{seen[path]}' and '{name}' would share the disk tier at {path}, which "
+                "serves one engine: give each model its own ([models.kv_offload] disk_path)",
+            )
+        seen[path] = name
+    return Notes()
