@@ -94,16 +94,31 @@ def prepare(
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems
     ]
+    api_key, found, notes = machine_checks(config, plan.kv.backend == "lmcache", environ, vllm,
+                                           allow_unpatched)  # fmt: skip
+    version = vllm.version if vllm is not None else SUPPORTED[0]
+    spec = launch.build(config, plan, directory, version, api_key)
+    problems += found
+    return Prepared(directory, plan, spec, tuple(problems), (*spec.notes, *notes))
+
+
+def machine_checks(
+    config: DeploymentConfig,
+    lmcache: bool,
+    environ: Mapping[str, str],
+    vllm: InstalledVllm | None,
+    allow_unpatched: bool,
+) -> tuple[str | None, list[VllmOffloadError], list[str]]:
+    """The API key, and what of this machine forbids a start (the key's file, LMCache where
+    a model uses it, vLLM's patch state), and the notes they leave."""
+    problems: list[VllmOffloadError] = []
+    notes: list[str] = []
     try:
         api_key = launch.read_api_key(config)
     except PreflightError as exc:
         problems.append(exc)
         api_key = None
-    version = vllm.version if vllm is not None else SUPPORTED[0]
-    spec = launch.build(config, plan, directory, version, api_key)
-    notes = list(spec.notes)
-    uses_lmcache = vllm is not None and plan.kv.backend == "lmcache"
-    if uses_lmcache and (missing := lmcache_problem(environ)) is not None:
+    if vllm is not None and lmcache and (missing := lmcache_problem(environ)) is not None:
         problems.append(PreflightError("kv_offload.backend", missing))
     if vllm is not None and (unpatched := patch_problem(vllm)) is not None:
         if allow_unpatched:
@@ -114,7 +129,7 @@ def prepare(
                 f"{unpatched}; run `vllm-offload patch apply` (make install does), or pass "
                 "--allow-unpatched",
             ))  # fmt: skip
-    return Prepared(directory, plan, spec, tuple(problems), tuple(notes))
+    return api_key, problems, notes
 
 
 def patch_problem(vllm: InstalledVllm) -> str | None:

@@ -9,6 +9,7 @@ one systemd started (its signals reach vLLM) and vLLM is imported once — an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import runpy
@@ -45,6 +46,22 @@ class PreflightError(Refused):
     """Something that would make vLLM fail or misbehave here; names the field and the fix."""
 
 
+# The connector that keeps a model's CPU tier through its sleep (vllm_ext/connector.py).
+SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
+# vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
+# sleeps is reached through its own unix socket alone).
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """One engine of several models: it listens on a unix socket only the front door
+    reaches, instead of server.host:port, and (sleeps) is put to sleep when away."""
+
+    socket: str
+    sleeps: bool
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     args: tuple[str, ...]
@@ -73,6 +90,15 @@ class LaunchSpec:
         """The value the launcher wrote as ``flag=value``; None if it wrote none."""
         return next((a.split("=", 1)[1] for a in self.args if a.startswith(flag + "=")), None)
 
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchSpec:
+        return cls(tuple(data["args"]), dict(data["env"]), data["kv_transfer_config"],
+                   tuple(data["notes"]), tuple(data["secret_env"]), dict(data["owned"]),
+                   tuple(data["extra_args"]))  # fmt: skip
+
 
 class _Options:
     """The options the launcher writes, each one ``--flag=value`` token (a value that
@@ -89,6 +115,11 @@ class _Options:
         self.args.append(f"{flag}={text}")
         self.owned[flag.removeprefix("--").replace("-", "_")] = value if read is None else read
 
+    def add_flag(self, flag: str) -> None:
+        """A switch that takes no value (vLLM's store_true options)."""
+        self.args.append(flag)
+        self.owned[flag.removeprefix("--").replace("-", "_")] = True
+
     def add_list(self, flag: str, values: list[str]) -> None:
         """An option of several values (vLLM's nargs='+'), as separate tokens: config
         validation keeps each to a name that cannot start with "-"."""
@@ -96,7 +127,9 @@ class _Options:
         self.owned[flag.removeprefix("--").replace("-", "_")] = list(values)
 
 
-def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] | None:
+def kv_transfer_config(
+    config: DeploymentConfig, plan: Plan, sleeps: bool = False
+) -> dict[str, Any] | None:
     if plan.kv.backend == "native":
         extra: dict[str, Any] = {
             "cpu_bytes_to_use": plan.cpu_tier.bytes,
@@ -119,11 +152,14 @@ def kv_transfer_config(config: DeploymentConfig, plan: Plan) -> dict[str, Any] |
                 "max_bytes": plan.disk.bytes,
                 "min_free_bytes": plan.disk.reserve_bytes,
             }]  # fmt: skip
-        return {
+        connector = {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": extra,
         }
+        if sleeps:  # the tier survives the engine's sleep
+            connector["kv_connector_module_path"] = SLEEPING_CONNECTOR_MODULE
+        return connector
     if plan.kv.backend == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     return None
@@ -156,14 +192,23 @@ def build(
     model_dir: Path,
     vllm_version: str,
     api_key: str | None = None,
+    engine: EngineLaunch | None = None,
 ) -> LaunchSpec:
-    """The exact server invocation for ``plan``; pure."""
+    """The exact server invocation for ``plan`` (``engine``: as one of several models);
+    pure."""
     options = _Options()
     options.add("--model", str(model_dir))
     name = served_name(config, model_dir)  # the folder's name, unless configured
     options.add("--served-model-name", name, read=[name])
-    options.add("--host", config.server.host)
-    options.add("--port", config.server.port)
+    env: dict[str, str] = {}
+    if engine is None:
+        options.add("--host", config.server.host)
+        options.add("--port", config.server.port)
+    else:
+        options.add("--uds", engine.socket)
+        if engine.sleeps:
+            options.add_flag("--enable-sleep-mode")
+            env[DEV_MODE_ENV] = "1"
     options.add("--block-size", plan.kv.block_tokens)
     options.add("--max-model-len", int(max_model_len_arg(plan)))
     if config.model.dtype != "auto":
@@ -182,14 +227,13 @@ def build(
     if parallel.distributed_executor_backend != "auto":
         options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
 
-    env: dict[str, str] = {}
     notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
                         f"({plan.kv.backend_reason})"]  # fmt: skip
     if plan.weights.offloaded_bytes > 0:
         notes += _weight_offload(options, env, config, plan, vllm_version)
     if plan.extension.bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
         options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
-    kv_config = kv_transfer_config(config, plan)
+    kv_config = kv_transfer_config(config, plan, engine is not None and engine.sleeps)
     if kv_config is not None:
         options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:

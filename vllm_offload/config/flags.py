@@ -40,6 +40,8 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--host": "server.host",
     "--port": "server.port",
     "--api-key": "server.api_key_file",
+    "--uds": "residency.runtime_dir",
+    "--enable-sleep-mode": "residency.idle",
 }
 # Flags the server entry point the launcher runs does not honour (they belong to `vllm
 # serve`'s multi-process front end), or that would read settings from elsewhere.

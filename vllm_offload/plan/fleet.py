@@ -19,7 +19,7 @@ from typing import Literal
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, DiskFacts, HostFacts
 from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan import make_plan
+from vllm_offload.plan import make_plan, plan_json, render
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
 
@@ -246,3 +246,26 @@ def _disk_tiers_apart(configs: Mapping[str, DeploymentConfig]) -> Notes:
             )
         seen[path] = name
     return Notes()
+
+
+def render_fleet(fleet: FleetPlan) -> str:
+    """Each model's plan as `plan` prints one, then the set's decisions and problems."""
+    parts = []
+    for name, model in fleet.models.items():
+        away = "asleep when away" if model.idle == "sleep" else "stopped when away"
+        if model.away_ram_bytes:
+            away += f", holding {gib(model.away_ram_bytes)} of host RAM"
+        default = ", the default" if name == fleet.default else ""
+        parts.append(f"== model '{name}' ({away}{default})\n{render(model.plan)}")
+    lines = [f"chose: {d}" for d in fleet.notes.decisions]
+    lines += [f"warning: {w}" for w in fleet.notes.warnings]
+    lines += [f"cannot start: {p['field']}: {p['message']}" for p in fleet.notes.problems]
+    return "\n\n".join(parts) + ("\n\n== the set\n" + "\n".join(lines) if lines else "")
+
+
+def fleet_json(fleet: FleetPlan) -> dict[str, object]:
+    models = {name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
+              for name, m in fleet.models.items()}  # fmt: skip
+    return {"models": models, "default": fleet.default,
+            "decisions": list(fleet.notes.decisions), "warnings": list(fleet.notes.warnings),
+            "problems": list(fleet.notes.problems)}  # fmt: skip

@@ -1,0 +1,117 @@
+"""``deployment.prepare`` for several models: each model's folder read (inside the model
+roots), the set planned (``plan.fleet``), the machine checked once, and each engine's
+launch spec built (its unix socket, sleep mode). `serve`, `plan` and the manager call it
+for a config with two or more ``[[models]]``, as they call ``prepare`` for one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_offload import hardware, launch, model_facts
+from vllm_offload.config import ConfigError, DeploymentConfig
+from vllm_offload.config.schema import engine_configs
+from vllm_offload.deployment import check_inside, machine_checks, model_dir, model_roots
+from vllm_offload.errors import VllmOffloadError
+from vllm_offload.hardware import HostFacts
+from vllm_offload.launch import EngineLaunch, LaunchSpec
+from vllm_offload.plan import Platform
+from vllm_offload.plan.fleet import FleetPlan, plan_fleet
+from vllm_offload.plan.records import PlanError
+from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
+
+ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alone
+CONTROL_SOCKET = "control.sock"  # the front door's control routes, for the manager
+
+
+@dataclass(frozen=True)
+class PreparedFleet:
+    fleet: FleetPlan
+    model_dirs: dict[str, Path]
+    specs: dict[str, LaunchSpec]  # each engine's, by model name
+    runtime_dir: Path
+    api_key: str | None  # what the front door asks of clients; engines have none
+    problems: tuple[VllmOffloadError, ...]
+    notes: tuple[str, ...]
+
+
+def several(config: DeploymentConfig) -> bool:
+    """Whether ``config`` serves several models (a front door before their engines)."""
+    return len(config.models) > 1
+
+
+def single(config: DeploymentConfig) -> DeploymentConfig:
+    """The one model's config: a lone [[models]] entry is served as [model] is, with no
+    extra hop."""
+    if len(config.models) == 1:
+        (only,) = engine_configs(config).values()
+        return only
+    return config
+
+
+def runtime_dir(config: DeploymentConfig, environ: Mapping[str, str]) -> Path:
+    """residency.runtime_dir, else systemd's RuntimeDirectory, else the user's."""
+    if config.residency.runtime_dir:
+        return Path(config.residency.runtime_dir)
+    if environ.get("RUNTIME_DIRECTORY"):
+        return Path(environ["RUNTIME_DIRECTORY"].split(":")[0])
+    if environ.get("XDG_RUNTIME_DIR"):
+        return Path(environ["XDG_RUNTIME_DIR"]) / "vllm-offload"
+    return Path.home() / ".cache" / "vllm-offload" / "run"
+
+
+def prepare_fleet(
+    config: DeploymentConfig,
+    host: HostFacts,
+    environ: Mapping[str, str],
+    vllm: InstalledVllm | None,
+    *,
+    allow_unpatched: bool = False,
+    roots: Sequence[Path] | None = None,
+) -> PreparedFleet:
+    """Everything short of starting the set: raises what makes a plan impossible (naming
+    the model's entry), lists in ``problems`` what forbids a start here and now."""
+    engines = engine_configs(config)
+    if roots is None and config.manager.model_roots:
+        roots = model_roots(config)
+    dirs: dict[str, Path] = {}
+    for i, (name, config_i) in enumerate(engines.items()):
+        dirs[name] = model_dir(config_i)
+        if roots is not None and config_i.model.path:
+            try:
+                check_inside(dirs[name], roots)
+            except ConfigError as exc:
+                raise ConfigError(f"models[{i}].path", exc.message) from None
+    platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
+    facts = {name: model_facts.read(directory) for name, directory in dirs.items()}
+    disks = {name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path
+             else None for name, e in engines.items()}  # fmt: skip
+    fleet = plan_fleet(config, engines, facts, host, platform, dict(environ), disks)
+    problems: list[VllmOffloadError] = [
+        PlanError(p["field"], p["message"]) for p in fleet.notes.problems
+    ]
+    for i, (name, model) in enumerate(fleet.models.items()):
+        for problem in model.plan.notes.problems:
+            field = f"models[{i}].{problem['field'].removeprefix('model.')}"
+            problems.append(PlanError(field, f"'{name}': {problem['message']}"))
+    lmcache = any(m.plan.kv.backend == "lmcache" for m in fleet.models.values())
+    api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
+    problems += found
+    version = vllm.version if vllm is not None else SUPPORTED[0]
+    run_dir = runtime_dir(config, environ)
+    specs = {}
+    for i, (name, model) in enumerate(fleet.models.items()):
+        socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
+        engine = EngineLaunch(str(socket), sleeps=model.idle == "sleep")
+        specs[name] = launch.build(model.config, model.plan, dirs[name], version, None, engine)
+    return PreparedFleet(fleet, dirs, specs, run_dir, api_key, tuple(problems), tuple(notes))
+
+
+def socket_of(prepared: PreparedFleet, name: str) -> Path:
+    return Path(str(prepared.specs[name].option("--uds")))
+
+
+def control_socket(config: DeploymentConfig, environ: Mapping[str, str] = os.environ) -> Path:
+    return runtime_dir(config, environ) / CONTROL_SOCKET
