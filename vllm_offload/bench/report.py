@@ -73,12 +73,13 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 for key, unit in (
                     ("output_tok_per_s", "tok/s"),
                     ("ttft_p50_s", "s"),
+                    ("ttft_mean_s", "s"),
                     ("ttft_p99_s", "s"),
                     ("tpot_p50_s", "s"),
                     ("tpot_p99_s", "s"),
                     ("errors", ""),
                 ):
-                    values = [r["sweep"][i][key] for r in runs if r["sweep"][i][key] is not None]
+                    values = [v for r in runs if (v := r["sweep"][i].get(key)) is not None]
                     rows.append(
                         {
                             "arm": arm,

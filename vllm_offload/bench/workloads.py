@@ -347,6 +347,9 @@ def sweep(
                 # Little's law: requests the server held at once, on average.
                 "mean_in_flight": sum(r.latency_s for r in results) / wall,
                 "ttft_p50_s": percentile(ttfts, 50),
+                # Saturated clients go in waves, and the median jumps between the wave's
+                # modes from one window to the next; the mean moves less.
+                "ttft_mean_s": statistics.mean(ttfts) if ttfts else None,
                 "ttft_p99_s": percentile(ttfts, 99),
                 "tpot_p50_s": percentile(tpots, 50),
                 "tpot_p99_s": percentile(tpots, 99),
