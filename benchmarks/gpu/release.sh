@@ -68,6 +68,10 @@ mkdir -p "$out"
 src=$PWD/.gpu/src  # the committed package and scripts (git archive HEAD), when present
 bench_dir=$([ -f "$src/benchmarks/server_memory.py" ] && echo "$src/benchmarks" || echo benchmarks)
 export PYTHONPATH=${LMSITE:+$LMSITE:}$site:$([ -d "$src" ] && echo "$src:")$PWD
+# `python3 -m` (and -c) put the working directory ahead of PYTHONPATH, so without this the
+# checkout's vllm_offload, not .gpu/src's, ran the bench and its servers (#33's first call:
+# "unrecognized arguments: --hit-concurrency"). The servers inherit it.
+export PYTHONSAFEPATH=1
 # torch 2.13 (LMSITE) was built against cuDNN 9.20, the host has 9.19; vLLM asks for cuDNN
 # only on Blackwell, so the version check need not stop it.
 [ -n "${LMSITE:-}" ] && export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
