@@ -30,6 +30,17 @@
 #   benchmarks/gpu/release.sh 0.32.0 saturated-blocks  # the same, three arms: baseline,
 #                                             # baseline with the native tier's 128-token
 #                                             # blocks (b128), native; REPEATS (default 14)
+# Issue #33 (GPU block size x CPU-tier chunk under layer-wise loads; CUDA graphs on):
+#   benchmarks/gpu/release.sh 0.32.0 blocks   # swap_blocks.py (the load copies alone, by
+#                                             # block size), then bench reuse with
+#                                             # --hit-concurrency 1,8: CPU hits one at a
+#                                             # time and 8 at once, arms baseline /
+#                                             # b128c256 (today's default) / b16c256 /
+#                                             # b32c256, 8 GiB pools (8 documents fit),
+#                                             # REPEATS (default 3)
+#   benchmarks/gpu/release.sh 0.32.0 blocks-saturated  # 0 % reuse at saturation:
+#                                             # baseline / b128c256 / b16c256, REPEATS
+#                                             # (default 14) triples of 8 s
 # Issue #22 (patch 0006, the KV pool's host extension):
 #   benchmarks/gpu/release.sh 0.32.0 host-extension  # host_extension.py: a 64k-token request
 #                                             # on a 2 GiB GPU pool + 8 GiB of host RAM,
@@ -47,7 +58,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|host-extension|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -57,6 +68,10 @@ mkdir -p "$out"
 src=$PWD/.gpu/src  # the committed package and scripts (git archive HEAD), when present
 bench_dir=$([ -f "$src/benchmarks/server_memory.py" ] && echo "$src/benchmarks" || echo benchmarks)
 export PYTHONPATH=${LMSITE:+$LMSITE:}$site:$([ -d "$src" ] && echo "$src:")$PWD
+# `python3 -m` (and -c) put the working directory ahead of PYTHONPATH, so without this the
+# checkout's vllm_offload, not .gpu/src's, ran the bench and its servers (#33's first call:
+# "unrecognized arguments: --hit-concurrency"). The servers inherit it.
+export PYTHONSAFEPATH=1
 # torch 2.13 (LMSITE) was built against cuDNN 9.20, the host has 9.19; vLLM asks for cuDNN
 # only on Blackwell, so the version check need not stop it.
 [ -n "${LMSITE:-}" ] && export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
@@ -226,6 +241,27 @@ saturated-blocks)  # is native's TTFT at saturation its tier or its 128-token bl
     --arm 'b128=baseline --kv-offload-block-size 128' --workloads sweep \
     --rates max --max-concurrency 48 --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
   ;;
+blocks)  # issue #33: do 16-token GPU blocks under 256-token chunks load as fast as 128?
+  patch apply
+  timeout -k 5 150 python3 "$bench_dir/gpu/swap_blocks.py" --out "$out/swap_blocks.json"
+  # the floor's link: the same call's 1 GiB in 64 MiB descriptors (registered host memory)
+  h2d=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["link_16x64MiB"]["gbps"])' \
+    "$out/swap_blocks.json" 2>/dev/null || echo "$h2d")
+  echo "H2D for the floor: $h2d GB/s"
+  dummy=(--load-format dummy --skip-tokenizer-init)
+  arm() { echo "b$1c$2=native --kv-offload-block-size $1 --kv-offload-cpu-chunk-tokens $2"; }
+  bench blocks --repeats "${REPEATS:-3}" --arms baseline --arm "$(arm 128 256)" \
+    --arm "$(arm 16 256)" --arm "$(arm 32 256)" --workloads reuse,memory --docs 11 \
+    --doc-tokens 8000 --settle-seconds 0.3 --hit-concurrency 1,8 --pool-bytes $((8 << 30))
+  ;;
+blocks-saturated)  # issue #33: the same arms' cost at 0 % reuse, saturated
+  patch apply
+  dummy=(--load-format dummy --skip-tokenizer-init)
+  arm() { echo "b$1c$2=native --kv-offload-block-size $1 --kv-offload-cpu-chunk-tokens $2"; }
+  bench saturated --repeats "${REPEATS:-14}" --arms baseline --arm "$(arm 128 256)" \
+    --arm "$(arm 16 256)" --workloads sweep --rates max --max-concurrency 48 \
+    --rate-seconds 8 --prompt-tokens 512 --output-tokens 64
+  ;;
 host-extension)
   patch apply
   weights=()
@@ -247,7 +283,7 @@ lmcache)
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac
 for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check" "$out/lmcache" \
-  "$out/host-extension"; do
+  "$out/host-extension" "$out/blocks"; do
   [ -d "$dir" ] || continue
   [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
   rm -f "$dir"/summary.csv "$dir"/*.png

@@ -54,11 +54,13 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     # (2.87 measured on an idle box, 1.83 in a CI run sharing its 2 cores: the clients' own
     # streaming work competes with vLLM there, so only the overlap itself is asserted).
     assert sync["mean_in_flight"] <= 1.01 and saturated["mean_in_flight"] > 1
+    assert all(0 < row["ttft_mean_s"] <= row["ttft_p99_s"] * 1.5 for row in run["sweep"])
     assert run["decode"]["errors"] == 0 and run["decode"]["decode_tok_per_s"] > 0
     assert results["decode_floor"] == {}  # no weights offloaded, no ceiling
     rows = list(csv.DictReader((out / "summary.csv").open()))
     expected = {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s", "sweep.max.output_tok_per_s",
-                "decode.decode_tok_per_s", "reuse.pass2.server.time_to_first_token"}  # fmt: skip
+                "decode.decode_tok_per_s", "reuse.pass2.server.time_to_first_token",
+                "sweep.max.ttft_mean_s"}  # fmt: skip
     assert expected <= {r["metric"] for r in rows}
     assert "| base | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
     import matplotlib.image
@@ -66,6 +68,48 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     for name in ("ttft_by_pass.png", "sweep.png", "decode.png"):
         image = matplotlib.image.imread(out / name)
         assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_hit_bursts_read_documents_again_at_once(demo_dir: Path, tmp_path: Path) -> None:
+    """--hit-concurrency: after the reuse passes, N new documents, the GPU prefix cache
+    dropped through vLLM's dev route (the bench starts its servers with it), read again
+    all at once, then once more. On the CPU demo server (no tier) the second read
+    recomputes every token and the third hits the GPU prefix cache."""
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
+            "--arms", "baseline", "--repeats", "1", "--workloads", "reuse", "--docs", "2",
+            "--doc-tokens", "300", "--settle-seconds", "0.1", "--hit-concurrency", "1,3",
+            "--pool-bytes", str(64 << 20), "--token-ids", "--h2d-gbps", "50",
+            "--out", str(out), "--", "--enforce-eager", "--max-num-seqs", "4"]  # fmt: skip
+    done = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["options"]["hit_concurrency"] == [1, 3]
+    (run,) = results["arms"]["baseline"]["runs"]
+    assert run["reuse"]["errors"] == 0
+    one, three = run["reuse"]["bursts"]
+    assert (one["concurrency"], three["concurrency"]) == (1, 3)
+    for burst in (one, three):
+        n = burst["concurrency"]
+        for phase in ("cpu_hit", "gpu_hit"):
+            ttfts = burst[phase]["ttft_s"]
+            assert len(ttfts) == n and all(t and t > 0 for t in ttfts), (phase, burst)
+            assert burst[phase]["wall_s"] >= max(ttfts)
+        assert len(burst["cold_ttft_s"]) == n and burst["reset_s"] >= 0
+        cpu, gpu = burst["cpu_hit"]["server"], burst["gpu_hit"]["server"]
+        # After the reset nothing of the documents is in the GPU pool; after that read
+        # all of them is (vLLM recomputes a prompt's last block).
+        assert cpu["vllm:prefix_cache_queries"] == 300 * n
+        assert cpu["vllm:prefix_cache_hits"] == 0
+        assert gpu["vllm:prefix_cache_hits"] >= 200 * n
+        assert burst["load_gbps"] is None  # no tier, nothing loaded
+    rows = {r["metric"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert {"burst1.cpu_hit_ttft.requests", "burst3.gpu_hit_ttft.requests",
+            "burst3.cpu_over_gpu", "burst3.load_bytes"} <= set(rows)  # fmt: skip
+    assert float(rows["burst3.load_bytes"]["median"]) == 0
+    assert rows["burst3.cpu_over_floor"]["median"] == ""  # no load, no floor
+    assert "VLLM_SERVER_DEV_MODE" not in os.environ  # only the servers got it
 
 
 def test_an_arm_whose_server_dies_ends_alone(demo_dir: Path, tmp_path: Path) -> None:
@@ -124,6 +168,10 @@ def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
                          ("a b=native", "the label may hold")):  # fmt: skip
         done = subprocess.run([*bench, "--arm", arm], capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr, done.stderr
+    for counts in ("0", "1,x"):
+        done = subprocess.run([*bench, "--hit-concurrency", counts], capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 2 and "--hit-concurrency" in done.stderr, done.stderr
     done = subprocess.run([*bench, "--arms", "native", "--arm", "native=native --max-num-seqs 2"],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and "labels must differ" in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import sys
 import time
@@ -60,6 +61,7 @@ class BenchOptions:
     docs: int = 8
     doc_tokens: int = 8000
     settle_s: float = 0.5
+    hit_concurrency: list[int] = field(default_factory=list)  # reuse: CPU-hit bursts
     conversations: int = 4
     turns: int = 4
     turn_tokens: int = 1000
@@ -118,7 +120,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     per_token = kv_bytes_per_token(facts, compute_dtype_bytes(facts, "auto"))
     maker = workloads.PromptMaker(options.token_ids, facts.vocab_size or workloads.TOKEN_HIGH)
     steps_per_arm = (
-        ("reuse" in options.workloads) * 2 * options.docs
+        ("reuse" in options.workloads) * (2 * options.docs + len(options.hit_concurrency))
         + ("chat" in options.workloads) * options.conversations * options.turns
         + ("sweep" in options.workloads) * len(options.rates)
         + ("decode" in options.workloads)
@@ -129,8 +131,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
         if bar is not None:
             bar.update(1)
 
+    # The bursts drop the GPU prefix cache through vLLM's dev route.
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if options.hit_concurrency else None
     servers = {
-        arm.label: ServerProcess(arm_args(options, arm), options.out / f"{arm.label}.log")
+        arm.label: ServerProcess(arm_args(options, arm), options.out / f"{arm.label}.log", env=env)
         for arm in arms
     }
     results: dict[str, Any] = {
@@ -200,7 +204,7 @@ def run_workloads(
     if "reuse" in options.workloads:
         run_result["reuse"] = workloads.reuse(
             url, maker, options.docs, options.doc_tokens, repeat, tick,
-            options.settle_s,
+            options.settle_s, tuple(options.hit_concurrency),
         )  # fmt: skip
     if "chat" in options.workloads:
         run_result["chat"] = workloads.chat(

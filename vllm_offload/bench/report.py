@@ -54,6 +54,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     )  # fmt: skip
             hits = [r["reuse"]["gpu_hit_ttft_s"] for r in runs if r["reuse"]["gpu_hit_ttft_s"]]
             rows.append({"arm": arm, "metric": "reuse.gpu_hit_ttft", "unit": "s", **_spread(hits)})
+            h2d = results["options"].get("h2d_gbps")
+            rows += [{"arm": arm, **row} for row in burst_rows(runs, h2d)]
         if runs and "chat" in runs[0]:
             turns = len(runs[0]["chat"]["ttft_by_turn_s"])
             for t in range(turns):
@@ -71,12 +73,13 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 for key, unit in (
                     ("output_tok_per_s", "tok/s"),
                     ("ttft_p50_s", "s"),
+                    ("ttft_mean_s", "s"),
                     ("ttft_p99_s", "s"),
                     ("tpot_p50_s", "s"),
                     ("tpot_p99_s", "s"),
                     ("errors", ""),
                 ):
-                    values = [r["sweep"][i][key] for r in runs if r["sweep"][i][key] is not None]
+                    values = [v for r in runs if (v := r["sweep"][i].get(key)) is not None]
                     rows.append(
                         {
                             "arm": arm,
@@ -97,6 +100,60 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     {"arm": arm, "metric": "decode.ceiling_tok_per_s", "unit": "tok/s",
                      **_spread([ceiling])}
                 )  # fmt: skip
+    return rows
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def burst_facts(burst: dict[str, Any], h2d_gbps: float | None) -> dict[str, float | None]:
+    """One burst of CPU hits against its floor: the median GPU-hit TTFT of the same
+    documents read at once, plus every byte the CPU hits loaded over the link."""
+    cpu = _median(burst["cpu_hit"]["ttft_s"])
+    gpu = _median(burst["gpu_hit"]["ttft_s"])
+    server = burst["cpu_hit"]["server"]
+    loaded = server.get("vllm:kv_offload_load_bytes") or 0.0
+    floor = gpu + loaded / (h2d_gbps * 1e9) if gpu is not None and h2d_gbps else None
+    n = burst["concurrency"]
+    return {
+        "cpu_hit_ttft": cpu,
+        "gpu_hit_ttft": gpu,
+        "cpu_over_gpu": cpu / gpu if cpu and gpu else None,
+        "load_bytes": loaded,
+        "load_gbps": burst.get("load_gbps"),
+        "load_share_of_link": burst["load_gbps"] / h2d_gbps
+        if burst.get("load_gbps") and h2d_gbps
+        else None,
+        "floor": floor if loaded else None,
+        "cpu_over_floor": cpu / floor if cpu and floor and loaded else None,
+        "queue_per_request": (server.get("vllm:request_queue_time_seconds_sum") or 0.0) / n,
+        "prefill_per_request": (server.get("vllm:request_prefill_time_seconds_sum") or 0.0) / n,
+    }
+
+
+BURST_UNITS = {"load_bytes": "bytes", "load_gbps": "GB/s", "cpu_over_gpu": "x",
+               "load_share_of_link": "x", "cpu_over_floor": "x"}  # fmt: skip
+
+
+def burst_rows(runs: list[dict[str, Any]], h2d_gbps: float | None) -> list[dict[str, Any]]:
+    """Per burst size N: every request's TTFT (CPU hits, GPU hits) over all bursts of that
+    size, then each burst's medians and floor, spread over the bursts."""
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        for burst in run["reuse"].get("bursts", []):
+            by_size.setdefault(burst["concurrency"], []).append(burst)
+    rows: list[dict[str, Any]] = []
+    for n, bursts in sorted(by_size.items()):
+        for phase in ("cpu_hit", "gpu_hit"):
+            every = [t for b in bursts for t in b[phase]["ttft_s"]]
+            rows.append({"metric": f"burst{n}.{phase}_ttft.requests", "unit": "s",
+                         **_spread(every)})  # fmt: skip
+        facts = [burst_facts(b, h2d_gbps) for b in bursts]
+        for key in facts[0]:
+            rows.append({"metric": f"burst{n}.{key}", "unit": BURST_UNITS.get(key, "s"),
+                         **_spread([f[key] for f in facts])})  # fmt: skip
     return rows
 
 

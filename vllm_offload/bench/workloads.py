@@ -36,6 +36,15 @@ PASS_METRICS = (
 )
 
 
+# A burst also says where its tokens came from: the GPU prefix cache or the CPU tier.
+BURST_METRICS = (
+    *PASS_METRICS,
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:external_prefix_cache_hits",
+)
+
+
 _thread_clients = threading.local()
 
 
@@ -92,11 +101,14 @@ def reuse(
     seed: int,
     progress: Callable[[], None],
     settle_s: float = 0.0,
+    hit_concurrency: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """D documents, two passes; the GPU pool holds only a few. Also the GPU-hit floor:
     the same document sent twice (the second hits the GPU prefix cache). ``settle_s``
     before each request lets the last one's copies to the CPU tier finish, so a TTFT
-    times one request alone."""
+    times one request alone. Then a ``hit_burst`` for each of ``hit_concurrency``: that
+    many CPU hits at once (the server needs VLLM_SERVER_DEV_MODE=1, and a GPU pool that
+    holds that many documents)."""
     rng = random.Random(seed)
     documents = [maker.make(rng, doc_tokens) for _ in range(docs)]
     passes: list[list[dict[str, Any]]] = []
@@ -120,6 +132,10 @@ def reuse(
         probe = maker.make(rng, doc_tokens)
         cold = one(client, probe)
         warm = one(client, probe)
+        bursts = []
+        for n in hit_concurrency:
+            bursts.append(hit_burst(base_url, server, maker, rng, n, doc_tokens, settle_s))
+            progress()
     return {
         "docs": docs,
         "doc_tokens": doc_tokens,
@@ -129,8 +145,96 @@ def reuse(
         "gpu_hit_ttft_s": warm.ttft_s,
         "cold_ttft_s": cold.ttft_s,
         "settle_s": settle_s,
-        "errors": sum(not r["ok"] for p in passes for r in p),
-        "first_error": _first_error([r for p in passes for r in p]),
+        "bursts": bursts,
+        "errors": sum(not r["ok"] for p in passes for r in p) + sum(b["errors"] for b in bursts),
+        "first_error": _first_error([r for p in passes for r in p])
+        or next((b["first_error"] for b in bursts if b["first_error"]), None),
+    }
+
+
+# How long a burst waits for vLLM to drop its GPU prefix cache: the reset fails while
+# blocks are held (stores to the CPU tier in flight), so it is tried again.
+RESET_TIMEOUT_S = 30.0
+
+
+def reset_gpu_prefix_cache(server: VllmClient, timeout_s: float = RESET_TIMEOUT_S) -> float:
+    """Drop the GPU prefix cache, keep the CPU tier (vLLM's dev route, on where the server
+    runs with VLLM_SERVER_DEV_MODE=1); seconds it took. RuntimeError if the route is
+    missing or the reset never succeeds."""
+    began = time.perf_counter()
+    while True:
+        response = server.post("/reset_prefix_cache", {}, timeout_s=timeout_s)
+        if response.status_code == 404:
+            raise RuntimeError("no /reset_prefix_cache: start the server with "
+                               "VLLM_SERVER_DEV_MODE=1")  # fmt: skip
+        response.raise_for_status()
+        if response.json().get("success"):
+            return time.perf_counter() - began
+        if time.perf_counter() - began > timeout_s:
+            raise RuntimeError(f"the GPU prefix cache was not reset in {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def _at_once(base_url: str, prompts: list[Prompt]) -> tuple[list[RequestResult], float]:
+    """All prompts sent together (one thread each, released by a barrier); the results in
+    order and the seconds from the first send to the last first token (or end)."""
+    gate = threading.Barrier(len(prompts))
+
+    def send(prompt: Prompt) -> tuple[float, RequestResult]:
+        with httpx.Client() as client:  # made before the gate, not inside the burst
+            gate.wait()
+            return time.perf_counter(), complete(client, base_url, prompt, 1)
+
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        sent = list(pool.map(send, prompts))
+    first = min(at for at, _ in sent)
+    last = max(at + (r.ttft_s if r.ttft_s is not None else r.latency_s) for at, r in sent)
+    return [r for _, r in sent], last - first
+
+
+def hit_burst(
+    base_url: str,
+    server: VllmClient,
+    maker: PromptMaker,
+    rng: random.Random,
+    concurrency: int,
+    doc_tokens: int,
+    settle_s: float,
+) -> dict[str, Any]:
+    """``concurrency`` new documents read at once (cold), the GPU prefix cache dropped
+    (the CPU tier keeps them), then read again at once: CPU hits arriving together; then
+    once more: GPU hits together, the floor's first part. The server's counters over each
+    burst say how many bytes the CPU tier loaded and how long its copies took."""
+    documents = [maker.make(rng, doc_tokens) for _ in range(concurrency)]
+    cold, _ = _at_once(base_url, documents)
+    time.sleep(settle_s)  # their stores to the CPU tier land
+    reset_s = reset_gpu_prefix_cache(server)
+    phases: dict[str, Any] = {}
+    for phase in ("cpu_hit", "gpu_hit"):
+        before = server.metrics(BURST_METRICS)
+        results, wall = _at_once(base_url, documents)
+        time.sleep(settle_s)  # counters of copies that end after the first token
+        after = server.metrics(BURST_METRICS)
+        phases[phase] = {
+            "ttft_s": [r.ttft_s for r in results],
+            "wall_s": wall,
+            "server": {k: after[k] - before.get(k, 0.0) for k in after},  # sums, not per doc
+            "errors": sum(not r.ok for r in results),
+            "first_error": next((r.error for r in results if not r.ok), None),
+        }
+    loaded = phases["cpu_hit"]["server"].get("vllm:kv_offload_load_bytes", 0.0)
+    load_time = phases["cpu_hit"]["server"].get("vllm:kv_offload_load_time", 0.0)
+    return {
+        "concurrency": concurrency,
+        "doc_tokens": doc_tokens,
+        "cold_ttft_s": [r.ttft_s for r in cold],
+        "reset_s": reset_s,
+        **phases,
+        # bytes over the summed copy times of the loads (they run one after another)
+        "load_gbps": loaded / load_time / 1e9 if load_time else None,
+        "errors": sum(not r.ok for r in cold) + sum(p["errors"] for p in phases.values()),
+        "first_error": next((r.error for r in cold if not r.ok), None)
+        or next((p["first_error"] for p in phases.values() if p["first_error"]), None),
     }
 
 
@@ -243,6 +347,9 @@ def sweep(
                 # Little's law: requests the server held at once, on average.
                 "mean_in_flight": sum(r.latency_s for r in results) / wall,
                 "ttft_p50_s": percentile(ttfts, 50),
+                # Saturated clients go in waves, and the median jumps between the wave's
+                # modes from one window to the next; the mean moves less.
+                "ttft_mean_s": statistics.mean(ttfts) if ttfts else None,
                 "ttft_p99_s": percentile(ttfts, 99),
                 "tpot_p50_s": percentile(tpots, 50),
                 "tpot_p99_s": percentile(tpots, 99),

@@ -33,6 +33,16 @@ def _rates(text: str) -> list[workloads.Rate]:
     return rates
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(item) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of whole numbers") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each must be at least 1")
+    return counts
+
+
 def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         names = [n for n in text.split(",") if n]
@@ -91,6 +101,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=0.5,
         help="reuse: pause before each request, so the last one's copies to the CPU tier "
         "have finished",
+    )
+    p.add_argument(
+        "--hit-concurrency",
+        type=_counts,
+        default=[],
+        metavar="N[,N...]",
+        help="reuse: after the passes, for each N: N new documents read, the GPU prefix "
+        "cache dropped (servers get VLLM_SERVER_DEV_MODE=1), the N read again at once "
+        "(CPU hits) and once more (GPU hits); the GPU pool must hold N documents",
     )
     p.add_argument("--conversations", type=int, default=4, help="chat: conversations")
     p.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
@@ -168,6 +187,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         docs=args.docs,
         doc_tokens=args.doc_tokens,
         settle_s=args.settle_seconds,
+        hit_concurrency=args.hit_concurrency,
         conversations=args.conversations,
         turns=args.turns,
         turn_tokens=args.turn_tokens,
