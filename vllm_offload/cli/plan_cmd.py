@@ -8,7 +8,9 @@ import os
 
 from vllm_offload import deployment
 from vllm_offload.cli import _common
+from vllm_offload.fleet.prepare import prepare_fleet, several, single
 from vllm_offload.plan import render
+from vllm_offload.plan.fleet import fleet_json, render_fleet
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(or a declared GPU) and print the plan, with a 'cannot start:' line for each reason "
         "`serve` would refuse it. Exit status: 0 when it can start, 2 when it cannot (the "
         "plan is printed either way), as `serve --dry-run`. On a declared machine "
-        "(--gpu-mem-gib, --ram-gib) the vLLM installed here is not checked.",
+        "(--gpu-mem-gib, --ram-gib) the vLLM installed here is not checked. With several "
+        "[[models]]: each model's plan beside the others, then the set's.",
     )
     _common.add_config_options(parser)
     _common.add_host_options(parser)
@@ -31,6 +34,17 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
+    if several(config):
+        fleet = prepare_fleet(config, host, os.environ, vllm)
+        problems = [problem.detail() for problem in fleet.problems]
+        if args.json:
+            print(json.dumps({**fleet_json(fleet.fleet), "problems": problems}, indent=2))
+        else:
+            print(render_fleet(fleet.fleet))
+            for problem in fleet.problems:
+                print(f"cannot start: {problem.field}: {problem.message}")
+        return max((problem.exit_code for problem in fleet.problems), default=0)
+    config = single(config)
     prepared = deployment.prepare(config, host, os.environ, vllm)
     plan = prepared.plan
     if args.json:

@@ -10,8 +10,13 @@ import sys
 
 from vllm_offload import deployment, launch
 from vllm_offload.cli import _common
+from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.fleet.prepare import prepare_fleet, several, single
+from vllm_offload.hardware import HostFacts
 from vllm_offload.plan import render
+from vllm_offload.plan.fleet import render_fleet
+from vllm_offload.vllm_version import InstalledVllm
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,8 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "serve",
         help="serve the OpenAI API with vLLM, the CPU KV tier configured from the plan",
         description="Plan the deployment, run the pre-flight checks, print the plan, then "
-        "run vLLM's OpenAI server in this process. Arguments after `--` go to vLLM as they "
-        "are.",
+        "run vLLM's OpenAI server in this process. With several [[models]], this process "
+        "is their front door (one OpenAI port, routed by the request's model) and each "
+        "model's vLLM server its child. Arguments after `--` go to vLLM as they are.",
     )
     _common.add_config_options(parser)
     _common.add_host_options(parser)
@@ -42,6 +48,9 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
     vllm = _common.installed_vllm(required=not args.dry_run)
+    if several(config):
+        return run_fleet(args, config, host, vllm)
+    config = single(config)
     prepared = deployment.prepare(
         config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
     )
@@ -68,6 +77,37 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         return busy.exit_code
     launch.run(spec)
     return 0
+
+
+def run_fleet(args: argparse.Namespace, config: DeploymentConfig, host: HostFacts,
+              vllm: InstalledVllm | None) -> int:  # fmt: skip
+    """Several models: plan the set, then serve their front door (engines as children)."""
+    import asyncio
+
+    from vllm_offload.fleet.runner import serve_fleet
+
+    prepared = prepare_fleet(config, host, os.environ, vllm,
+                             allow_unpatched=args.allow_unpatched)  # fmt: skip
+    print(render_fleet(prepared.fleet), file=sys.stderr)
+    for note in prepared.notes:
+        _common.say(note)
+    problems: list[VllmOffloadError] = list(prepared.problems)
+    if args.dry_run:
+        for name, spec in prepared.specs.items():
+            print(f"# {name}\n{spec.printable()}")
+            print(json.dumps(spec.kv_transfer_config, indent=2))
+            if vllm is not None:
+                problems += _validation_errors(spec)
+    if problems:
+        for problem in problems:
+            print(f"vllm-offload: error: {problem}", file=sys.stderr)
+        return max(problem.exit_code for problem in problems)
+    if args.dry_run:
+        return 0
+    if (busy := _port_taken(config.server.host, config.server.port)) is not None:
+        print(f"vllm-offload: error: {busy}", file=sys.stderr)
+        return busy.exit_code
+    return asyncio.run(serve_fleet(prepared, config))
 
 
 def _port_taken(host: str, port: int) -> launch.PreflightError | None:

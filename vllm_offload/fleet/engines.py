@@ -73,6 +73,11 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """How its last process ended; None while it runs, or before any ran."""
+        return None if self._proc is None else self._proc.returncode
+
     async def bring_in(self) -> str:
         if self.alive and self.state == "asleep":
             await self._call("POST", "/wake_up", "wake")

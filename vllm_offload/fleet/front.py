@@ -42,6 +42,7 @@ class FrontDoor:
     residency: Residency
     max_model_len: Mapping[str, int]
     api_key: str | None = None
+    ready: bool = False  # the default model is on the GPU: start-up is over
     created: int = field(default_factory=lambda: int(time.time()))
     _clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
 
@@ -87,7 +88,8 @@ def create_front_app(front: FrontDoor) -> FastAPI:
 
     @app.get("/health")
     def health() -> Response:
-        return Response(status_code=200)
+        """200 once the default model serves (requests sent earlier wait for it)."""
+        return Response(status_code=200 if front.ready else 503)
 
     @app.get("/v1/models", response_model=None)
     def models(request: Request) -> JSONResponse | dict[str, Any]:

@@ -1,0 +1,74 @@
+"""The front door's control routes, on a unix socket in its runtime directory (mode 0660,
+the directory 0750: the server's user and its group, which the manager's unit joins):
+the models' states and the switches made, and bringing a model in or putting it away by
+hand. Never on the OpenAI port."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, HTTPException
+
+from vllm_offload.fleet.front import FrontDoor
+from vllm_offload.fleet.residency import Event, Unavailable
+
+EVENTS_KEPT = 200
+
+
+def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
+    app = FastAPI(title="vllm-offload front door control", docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+
+    def known(name: str) -> str:
+        if name not in front.engines:
+            raise HTTPException(404, f"no model '{name}'; this server has: "
+                                f"{', '.join(front.engines)}")  # fmt: skip
+        return name
+
+    @app.get("/models")
+    def models() -> dict[str, Any]:
+        books = front.residency.state()
+        rows = {name: {**books[name], "state": front.state_of(name),
+                       "pid": front.engines[name].pid,
+                       "max_model_len": front.max_model_len[name]}
+                for name in front.engines}  # fmt: skip
+        return {"models": rows, "ready": front.ready, "events": [asdict(e) for e in events]}
+
+    @app.post("/models/{name}/bring-in")
+    async def bring_in(name: str) -> dict[str, str]:
+        try:
+            await front.residency.bring_in(known(name))
+        except Unavailable as exc:
+            raise HTTPException(503, str(exc)) from None
+        return {"status": f"'{name}' is on the GPU"}
+
+    @app.post("/models/{name}/put-away")
+    async def put_away(name: str) -> dict[str, str]:
+        await front.residency.put_away(known(name))
+        return {"status": f"'{name}' is away"}
+
+    return app
+
+
+def read_models(socket: Path, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """GET /models through the control socket; None where no front door answers there."""
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)),
+                          base_url="http://front", timeout=timeout_s) as client:  # fmt: skip
+            answer = client.get("/models")
+            answer.raise_for_status()
+            data: dict[str, Any] = answer.json()
+            return data
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def move(socket: Path, name: str, action: str, timeout_s: float = 900.0) -> httpx.Response:
+    """POST a bring-in or put-away; the front door's answer, whatever its status."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://front",
+                      timeout=timeout_s) as client:  # fmt: skip
+        return client.post(f"/models/{name}/{action}")

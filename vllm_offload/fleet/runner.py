@@ -1,0 +1,152 @@
+"""`vllm-offload serve` with several models: the front door in this process (the one systemd
+started), the engines as its children. Start-up brings every model in once and puts it
+away (with sleep, the slow first sleep is paid here, not by a user's first switch), then
+brings the default in; SIGTERM stops the engines, then the front door."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Generator
+from pathlib import Path
+
+import uvicorn
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.fleet.control import EVENTS_KEPT, create_control_app
+from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.front import FrontDoor, create_front_app
+from vllm_offload.fleet.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
+from vllm_offload.fleet.residency import Event, Residency, ResidencySettings, Unavailable
+
+ENGINE_MODULE = "vllm_offload.fleet.engine"
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the runner (two servers share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def say(text: str) -> None:
+    print(f"vllm-offload: {text}", file=sys.stderr, flush=True)
+
+
+def settings(config: DeploymentConfig) -> ResidencySettings:
+    residency = config.residency
+    keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
+    return ResidencySettings(residency.max_resident, residency.min_resident_s, keep,
+                             residency.queue_limit, residency.drain_timeout_s)  # fmt: skip
+
+
+def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
+    """Each engine's launch spec as a file only the server's user reads (beside its
+    socket), which its process runs."""
+    engines_dir = prepared.runtime_dir / ENGINES_DIR
+    prepared.runtime_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(prepared.runtime_dir, 0o750)  # the manager's unit joins the group for control
+    engines_dir.mkdir(exist_ok=True)
+    os.chmod(engines_dir, 0o700)  # the engines' own routes: the front door's alone
+    files = {}
+    for i, (name, spec) in enumerate(prepared.specs.items()):
+        path = engines_dir / f"{i}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec.to_json(), f)
+        files[name] = path
+    return files
+
+
+async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> None:
+    """Every model in and away once (preload), then the default in."""
+    fleet = prepared.fleet
+    if preload:
+        for name, model in fleet.models.items():
+            if name != fleet.default and model.idle == "sleep":
+                try:
+                    await front.residency.bring_in(name)
+                    await front.residency.put_away(name)
+                except Unavailable as exc:
+                    say(f"'{name}' did not start ({exc}); it starts again when asked for")
+    await front.residency.bring_in(fleet.default)
+    front.ready = True
+    say(f"serving {', '.join(fleet.models)}; '{fleet.default}' on the GPU")
+
+
+async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
+    """Serve until SIGTERM (0), or until the default model cannot be brought in (1)."""
+    specs = write_specs(prepared)
+    events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+    residency_ref: list[Residency] = []
+
+    def exited(name: str, code: int) -> None:
+        say(f"the engine of '{name}' exited ({code})")
+        residency_ref[0].engine_exited(name)
+
+    def engine(name: str, spec_file: Path) -> EngineProcess:
+        command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
+        idle = prepared.fleet.models[name].idle
+        spec = EngineSpec(name, command, dict(os.environ), socket_of(prepared, name), idle,
+                          config.residency.sleep_level)  # fmt: skip
+        return EngineProcess(spec, exited)
+
+    engines = {name: engine(name, path) for name, path in specs.items()}
+
+    def record(event: Event) -> None:
+        events.append(event)
+        took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
+        say(f"{event.text}{took}")
+
+    residency = Residency(engines, settings(config), on_event=record)
+    residency_ref.append(residency)
+    lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
+    front = FrontDoor(engines, residency, lengths, prepared.api_key)
+    control_socket = prepared.runtime_dir / CONTROL_SOCKET
+    control_socket.unlink(missing_ok=True)
+    public = _Server(uvicorn.Config(create_front_app(front), host=config.server.host,
+                                    port=config.server.port, log_level="warning",
+                                    timeout_keep_alive=30))  # fmt: skip
+    control = _Server(uvicorn.Config(create_control_app(front, events), uds=str(control_socket),
+                                     log_level="warning"))  # fmt: skip
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    servers = [asyncio.create_task(s.serve()) for s in (public, control)]
+    code = 0
+    try:
+        await _wait_listening(control, control_socket)
+        warm = asyncio.create_task(warm_up(front, prepared, config.residency.preload))
+        residency.start()
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if warm.done() and warm.exception() is not None:
+            default = prepared.fleet.default
+            say(f"error: the default model '{default}' could not start: {warm.exception()}; "
+                "stopping")  # fmt: skip
+            # 2: vLLM-offload refused its config (the unit does not restart on it)
+            code = 2 if engines[default].exit_code == 2 else 1
+        else:
+            await stopping
+        warm.cancel()
+    finally:
+        public.should_exit = control.should_exit = True
+        await asyncio.gather(*servers, return_exceptions=True)
+        await residency.stop()
+        await front.aclose()
+        await asyncio.gather(*(engine.stop() for engine in engines.values()))
+        control_socket.unlink(missing_ok=True)
+    return code
+
+
+async def _wait_listening(server: _Server, socket: Path) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    os.chmod(socket, 0o660)  # connect() needs write permission: the group's
