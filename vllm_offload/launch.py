@@ -24,6 +24,7 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
+from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
@@ -209,6 +210,7 @@ def build(
         if engine.sleeps:
             options.add_flag("--enable-sleep-mode")
             env[DEV_MODE_ENV] = "1"
+            env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
     options.add("--block-size", plan.kv.block_tokens)
     options.add("--max-model-len", int(max_model_len_arg(plan)))
     if config.model.dtype != "auto":

@@ -80,7 +80,12 @@ class EngineProcess:
 
     async def bring_in(self) -> str:
         if self.alive and self.state == "asleep":
-            await self._call("POST", "/wake_up", "wake")
+            if self.spec.sleep_level == 2:  # its weights were dropped: read them again
+                await self._call("POST", "/wake_up?tags=weights", "wake")
+                await self._call("POST", "/collective_rpc", "reload", {"method": "reload_weights"})
+                await self._call("POST", "/wake_up?tags=kv_cache", "wake")
+            else:
+                await self._call("POST", "/wake_up", "wake")
             self.state = "serving"
             return "woke"
         await self.start()
@@ -141,12 +146,13 @@ class EngineProcess:
             await proc.wait()
         self.state = "stopped"
 
-    async def _call(self, method: str, path: str, what: str) -> None:
+    async def _call(self, method: str, path: str, what: str,
+                    body: dict[str, str] | None = None) -> None:  # fmt: skip
         if not self.alive:
             raise EngineError(f"cannot {what}: the engine is not running")
         async with uds_client(self.spec.socket, SLEEP_TIMEOUT_S) as engine:
             try:
-                response = await engine.request(method, path)
+                response = await engine.request(method, path, json=body)
             except httpx.HTTPError as exc:
                 raise EngineError(f"{what} failed: {exc}") from None
         if response.status_code != 200:

@@ -5,8 +5,10 @@ runs a kernel."""
 from __future__ import annotations
 
 import logging
+import os
 
 from vllm_offload import amx
+from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
 
 logger = logging.getLogger("vllm_offload")
 
@@ -18,3 +20,7 @@ def register() -> None:
     found, why = amx.state(amx.read_cpuinfo(), amx.request_permission)
     if found == "refused":
         logger.warning("vllm-offload: %s; vLLM's bfloat16 CPU attention would die here", why)
+    if os.environ.get(SLEEP_ARENA_ENV) == "1":  # an engine of several models, which sleeps
+        from vllm_offload.vllm_ext import sleep
+
+        sleep.register()

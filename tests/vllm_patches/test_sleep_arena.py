@@ -1,0 +1,107 @@
+"""The sleep-mode backend that keeps a sleeping engine's allocations in one host arena
+(issue #31, vllm_ext/sleep.py). CPU-only here: the allocations are host buffers, the
+GPU's copy and registration calls are memmove and a no-op, and a stand-in of vLLM's
+CuMemAllocator releases (scribbles over) what it puts to sleep. The GPU run (benchmarks/
+gpu/switch.py) shows the same tokens after a wake and the engine's host RAM."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Allocation:
+    handle: tuple[int, int]
+    tag: str
+    is_asleep: bool = False
+
+
+@dataclass
+class StandInAllocator:
+    buffers: dict[str, Any] = field(default_factory=dict)
+    pointer_to_data: dict[int, Allocation] = field(default_factory=dict)
+
+    def allocate(self, tag: str, data: bytes) -> int:
+        buffer = ctypes.create_string_buffer(data, len(data))
+        self.buffers[f"{tag}{len(self.buffers)}"] = buffer
+        ptr = ctypes.addressof(buffer)
+        self.pointer_to_data[ptr] = Allocation((ptr, len(data)), tag)
+        return ptr
+
+    def sleep(self, offload_tags: tuple[str, ...]) -> None:
+        assert offload_tags == ()  # the arena keeps what is kept; vLLM backs up nothing
+        for ptr, allocation in self.pointer_to_data.items():
+            ctypes.memset(ptr, 0xEE, allocation.handle[1])  # released: its bytes are gone
+            allocation.is_asleep = True
+
+    def wake_up(self, tags: list[str] | None) -> None:
+        for allocation in self.pointer_to_data.values():
+            if tags is None or allocation.tag in tags:
+                allocation.is_asleep = False
+
+
+@pytest.fixture
+def allocator(monkeypatch: pytest.MonkeyPatch) -> StandInAllocator:
+    from vllm_offload.vllm_ext import sleep
+
+    stand_in = StandInAllocator()
+    monkeypatch.setattr(sleep.CuMemAllocator, "get_instance", staticmethod(lambda: stand_in))
+    copies = SimpleNamespace(cudaMemcpy=lambda dst, src, n: ctypes.memmove(dst, src, n))
+    monkeypatch.setattr(sleep, "libcudart", copies)
+    registered: list[int] = []
+
+    class NoCudart:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+            registered.append(size)
+            return 0
+
+        def cudaHostUnregister(self, ptr: int) -> int:
+            return 0
+
+    monkeypatch.setattr(sleep.torch.cuda, "cudart", NoCudart)
+    stand_in.buffers["registered"] = registered
+    return stand_in
+
+
+def read(ptr: int, size: int) -> bytes:
+    return ctypes.string_at(ptr, size)
+
+
+def test_a_level_1_sleep_keeps_weights_and_graphs_in_one_arena(
+    allocator: StandInAllocator,
+) -> None:
+    from vllm_offload.vllm_ext.sleep import ArenaBackend
+
+    weights = allocator.allocate("weights", b"W" * 5000)
+    graphs = allocator.allocate("cudagraph", b"G" * 3000)
+    kv = allocator.allocate("kv_cache", b"K" * 4000)
+    backend = ArenaBackend()
+    backend.suspend(level=1)
+    assert allocator.buffers["registered"] == [8192]  # 8,000 bytes, page-rounded, once
+    assert read(weights, 5000) == b"\xee" * 5000  # released
+    backend.resume(["kv_cache"])  # vLLM may wake the KV first...
+    assert read(weights, 5000) == b"\xee" * 5000 and read(graphs, 3000) == b"\xee" * 3000
+    backend.resume(["weights", "cudagraph"])  # ...and the rest after
+    assert read(weights, 5000) == b"W" * 5000 and read(graphs, 3000) == b"G" * 3000
+    assert read(kv, 4000) == b"\xee" * 4000  # the KV cache is discarded, as vLLM does
+    backend.suspend(level=1)  # the next sleep reuses the arena
+    backend.resume(None)
+    assert read(weights, 5000) == b"W" * 5000
+    assert allocator.buffers["registered"] == [8192]
+
+
+def test_a_level_2_sleep_keeps_only_graphs_and_runtime(allocator: StandInAllocator) -> None:
+    from vllm_offload.vllm_ext.sleep import ArenaBackend
+
+    weights = allocator.allocate("weights", b"W" * 5000)
+    runtime = allocator.allocate("runtime", b"R" * 100)
+    backend = ArenaBackend()
+    backend.suspend(level=2)
+    backend.resume(None)
+    assert read(runtime, 100) == b"R" * 100
+    assert read(weights, 5000) == b"\xee" * 5000  # vLLM reloads weights after level 2

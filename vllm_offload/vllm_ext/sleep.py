@@ -1,0 +1,104 @@
+"""Sleep with one host arena (several models on one GPU, issue #31).
+
+vLLM's level-1 sleep backs each GPU allocation it keeps (the weights, and at every level
+its runtime and CUDA-graph pools) up in a torch-pinned host tensor of its own. torch's
+pinned allocator rounds each one up to a power of two and keeps the memory after the
+wake: an 8B model's engine grew 17.6 GiB for 15.6 GiB of weights (H200, issue #31), and
+held it. This backend copies the same allocations into one exact-size buffer of pageable
+memory registered with the GPU (made at the first sleep, kept for the next ones, which
+then cost only the copies), and lets vLLM's allocator release them without a backup of
+its own; at the wake it copies them back into the memory the allocator maps again.
+
+vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
+"cumem", which no server flag sets in 0.32); with VLLM_OFFLOAD_SLEEP_ARENA=1 (the
+launcher sets it for engines that sleep) the general plugin registers this class under
+that name, so vLLM's own worker picks it. Runs inside vLLM's worker; imports vLLM.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.device_allocator.cumem import CuMemAllocator, libcudart
+from vllm.device_allocator.sleep_mode_backend import CuMemBackend
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+BACKED_UP_AT_EVERY_LEVEL = ("runtime", "cudagraph")  # as vLLM's CuMemBackend keeps them
+PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True)
+class Saved:
+    ptr: int  # the allocation's GPU address (the allocator maps it there again)
+    offset: int  # where its bytes wait in the arena
+    size: int
+
+
+class HostArena:
+    """Pageable memory, registered with the GPU once, exactly as large as asked (page
+    rounded): no power-of-two rounding, no second copy."""
+
+    def __init__(self, size: int) -> None:
+        self.size = -(-size // PAGE) * PAGE
+        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.ptr = torch.frombuffer(self._map, dtype=torch.uint8).data_ptr()
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        result = cudart.cudaHostRegister(self.ptr, self.size, 0)
+        if int(getattr(result, "value", result)) != 0:
+            raise RuntimeError(f"cudaHostRegister of {self.size} bytes failed ({result})")
+
+    def close(self) -> None:
+        torch.cuda.cudart().cudaHostUnregister(self.ptr)  # type: ignore[no-untyped-call]
+        self._map.close()
+
+
+class ArenaBackend(CuMemBackend):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arena: HostArena | None = None
+        self._saved: list[Saved] = []
+
+    def suspend(self, level: int = 1) -> None:
+        allocator = CuMemAllocator.get_instance()
+        tags = BACKED_UP_AT_EVERY_LEVEL + (("weights",) if level == 1 else ())
+        kept = [(ptr, data.handle[1]) for ptr, data in allocator.pointer_to_data.items()
+                if not data.is_asleep and data.tag in tags]  # fmt: skip
+        total = sum(size for _ptr, size in kept)
+        if self._arena is None or self._arena.size < total:
+            if self._arena is not None:
+                self._arena.close()
+            self._arena = HostArena(total)
+            logger.info("vllm-offload sleep arena: %.2f GiB registered", total / (1 << 30))
+        self._saved, offset = [], 0
+        for ptr, size in kept:
+            libcudart.cudaMemcpy(self._arena.ptr + offset, ptr, size)
+            self._saved.append(Saved(ptr, offset, size))
+            offset += size
+        self._state = "SUSPENDED"
+        allocator.sleep(offload_tags=())  # all released: the arena holds what is kept
+
+    def resume(self, tags: list[str] | None = None) -> None:
+        allocator = CuMemAllocator.get_instance()
+        self._state = "RESUMING"
+        allocator.wake_up(tags)
+        arena = self._arena
+        waiting = []
+        for saved in self._saved:
+            if arena is not None and not allocator.pointer_to_data[saved.ptr].is_asleep:
+                libcudart.cudaMemcpy(saved.ptr, arena.ptr + saved.offset, saved.size)
+            else:
+                waiting.append(saved)  # a tag woken later (kv_cache first, weights after)
+        self._saved = waiting
+        self._state = "RUNNING"
+
+
+def register() -> None:
+    """Make this the backend vLLM's default name selects."""
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+
+    SleepModeBackendFactory._registry["cumem"] = lambda: ArenaBackend
