@@ -48,6 +48,12 @@
 #                                             # (HOST_EXTENSION_ARGS: more of its flags;
 #                                             # RANDOM_WEIGHTS_STD=0.02: random weights
 #                                             # whose output follows the context)
+# Issue #31 (several models, through `vllm-offload serve`'s front door):
+#   ARMS="sleep1 sleep1-vllm" benchmarks/gpu/release.sh 0.32.0 switch  # switch.py: switch
+#                                             # times, engines' RAM and GPU memory, a CPU-tier
+#                                             # hit after a switch, the front door's cost;
+#                                             # arms sleep1 (the arena), sleep1-vllm (vLLM's
+#                                             # own sleep backend), sleep2, stop
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -58,7 +64,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -279,6 +285,33 @@ lmcache)
   bench lmcache --arms baseline,native,lmcache --workloads reuse,chat,sweep,memory --docs 8 \
     --doc-tokens 8000 --settle-seconds 0.5 --conversations 4 --turns 4 --rates max \
     --max-concurrency 48 --rate-seconds 15 --prompt-tokens 512 --output-tokens 64
+  ;;
+switch)  # issue #31: two models through the front door (switch.py), ARMS in this call
+  patch apply
+  # The bundle's Python finds vllm_offload's vLLM plugin (AMX, the sleep arena) by its
+  # entry point, as an installed package's: give it one.
+  info=/root/vo/vllm_offload-0.1.0.dist-info
+  mkdir -p $info
+  printf 'Metadata-Version: 2.1\nName: vllm-offload\nVersion: 0.1.0\n' > $info/METADATA
+  printf '[vllm.general_plugins]\nvllm_offload = vllm_offload.vllm_ext.plugin:register\n' \
+    > $info/entry_points.txt
+  export PYTHONPATH=/root/vo:$PYTHONPATH
+  ckpt=/root/ckpt-llama-3-8b
+  [ -f $ckpt/model.safetensors.index.json ] || \
+    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
+  for arm in ${ARMS:-sleep1}; do
+    case $arm in
+    sleep1) flags=(--idle sleep --level 1 --front-windows "${WINDOWS:-2}") ;;
+    sleep1-vllm) flags=(--idle sleep --level 1 --arena 0) ;;  # vLLM's own sleep backend
+    sleep2) flags=(--idle sleep --level 2) ;;
+    stop) flags=(--idle stop --switches "${STOP_SWITCHES:-2}") ;;
+    *) echo "unknown arm $arm" >&2; continue ;;
+    esac
+    timeout -k 10 $(($(left) - 20)) python3 "$bench_dir/gpu/switch.py" --checkpoint $ckpt \
+      --out "$out/switch-$arm.json" "${flags[@]}"
+    leftovers
+  done
+  (cd "$out" && tar -cJf switch-logs.tar.xz ./*.log && rm -f ./*.log)
   ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac

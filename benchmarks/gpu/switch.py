@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Several models on one GPU (issue #31), through `vllm-offload serve` with two [[models]]
+of the same Llama-3-8B-shaped random checkpoint ("a", the default, and "b"), CUDA graphs
+on, 8 GiB GPU pools and 4 GiB CPU tiers. One arm a call (--idle sleep --level 1|2, or
+--idle stop); --arena 0 runs the sleeps with vLLM's own backend (vllm_offload's plugin
+not loaded). Writes $OUT-style JSON:
+
+  start_s      front door up to /health 200 (with sleep: every model started and put away
+               once, then 'a' brought in)
+  switches     each: a request for the model away, sent to its first token (the resident
+               one put away, the other brought in, the prefill), and the front door's own
+               put-away / bring-in times
+  rss          each engine's process tree (psutil RSS) at each point, and its weight bytes
+  tier         a 4,000-token document read by 'a', then 'a' switched out and back: its
+               TTFT again (a CPU-tier hit if the tier survived) against a new document's,
+               and the CPU-tier hit tokens vLLM counted
+  front_door   'a' resident: sequential TTFT and saturated throughput (48 clients, 512 in /
+               64 out, 8 s windows), straight to the engine's socket vs through the front
+               door, windows interleaved
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
+
+
+def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
+    residency = (f'idle = "{args.idle}"\nsleep_level = {args.level}\nmin_resident_s = 0.0\n'
+                 f'runtime_dir = "{run_dir}"\n')  # fmt: skip
+    model = f'path = "{args.checkpoint}"\n'
+    extra = json.dumps(["--skip-tokenizer-init", *args.vllm_arg])
+    return (f'extra_args = {extra}\n[gpu]\n'
+            f'kv_cache_memory_bytes = {args.pool_bytes}\n'
+            f'[kv_offload]\ncpu_tier_gib = {args.tier_gib}\n[server]\nport = {port}\n'
+            f'[[models]]\n{model}served_name = "a"\n[[models]]\n{model}served_name = "b"\n'
+            f"[residency]\n{residency}")  # fmt: skip
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(*VOCAB) for _ in range(n)]
+
+
+async def first_token(client: httpx.AsyncClient, model: str, prompt: list[int],
+                      max_tokens: int = 8) -> tuple[float, int]:  # fmt: skip
+    """(seconds to the first streamed token, tokens received)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
+    began = time.perf_counter()
+    ttft, got = None, 0
+    async with client.stream("POST", "/v1/completions", json=body, timeout=600) as answer:
+        answer.raise_for_status()
+        async for line in answer.aiter_lines():
+            if line.startswith("data: {"):
+                ttft = ttft or time.perf_counter() - began
+                got += 1
+    assert ttft is not None, "no token came"
+    return ttft, got
+
+
+def control(run_dir: Path) -> dict[str, Any]:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "control.sock")),
+                      base_url="http://front", timeout=30) as c:  # fmt: skip
+        data: dict[str, Any] = c.get("/models").json()
+        return data
+
+
+def rss(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        return None
+
+
+def gpu_bytes_by_pid() -> dict[int, int]:
+    """Each process's GPU memory, from nvidia-smi (MiB); none without one."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                          check=False).stdout.splitlines()  # fmt: skip
+    found = {}
+    for row in rows:
+        pid, used = (part.strip() for part in row.split(","))
+        found[int(pid)] = int(used) << 20
+    return found
+
+
+def engine_gpu(pid: int | None, by_pid: dict[int, int]) -> int | None:
+    if pid is None:
+        return None
+    try:
+        tree = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return None
+    return sum(by_pid.get(p, 0) for p in tree)
+
+
+def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
+    models = control(run_dir)["models"]
+    by_pid = gpu_bytes_by_pid()
+    return {"when": when, **{n: {"state": m["state"], "rss_bytes": rss(m["pid"]),
+                                 "gpu_bytes": engine_gpu(m["pid"], by_pid)}
+                             for n, m in models.items()}}  # fmt: skip
+
+
+async def switches(front: httpx.AsyncClient, run_dir: Path, count: int) -> list[dict[str, Any]]:
+    out = []
+    for k in range(count):
+        model = "b" if k % 2 == 0 else "a"
+        before = len(control(run_dir)["events"])
+        ttft, _ = await first_token(front, model, tokens(64, 1000 + k))
+        events = control(run_dir)["events"][before:]
+        out.append({"to": model, "first_token_s": round(ttft, 4),
+                    "steps": [(e["text"], e["seconds"]) for e in events]})  # fmt: skip
+        print(f"switch to {model}: {ttft * 1000:.0f} ms {out[-1]['steps']}", flush=True)
+    return out
+
+
+def hits(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("vllm:external_prefix_cache_hits_total")
+               and 'model_name="a"' in line)  # fmt: skip
+
+
+async def tier_survives(front: httpx.AsyncClient) -> dict[str, Any]:
+    doc, fresh = tokens(4000, 7), tokens(4000, 8)
+    await first_token(front, "a", doc)  # computed, stored in a's CPU tier
+    await asyncio.sleep(2)  # the stores finish
+    before = hits((await front.get("/metrics")).text)
+    await first_token(front, "b", tokens(64, 9))  # 'a' put away (its tier kept?)...
+    await first_token(front, "a", tokens(64, 10))  # ...and brought back
+    again, _ = await first_token(front, "a", doc)
+    new, _ = await first_token(front, "a", fresh)
+    after = hits((await front.get("/metrics")).text)
+    return {"doc_again_ttft_s": round(again, 4), "new_doc_ttft_s": round(new, 4),
+            "cpu_tier_hit_tokens": after - before}  # fmt: skip
+
+
+async def saturate(client: httpx.AsyncClient, seconds: float, clients: int = 48
+                   ) -> dict[str, float]:  # fmt: skip
+    ttfts: list[float] = []
+    out_tokens = 0
+    began = time.perf_counter()
+
+    async def loop(i: int) -> None:
+        nonlocal out_tokens
+        k = 0
+        while time.perf_counter() - began < seconds:
+            ttft, got = await first_token(client, "a", tokens(512, i * 100000 + k), 64)
+            ttfts.append(ttft)
+            out_tokens += got
+            k += 1
+
+    await asyncio.gather(*(loop(i) for i in range(clients)))
+    elapsed = time.perf_counter() - began
+    return {"tokens_per_s": round(out_tokens / elapsed, 1),
+            "ttft_p50_s": round(statistics.median(ttfts), 4), "requests": len(ttfts)}  # fmt: skip
+
+
+async def front_door_cost(front: httpx.AsyncClient, engine: httpx.AsyncClient,
+                          windows: int, clients: int) -> dict[str, Any]:  # fmt: skip
+    arms: dict[str, dict[str, list[Any]]] = {"direct": {}, "front": {}}
+    for w in range(windows):
+        for name, client in (("direct", engine), ("front", front))[:: 1 if w % 2 else -1]:
+            seq = [(await first_token(client, "a", tokens(512, 50000 + w * 100 + i), 1))[0]
+                   for i in range(10)]  # fmt: skip
+            arms[name].setdefault("sequential_ttft_s", []).append(statistics.median(seq))
+            arms[name].setdefault("saturated", []).append(await saturate(client, 8, clients))
+            print(f"window {w} {name}: seq {statistics.median(seq) * 1000:.2f} ms "
+                  f"{arms[name]['saturated'][-1]}", flush=True)  # fmt: skip
+    return arms
+
+
+async def measure(args: argparse.Namespace, port: int, run_dir: Path, result: dict[str, Any]
+                  ) -> None:  # fmt: skip
+    front = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600)
+    result["rss"] = [rss_now(run_dir, "after start")]
+    await first_token(front, "a", tokens(64, 1))
+    result["switches"] = await switches(front, run_dir, args.switches)
+    result["rss"].append(rss_now(run_dir, f"after {args.switches} switches"))
+    if args.idle == "sleep":
+        result["tier"] = await tier_survives(front)
+        print("tier:", result["tier"], flush=True)
+    if args.front_windows:
+        await first_token(front, "a", tokens(64, 2))
+        socket = run_dir / "engines" / "0.sock"
+        engine = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket)),
+                                   base_url="http://engine", timeout=600)  # fmt: skip
+        result["front_door"] = await front_door_cost(front, engine, args.front_windows,
+                                                     args.clients)  # fmt: skip
+        await engine.aclose()
+    await front.aclose()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--idle", choices=["sleep", "stop"], default="sleep")
+    parser.add_argument("--level", type=int, choices=[1, 2], default=1)
+    parser.add_argument("--arena", type=int, choices=[0, 1], default=1)
+    parser.add_argument("--switches", type=int, default=6)
+    parser.add_argument("--front-windows", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=8300)
+    parser.add_argument("--start-timeout", type=float, default=400)
+    parser.add_argument("--pool-bytes", type=int, default=8 << 30)
+    parser.add_argument("--tier-gib", type=float, default=4)
+    parser.add_argument("--clients", type=int, default=48, help="saturated windows' clients")
+    parser.add_argument("--vocab-high", type=int, default=30000)
+    parser.add_argument("--vllm-arg", action="append", default=[], help="e.g. --enforce-eager")
+    args = parser.parse_args()
+    VOCAB[1] = args.vocab_high
+    name = f"{args.idle}{args.level if args.idle == 'sleep' else ''}-arena{args.arena}"
+    run_dir = Path(f"/tmp/vllm-offload-switch/run-{name}")
+    config = run_dir.parent / f"{name}.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(config_text(args, args.port, run_dir))
+    env = dict(os.environ)
+    if not args.arena:
+        env["VLLM_PLUGINS"] = "none"  # vLLM's own sleep backend
+    log = args.out.with_suffix(".log")
+    result: dict[str, Any] = {"arm": name, "config": config.read_text()}
+    began = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "vllm_offload", "serve", "--config",
+                                 str(config)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+    try:
+        while not healthy(args.port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve exited {proc.returncode}")
+            if time.monotonic() - began > args.start_timeout:
+                raise TimeoutError(f"not healthy in {args.start_timeout} s")
+            time.sleep(0.5)
+        result["start_s"] = round(time.monotonic() - began, 2)
+        print(f"{name}: healthy in {result['start_s']} s", flush=True)
+        asyncio.run(measure(args, args.port, run_dir, result))
+        result["events"] = control(run_dir)["events"]
+    except Exception as exc:  # write what there is, say what broke
+        result["error"] = repr(exc)
+        print("error:", repr(exc), flush=True)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        args.out.write_text(json.dumps(result, indent=2))
+    return 1 if "error" in result else 0
+
+
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
