@@ -26,7 +26,7 @@ from vllm.device_allocator.cumem import CuMemAllocator, libcudart
 from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
 
 BACKED_UP_AT_EVERY_LEVEL = ("runtime", "cudagraph")  # as vLLM's CuMemBackend keeps them
 PAGE = mmap.PAGESIZE
