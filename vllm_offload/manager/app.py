@@ -30,7 +30,7 @@ from vllm_offload import config as config_mod
 from vllm_offload import deployment, disk_layout, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.manager import detect, fence, page, wedge
+from vllm_offload.manager import bounded, detect, fence, page, wedge
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
@@ -94,9 +94,13 @@ def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
 
 def prepare(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
     """What `vllm-offload serve` would do with ``config`` on this host (the same checks
-    and words), its model confined to the roots the ``saved`` file sets."""
-    return deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find(),
-                              roots=model_roots(saved))  # fmt: skip
+    and words), its model confined to the roots the ``saved`` file sets; within a time
+    bound (it reads the model folder and the disk tier's)."""
+    return bounded.call(
+        lambda: deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find(),
+                                   roots=model_roots(saved)),
+        "model.path", "reading the model folder",
+    )  # fmt: skip
 
 
 def startable(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
@@ -106,6 +110,16 @@ def startable(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentC
         first = prepared.problems[0]
         raise Refused(first.field, first.message)
     return prepared
+
+
+def tier_status(disk_path: str) -> dict[str, float] | None:
+    """The disk tier's own account; None where there is none or its filesystem hangs."""
+    if not disk_path:
+        return None
+    with suppress(Refused):
+        return bounded.call(lambda: disk_layout.read_status(disk_path),
+                            "kv_offload.disk_path", "reading the disk tier's status")  # fmt: skip
+    return None
 
 
 def list_models(config: config_mod.DeploymentConfig) -> list[dict[str, str]]:
@@ -277,9 +291,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 if backend == "lmcache"
                 else sampler.tier_card(tier_bytes)
             ),
-            "disk": sampler.disk_card(
-                disk_bytes, disk_layout.read_status(disk_path) if disk_path else None
-            ),
+            "disk": sampler.disk_card(disk_bytes, tier_status(disk_path)),
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -322,7 +334,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     @app.get("/api/models")
     def models() -> dict[str, Any]:
         config = _load(settings)
-        return {"roots": [str(r) for r in model_roots(config)], "models": list_models(config)}
+        found = bounded.call(lambda: list_models(config), "manager.model_roots", "listing models")
+        return {"roots": [str(r) for r in model_roots(config)], "models": found}
 
     @app.get("/api/config")
     def get_config(response: Response) -> dict[str, Any]:
