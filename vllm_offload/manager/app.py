@@ -30,9 +30,10 @@ from vllm_offload import config as config_mod
 from vllm_offload import deployment, disk_layout, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.manager import bounded, detect, fence, page, wedge
+from vllm_offload.manager import bounded, detect, fence, page, reach, wedge
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
 from vllm_offload.systemd.control import ServiceError, Systemd
 from vllm_offload.vllm_client import VllmClient
@@ -390,19 +391,20 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             monitor.changed()
         return {"status": "saved; restarting", "plan": plan.to_json()}
 
-    def served_by_the_unit(port: int) -> None:
-        """Refuse (409) unless the socket on ``port`` belongs to the unit's server: the
-        probe sends the API key, and any local user can listen on a port the stopped
-        server left free (one did, took the key and answered 'healthy')."""
+    def served_by_the_unit(address: str, port: int) -> None:
+        """Refuse (409) unless every socket a connection to ``address``:``port`` could
+        reach belongs to the unit's server: the probe sends the API key, and any local
+        user can listen on a port the stopped server left free (one did, took the key and
+        answered 'healthy'), or on another address of the same name (``[::1]``)."""
         unit, _health = monitor.current()
-        owner = detect.listener_uid(port)
+        owners = reach.listener_uids(address, port)
         with suppress(psutil.NoSuchProcess):
-            if unit.main_pid is not None and owner == psutil.Process(unit.main_pid).uids().real:
+            if unit.main_pid is not None and owners == {psutil.Process(unit.main_pid).uids().real}:
                 return
         raise Refused(
             "server.port",
-            f"the process listening on port {port} is not {settings.unit}.service's server "
-            "(another user's, or the unit is not running); the API key is not sent to it",
+            f"a process listening on {address} port {port} is not {settings.unit}.service's "
+            "server (another user's, or the unit is not running); the API key is not sent",
         )
 
     @app.post("/api/probe")
@@ -415,14 +417,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 "(POST /api/service/start) and wait for health",
             )
         config = _load(settings)
+        address = reach.server_address(config)  # resolved once: checked, then connected to
         if config.server.api_key_file:
-            served_by_the_unit(config.server.port)
+            served_by_the_unit(address, config.server.port)
         name = launch.served_name(config, model_dir(config))
         body = {"model": name, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
         key = launch.read_api_key(config)
         try:
-            with VllmClient(sampler.server_url, key) as server:
+            with VllmClient(reach.url(address, config.server.port), key) as server:
                 response = server.post("/v1/chat/completions", body, PROBE_TIMEOUT_S)
                 response.raise_for_status()
                 answer = response.json()
@@ -475,15 +478,3 @@ def wedge_status(monitor: UnitMonitor, limits: config_mod.ManagerSection) -> dic
         "restart_wedged": limits.restart_wedged,
         "restarts_last_hour": watch.restarts_within(time.time()),
     }
-
-
-def server_url(config: config_mod.DeploymentConfig) -> str:
-    """Where the manager reaches the server the config describes (a wildcard bind is
-    reached on loopback)."""
-    host = config.server.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    return (
-        f"http://[{host}]:{config.server.port}"
-        if ":" in host
-        else f"http://{host}:{config.server.port}"
-    )

@@ -1,0 +1,85 @@
+"""Where the manager reaches the server, resolved once to the one address vLLM binds,
+and who listens there.
+
+vLLM 0.32 binds an IPv6 socket only for an IPv6 literal; any other host (``localhost``)
+is bound as IPv4. The manager once connected to ``localhost`` by name: on a host where
+that is also ``::1``, another local user listening on ``[::1]:port`` got the probe's
+``Bearer`` key and fed the charts, while the ownership check looked at the IPv4 socket.
+Now the manager checks, and connects to, the same literal address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.errors import Refused
+
+# Wildcard binds are reached on loopback.
+_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def server_address(config: DeploymentConfig) -> str:
+    """The IP address the server of ``config`` listens on, as vLLM resolves its host."""
+    host = config.server.host
+    if host in _LOOPBACK:
+        return _LOOPBACK[host]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:  # a name: vLLM binds an IPv4 socket to it, so it takes the first IPv4 address
+        found = socket.getaddrinfo(host, config.server.port, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise Refused("server.host", f"{host} does not resolve here ({exc})") from None
+    return str(found[0][4][0])
+
+
+def url(address: str, port: int) -> str:
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def server_url(config: DeploymentConfig) -> str:
+    """The server's base URL, by the address it listens on (never by a name)."""
+    return url(server_address(config), config.server.port)
+
+
+def _address(hex_text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as /proc/net/tcp{,6} writes it: 32-bit words in host (little) order."""
+    raw = bytes.fromhex(hex_text)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def listeners(port: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """(address, owner's uid) of every TCP socket listening on ``port``, from
+    /proc/net/tcp{,6}, which every user may read."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, uid = fields[1], fields[3], fields[7]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append((_address(address), int(uid)))
+    return found
+
+
+def listener_uids(address: str, port: int) -> set[int]:
+    """The owners of every socket that a connection to ``address``:``port`` could reach:
+    one bound to that address, its family's wildcard, or (IPv4) the IPv6 wildcard and
+    the address mapped into IPv6."""
+    target = ipaddress.ip_address(address)
+    reach: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = {target}
+    if isinstance(target, ipaddress.IPv4Address):
+        reach |= {ipaddress.IPv4Address(0), ipaddress.IPv6Address(0),
+                  ipaddress.IPv6Address(f"::ffff:{target}")}  # fmt: skip
+    else:
+        reach.add(ipaddress.IPv6Address(0))
+    return {uid for local, uid in listeners(port) if local in reach}
