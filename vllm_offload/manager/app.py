@@ -196,6 +196,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         response.headers["Content-Security-Policy"] = page.CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"  # no-referrer makes Origin: null
+        if not request.url.path.startswith("/static/"):  # the page carries the CSRF token
+            response.headers["Cache-Control"] = "no-store"
         return response
 
     @app.get("/healthz")
@@ -217,10 +219,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def login(request: Request, token: str = Form(..., max_length=512)) -> Response:
         if not origin_matches(request):
             raise HTTPException(403, "the Origin header is missing or names another site")
-        if not sessions.login_allowed():
-            raise HTTPException(429, "too many failed logins; wait a minute and try again")
-        if not sessions.check_token(token.strip()):
-            sessions.login_failed()
+        if not sessions.check_guess(request, "form", token.strip()):
             return HTMLResponse(page.LOGIN_FAILED, status_code=401)
         session_id, _csrf = sessions.create()
         response = RedirectResponse("/", status_code=303)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_offload.config import DeploymentConfig
@@ -53,10 +54,12 @@ def _address(hex_text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(words)
 
 
-def listeners(port: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
-    """(address, owner's uid) of every TCP socket listening on ``port``, from
-    /proc/net/tcp{,6}, which every user may read."""
-    found = []
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _sockets() -> Iterator[tuple[Address, int, Address, int, str, int]]:
+    """(local address, port, remote address, port, state, owner's uid) of every TCP
+    socket, from /proc/net/tcp{,6}, which every user may read."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -64,11 +67,35 @@ def listeners(port: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Add
             continue
         for row in rows:
             fields = row.split()
-            local, state, uid = fields[1], fields[3], fields[7]
-            address, _, hex_port = local.rpartition(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                found.append((_address(address), int(uid)))
-    return found
+            local, _, local_port = fields[1].rpartition(":")
+            remote, _, remote_port = fields[2].rpartition(":")
+            yield (_address(local), int(local_port, 16), _address(remote), int(remote_port, 16),
+                   fields[3], int(fields[7]))  # fmt: skip
+
+
+def listeners(port: int) -> list[tuple[Address, int]]:
+    """(address, owner's uid) of every TCP socket listening on ``port``."""
+    return [(a, uid) for a, p, _r, _rp, state, uid in _sockets() if state == "0A" and p == port]
+
+
+def peer_uid(peer: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """Who owns the connection from ``peer`` to ``server`` (both on this host): the uid
+    of the socket whose local end is ``peer`` and remote end ``server``; None if none."""
+    try:
+        ends = (ipaddress.ip_address(peer[0]), ipaddress.ip_address(server[0]))
+    except ValueError:  # not TCP over IP (a test's transport)
+        return None
+    want = (_plain(ends[0]), peer[1], _plain(ends[1]), server[1])
+    for local, port, remote, remote_port, _state, uid in _sockets():
+        if (_plain(local), port, _plain(remote), remote_port) == want:
+            return uid
+    return None
+
+
+def _plain(address: Address) -> Address:
+    """An IPv4 address mapped into IPv6 (a dual-stack socket's view) as IPv4."""
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
 
 
 def listener_uids(address: str, port: int) -> set[int]:
