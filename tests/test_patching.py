@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import shutil
@@ -171,3 +172,43 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     out = subprocess.run(run, capture_output=True, text=True)
     assert out.returncode == 2
     assert "no vllm/ directory there" in out.stderr
+
+
+def test_a_journal_naming_files_outside_the_site_is_not_replayed(
+    site: Path, tmp_path: Path
+) -> None:
+    """Issue #29: `patch status --site` replayed whatever a planted journal named, as the
+    caller (root): writes and deletes anywhere."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    journal = site / "vllm" / patching.JOURNAL_DIR
+    journal.mkdir()
+    (journal / "0.orig").write_text("written by the journal")
+    escape = os.path.relpath(tmp_path / "written.txt", site)
+    (journal / "manifest.json").write_text(
+        json.dumps({escape: "0.orig", os.path.relpath(victim, site): None})
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "patch", "status", "--site", str(site)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and "not a file of vllm-offload's series" in out.stderr, out
+    assert victim.read_text() == "keep me" and not (tmp_path / "written.txt").exists()
+
+
+def test_no_write_goes_through_a_planted_link(site: Path, tmp_path: Path) -> None:
+    """`patch revert` wrote through a link planted at its predictable temp file name."""
+    patching.apply(site)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    series = patching.load_series(patching.site_version(site))
+    for rel in series.pristine:
+        target = site / rel
+        (target.parent / f".{target.name}.vllm-offload-tmp").symlink_to(victim)
+    patching.revert(site)
+    assert victim.read_text() == "keep me"
+    assert patching.status(site) is State.NOT_APPLIED
+    (site / "vllm" / patching.STATE_FILE).symlink_to(victim)  # the state file, planted
+    with pytest.raises(PatchError, match=r"leads out of|not vllm-offload.s state"):
+        patching.apply(site)
+    assert victim.read_text() == "keep me"

@@ -5,6 +5,11 @@ the pristine hash of its release first, the new contents are computed in
 memory, the originals are copied into a journal, and only then are files
 replaced. An exception rolls back from the journal; a crash leaves the journal
 behind, and the next patch command rolls back from it before doing anything.
+
+A site directory may be another user's (``patch status --site`` on someone's venv, as
+root): only the series' own files are written or removed, each inside the site (no link
+out of it is followed), through temp files made with O_EXCL, and every file read must be
+a regular one.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import read_regular
 from vllm_offload.vllm_version import find as find_vllm
 from vllm_offload.vllm_version import version_from_tree
 
@@ -27,6 +35,8 @@ PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
 STATE_FILE = ".vllm_offload_patches.json"
 JOURNAL_DIR = ".vllm_offload_journal"
 HASHES_FILE = "pristine.sha256"
+MAX_FILE_BYTES = 64 * 1024 * 1024  # larger than any file of vLLM's the series touches
+BACKUP_NAME = re.compile(r"[0-9]{1,6}\.orig")
 
 
 class PatchError(VllmOffloadError):
@@ -171,7 +181,29 @@ def _targets(series: Series) -> dict[str, list[FilePatch]]:
 
 
 def _read(path: Path) -> bytes | None:
-    return path.read_bytes() if path.exists() else None
+    """A file's bytes (None where it is absent); only a regular file is read."""
+    try:
+        return read_regular(path, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PatchError(f"{path}: cannot read it ({exc})") from None
+
+
+def _inside(site: Path, rel: str) -> Path:
+    """``site / rel`` after checking that it stays in ``site``: a relative path without
+    '..', whose folder (links resolved) is inside the site, and no link itself."""
+    target = site / rel
+    folder = os.path.realpath(target.parent)
+    if (
+        Path(rel).is_absolute()
+        or ".." in Path(rel).parts
+        or os.path.commonpath([folder, os.path.realpath(site)]) != os.path.realpath(site)
+        or target.is_symlink()
+    ):
+        raise PatchError(f"{target}: leads out of {site} (a link, or a path outside it); "
+                         "refusing to write there")  # fmt: skip
+    return target
 
 
 def _patched(series: Series, site: Path) -> dict[str, bytes]:
@@ -210,11 +242,16 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
 
 def _recorded(site: Path) -> dict[str, str]:
     """sha256 of each file the last apply wrote, or {}."""
-    state_path = site / "vllm" / STATE_FILE
-    if not state_path.is_file():
+    data = _read(site / "vllm" / STATE_FILE)
+    if data is None:
         return {}
-    patched: dict[str, str] = json.loads(state_path.read_text()).get("patched", {})
-    return patched
+    try:
+        patched = json.loads(data).get("patched", {})
+    except (ValueError, AttributeError):
+        raise PatchError(f"{site / 'vllm' / STATE_FILE}: not vllm-offload's state") from None
+    if not isinstance(patched, dict):
+        raise PatchError(f"{site / 'vllm' / STATE_FILE}: not vllm-offload's state")
+    return {str(k): str(v) for k, v in patched.items()}
 
 
 def _is_release_file(
@@ -267,16 +304,25 @@ def _check_pristine(series: Series, site: Path) -> None:
 
 
 def _replace_file(target: Path, data: bytes | None) -> None:
-    """Write or delete one file atomically (temp file + rename in the same directory)."""
+    """Write or delete one file atomically: a temp file of a fresh name (O_EXCL: never
+    through a link planted at a name), then a rename in the same directory."""
     if data is None:
         target.unlink(missing_ok=True)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.vllm-offload-tmp")
-    tmp.write_bytes(data)
-    if target.exists():
-        shutil.copymode(target, tmp)
-    os.replace(tmp, target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".vllm-offload-tmp",
+                               dir=target.parent)  # fmt: skip
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            if target.exists():
+                os.fchmod(file.fileno(), target.stat().st_mode & 0o7777)
+            else:
+                os.fchmod(file.fileno(), 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _journal_path(site: Path) -> Path:
@@ -302,14 +348,30 @@ def _begin_journal(site: Path, targets: list[str]) -> Path:
 
 
 def recover(site: Path) -> bool:
-    """Roll back an apply/revert that was cut off; True if there was one."""
+    """Roll back an apply/revert that was cut off; True if there was one. The journal
+    may only name the series' own files, and its backups must be regular files in it."""
     journal = _journal_path(site)
-    manifest = journal / "manifest.json"
-    if not journal.is_dir():
+    if journal.is_symlink() or not journal.is_dir():
+        if journal.is_symlink():
+            raise PatchError(f"{journal}: a link, not vllm-offload's journal; remove it")
         return False
-    if manifest.is_file():
-        for rel, backup in json.loads(manifest.read_text()).items():
-            _replace_file(site / rel, None if backup is None else (journal / backup).read_bytes())
+    data = _read(journal / "manifest.json")
+    if data is not None:
+        targets = set(load_series(site_version(site)).pristine)
+        try:
+            originals = json.loads(data)
+            entries = [(str(rel), backup) for rel, backup in originals.items()]
+        except (ValueError, AttributeError):
+            raise PatchError(f"{journal}: a garbled journal; check it, then remove it") from None
+        for rel, backup in entries:
+            if rel not in targets or not (backup is None or BACKUP_NAME.fullmatch(str(backup))):
+                raise PatchError(f"{journal}: names {rel!r}, not a file of vllm-offload's "
+                                 "series; not replayed (check and remove it)")  # fmt: skip
+        for rel, backup in entries:
+            original = None if backup is None else _read(journal / str(backup))
+            if backup is not None and original is None:
+                raise PatchError(f"{journal}: the backup {backup} is missing")
+            _replace_file(_inside(site, rel), original)
     shutil.rmtree(journal)
     return True
 
@@ -317,15 +379,13 @@ def recover(site: Path) -> bool:
 def _write_all(
     site: Path, contents: Mapping[str, bytes | None], state: Mapping[str, object] | None
 ) -> None:
+    targets = {rel: _inside(site, rel) for rel in contents}  # before anything is written
+    state_path = _inside(site, f"vllm/{STATE_FILE}")
     journal = _begin_journal(site, list(contents))
     try:
         for rel, data in contents.items():
-            _replace_file(site / rel, data)
-        state_path = site / "vllm" / STATE_FILE
-        if state is None:
-            state_path.unlink(missing_ok=True)
-        else:
-            state_path.write_text(json.dumps(state, indent=2))
+            _replace_file(targets[rel], data)
+        _replace_file(state_path, None if state is None else json.dumps(state, indent=2).encode())
     except BaseException:
         recover(site)
         raise
