@@ -108,6 +108,7 @@ def hold(root: Path) -> int:
 def write_status(root: Path, status: dict[str, float]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{STATUS_FILE}.", dir=root)
     with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o640)  # mkstemp's 0600 hid it from the manager's user
         json.dump(status, f)
     os.replace(tmp, root / STATUS_FILE)
 

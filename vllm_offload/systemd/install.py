@@ -12,15 +12,18 @@ import grp
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import string
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_offload import config as config_mod
+from vllm_offload import disk_layout
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.systemd.control import ServiceError, validate_unit
 
@@ -99,11 +102,42 @@ def _protect_home(paths: list[str]) -> str:
     return "read-only" if any(p.startswith(home_like) for p in resolved) else "yes"
 
 
-def _model_path(options: InstallOptions) -> str:
+def _config(options: InstallOptions) -> config_mod.DeploymentConfig:
+    """The config the units will serve (defaults where none is given or it is unusable)."""
+    if not options.config_given:
+        return config_mod.DeploymentConfig()
     try:
-        return config_mod.load(options.config).model.path if options.config_given else ""
+        return config_mod.load(options.config)
     except config_mod.ConfigError:
-        return ""
+        return config_mod.DeploymentConfig()
+
+
+# What a path may hold to be written into a unit's ReadWritePaths= as it is (no spaces,
+# quotes, backslashes or systemd's % specifiers).
+UNIT_PATH = re.compile(r"/[A-Za-z0-9._/@+-]*")
+
+
+def _disk_path(config: config_mod.DeploymentConfig) -> str:
+    path = config.kv_offload.disk_path
+    if path and not UNIT_PATH.fullmatch(path):
+        raise InstallError(
+            f"kv_offload.disk_path {path!r}: the units cannot name it; use a path of letters, "
+            "digits and / . _ - + @"
+        )
+    return path
+
+
+def _write_paths(options: InstallOptions, disk_path: str) -> tuple[str, str]:
+    """ReadWritePaths= of the server's and the manager's unit: the state directory (and the
+    config's for the manager), and exactly the disk tier's directory for the server, its
+    folder (what "Clear disk tier" empties) for the manager. '-': a missing one is the
+    planner's to report, not a mount failure."""
+    server = str(options.state_dir)
+    manager = f"{options.config.parent} {options.state_dir}"
+    if disk_path:
+        server += f" -{disk_path}"
+        manager += f" -{disk_layout.tier_root(disk_path)}"
+    return server, manager
 
 
 def render(options: InstallOptions) -> list[PlannedFile]:
@@ -113,6 +147,9 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     # Not in config_dir, which the manager's user owns (it saves the config there): the
     # server's environment (LD_PRELOAD, say) must be writable by root alone.
     env_file = Path("/etc/default") / f"{options.unit}-offload"
+    config = _config(options)
+    disk_path = _disk_path(config)
+    server_paths, manager_paths = _write_paths(options, disk_path)
     values = {
         "unit": options.unit,
         "user": options.user,
@@ -126,10 +163,11 @@ def render(options: InstallOptions) -> list[PlannedFile]:
         "state_dir": str(options.state_dir),
         "token_file": str(token_file),
         "systemctl": shutil.which("systemctl") or "/usr/bin/systemctl",
-        "protect_home": _protect_home(
-            [options.python, str(options.config), str(options.state_dir), _model_path(options)]
-        ),
-    }
+        "protect_home": _protect_home([options.python, str(options.config),
+                                       str(options.state_dir), config.model.path, disk_path]),
+        "server_write_paths": server_paths,
+        "manager_write_paths": manager_paths,
+    }  # fmt: skip
 
     def fill(name: str) -> str:
         return string.Template((TEMPLATES / name).read_text()).substitute(values)
@@ -183,6 +221,8 @@ def install(options: InstallOptions) -> list[Path]:
         os.replace(tmp, target)
         written.append(target)
     state_dir.mkdir(parents=True, exist_ok=True)
+    if disk_path := _disk_path(_config(options)):
+        grant_disk_tier(_under(options.root, Path(disk_path)), options.user, options.manager_user)
     if os.geteuid() == 0:
         owner = pwd.getpwnam(options.user)
         os.chown(state_dir, owner.pw_uid, owner.pw_gid)
@@ -194,6 +234,55 @@ def install(options: InstallOptions) -> list[Path]:
     if options.root == Path("/") and Path("/run/systemd/system").is_dir():
         subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=60)
     return written
+
+
+# A POSIX ACL as its extended attribute holds it (linux/posix_acl_xattr.h): a version,
+# then (tag, permissions, id) entries in tag order.
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+def _manager_acl(manager_uid: int) -> bytes:
+    """Owner rwx, the manager's user rwx, the owner's group r-x, others nothing."""
+    entries = [(_USER_OBJ, 7, _NO_ID), (_USER, 7, manager_uid), (_GROUP_OBJ, 5, _NO_ID),
+               (_MASK, 7, _NO_ID), (_OTHER, 0, _NO_ID)]  # fmt: skip
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def grant_disk_tier(disk_path: Path, user: str, manager_user: str) -> None:
+    """The disk tier's folder in ``disk_path`` (made with it where missing): the server's
+    user's, mode 0750; another manager user gets rwx on it and, as the default ACL, on
+    everything the server makes in it (umask does not apply then), so that "Clear disk
+    tier" can delete there. Nothing else is granted: ``disk_path`` stays as it is.
+    Folders the server made before this grant keep their permissions."""
+    disk_path.mkdir(parents=True, exist_ok=True)
+    try:
+        folder = disk_layout.open_root(disk_layout.tier_root(str(disk_path)), create=True)
+    except OSError as exc:
+        raise InstallError(
+            f"kv_offload.disk_path: cannot prepare the tier's folder: {exc}"
+        ) from None
+    try:
+        if os.geteuid() != 0:
+            return  # only root may give it away; a --root image for a later install
+        owner = pwd.getpwnam(user)
+        os.fchown(folder, owner.pw_uid, owner.pw_gid)
+        os.fchmod(folder, 0o750)
+        if manager_user == user:
+            return
+        acl = _manager_acl(pwd.getpwnam(manager_user).pw_uid)
+        try:
+            os.setxattr(folder, "system.posix_acl_access", acl)
+            os.setxattr(folder, "system.posix_acl_default", acl)
+        except OSError as exc:
+            raise InstallError(
+                f"kv_offload.disk_path {disk_path}: its filesystem takes no POSIX ACL "
+                f"({exc.strerror}), so {manager_user} could not clear the disk tier; mount it "
+                "with ACLs, or run the manager as the server's user (--manager-user)"
+            ) from None
+    finally:
+        os.close(folder)
 
 
 def uninstall(root: Path, state_dir: Path = DEFAULT_STATE_DIR) -> list[Path]:
