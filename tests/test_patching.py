@@ -99,11 +99,11 @@ def test_failure_midway_rolls_back(site: Path, monkeypatch: pytest.MonkeyPatch) 
     real = patching._replace_file
     calls = {"n": 0}
 
-    def failing(target: Path, data: bytes | None) -> None:
+    def failing(site: Path, rel: str, data: bytes | None) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        real(target, data)
+        real(site, rel, data)
 
     monkeypatch.setattr(patching, "_replace_file", failing)
     with pytest.raises(OSError, match="No space left"):
@@ -123,11 +123,11 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
         "from vllm_offload import patching\n"
         "real = patching._replace_file\n"
         "n = [0]\n"
-        "def crashing(target, data):\n"
+        "def crashing(site, rel, data):\n"
         "    n[0] += 1\n"
         "    if n[0] == 3:\n"
         "        os._exit(9)\n"
-        "    real(target, data)\n"
+        "    real(site, rel, data)\n"
         "patching._replace_file = crashing\n"
         "patching.apply(Path(sys.argv[1]))\n"
     )
@@ -212,3 +212,21 @@ def test_no_write_goes_through_a_planted_link(site: Path, tmp_path: Path) -> Non
     with pytest.raises(PatchError, match=r"leads out of|not vllm-offload.s state"):
         patching.apply(site)
     assert victim.read_text() == "keep me"
+
+
+def test_a_folder_swapped_for_a_link_is_not_written_through(site: Path, tmp_path: Path) -> None:
+    """Writes walk the site from its own fd without following links: a folder of the site
+    that is a link to elsewhere (swapped in by the site's owner) is refused; the journal
+    stays (its own replay is refused too) and rolls back once the folder is back."""
+    before = files_of(site)
+    elsewhere = tmp_path / "elsewhere-v1"
+    shutil.move(site / "vllm" / "v1", elsewhere)
+    (site / "vllm" / "v1").symlink_to(elsewhere)
+    copied = files_of(elsewhere)
+    with pytest.raises(PatchError, match="a link on the way"):
+        patching.apply(site)
+    assert files_of(elsewhere) == copied
+    (site / "vllm" / "v1").unlink()
+    shutil.move(elsewhere, site / "vllm" / "v1")
+    assert patching.recover(site)  # what the next patch command does first
+    assert files_of(site) == before
