@@ -214,3 +214,38 @@ def test_a_linked_tier_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(install.InstallError, match="symbolic link"):
         install.install(options(root, config=config, config_given=True, manager_user="nobody"))
     assert not os.listxattr(tmp_path)
+
+
+def test_a_reinstall_writes_nothing_through_links_the_services_users_planted(
+    tmp_path: Path,
+) -> None:
+    """Found re-reading for #29: install wrote each file through a fixed temp name
+    (.manager-token.tmp) in the config directory the manager's user owns, then chmod-ed and
+    chown-ed it to that user, following a link planted there: a re-install handed any
+    file to the manager's user. The manifest in the server's state directory was written
+    through a link too, and uninstall deleted whatever that file listed."""
+    root = tmp_path / "a" / "b" / "c"
+    opts = options(root, manager_user="nobody")
+    install.install(opts)
+    victim = tmp_path / "victim"
+    victim.write_text("root's file")
+    victim.chmod(0o644)
+    token = root / "etc/vllm-offload/manager-token"
+    token.unlink()  # the manager's user may (it owns the directory)
+    (token.parent / ".manager-token.tmp").symlink_to(victim)
+    install.install(opts)
+    assert victim.read_text() == "root's file"
+    assert (victim.stat().st_uid, victim.stat().st_mode & 0o777) == (0, 0o644)
+    assert token.is_file() and not token.is_symlink() and token.stat().st_uid == 65534
+    manifest = root / str(opts.state_dir).lstrip("/") / install.MANIFEST
+    manifest.unlink()  # the server's user may (it owns its state directory)
+    manifest.symlink_to(victim)
+    with pytest.raises(install.InstallError, match="not install-service's manifest"):
+        install.install(opts)
+    assert victim.read_text() == "root's file"
+    manifest.unlink()  # a manifest the server's user wrote, naming root's file
+    manifest.write_text(json.dumps([str(victim.relative_to(root.anchor))]))
+    os.chown(manifest, 65534, 65534)
+    with pytest.raises(install.InstallError, match="not written by"):
+        install.uninstall(root, opts.state_dir)
+    assert victim.exists()

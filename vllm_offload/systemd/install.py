@@ -19,12 +19,14 @@ import string
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_offload import config as config_mod
 from vllm_offload import disk_layout
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import ServiceError, validate_unit
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "systemd"  # the repository's unit templates
@@ -197,6 +199,44 @@ def _under(root: Path, path: Path) -> Path:
     return root / path.relative_to("/")
 
 
+def _write(target: Path, content: str, mode: int, owner: str | None = None) -> None:
+    """``target`` replaced by a file of ``content``: a temp file of a fresh name (O_EXCL:
+    never through a link the services' users planted in the folders they own), its mode
+    and owner set on the open file, then renamed over ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(content)
+            os.fchmod(file.fileno(), mode)
+            if owner and os.geteuid() == 0:
+                entry = pwd.getpwnam(owner)
+                os.fchown(file.fileno(), entry.pw_uid, entry.pw_gid)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _recorded(manifest_path: Path) -> list[str]:
+    """What an earlier install recorded. The state directory is the server's user's, so
+    the manifest counts only if this user wrote it (a regular file, not a link)."""
+    try:
+        with open_regular(manifest_path, follow_links=False) as file:
+            if os.fstat(file.fileno()).st_uid != os.geteuid():
+                raise InstallError(f"{manifest_path}: not written by install-service (another "
+                                   "user owns it); check it, then remove it")  # fmt: skip
+            recorded = json.loads(file.read(1 << 20))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise InstallError(f"{manifest_path}: not install-service's manifest ({exc}); check "
+                           "it, then remove it") from None  # fmt: skip
+    if not isinstance(recorded, list) or not all(isinstance(p, str) for p in recorded):
+        raise InstallError(f"{manifest_path}: not install-service's manifest")
+    return recorded
+
+
 def install(options: InstallOptions) -> list[Path]:
     """Write the files under ``options.root``; returns those written (existing config,
     env and token are kept). Records them for uninstall."""
@@ -205,20 +245,13 @@ def install(options: InstallOptions) -> list[Path]:
     created_config_dir = not config_dir.exists()
     state_dir = _under(options.root, options.state_dir)
     manifest_path = state_dir / MANIFEST
-    recorded: list[str] = json.loads(manifest_path.read_text()) if manifest_path.is_file() else []
+    recorded = _recorded(manifest_path)
     written: list[Path] = []
     for planned in files:
         target = _under(options.root, planned.path)
-        if planned.keep_existing and target.exists():
+        if planned.keep_existing and (target.exists() or target.is_symlink()):
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(planned.content)
-        os.chmod(tmp, planned.mode)
-        if planned.owner and os.geteuid() == 0:
-            entry = pwd.getpwnam(planned.owner)
-            os.chown(tmp, entry.pw_uid, entry.pw_gid)
-        os.replace(tmp, target)
+        _write(target, planned.content, planned.mode, planned.owner)
         written.append(target)
     state_dir.mkdir(parents=True, exist_ok=True)
     if disk_path := _disk_path(_config(options)):
@@ -230,7 +263,7 @@ def install(options: InstallOptions) -> list[Path]:
             manager = pwd.getpwnam(options.manager_user)
             os.chown(config_dir, manager.pw_uid, manager.pw_gid)
     all_files = sorted({*recorded, *(str(p.relative_to(options.root)) for p in written)})
-    manifest_path.write_text(json.dumps(all_files, indent=2))
+    _write(manifest_path, json.dumps(all_files, indent=2), 0o644)
     if options.root == Path("/") and Path("/run/systemd/system").is_dir():
         subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=60)
     return written
@@ -286,16 +319,17 @@ def grant_disk_tier(disk_path: Path, user: str, manager_user: str) -> None:
 
 
 def uninstall(root: Path, state_dir: Path = DEFAULT_STATE_DIR) -> list[Path]:
-    """Remove what install recorded; returns the removed paths."""
+    """Remove what install recorded (in a manifest this user wrote); returns the removed
+    paths."""
     if not root.is_absolute():
         raise InstallError(f"--root {root}: must be an absolute path")
     manifest_path = _under(root, state_dir) / MANIFEST
     if not manifest_path.is_file():
         raise InstallError(f"{manifest_path}: not found; nothing was installed there")
     removed: list[Path] = []
-    for rel in json.loads(manifest_path.read_text()):
+    for rel in _recorded(manifest_path):
         target = root / rel
-        if target.exists():
+        if target.exists() or target.is_symlink():
             target.unlink()
             removed.append(target)
     manifest_path.unlink()
