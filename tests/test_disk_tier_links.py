@@ -141,3 +141,21 @@ def test_the_status_file_is_read_only_when_small_and_regular(tmp_path: Path, pla
     assert within(30, lambda: disk_layout.read_status(str(tmp_path))) is None  # not JSON
     status.write_text('{"used_bytes": 5, "files": 1, "name": "x"}')
     assert disk_layout.read_status(str(tmp_path)) == {"used_bytes": 5.0, "files": 1.0}
+
+
+def test_a_linked_tier_folder_is_a_problem_of_the_deployment(tmp_path: Path) -> None:
+    """Said before the server starts (serve exits 2, the page says why), not only by the
+    tier's refusal inside vLLM's scheduler."""
+    from tests.conftest import make_host
+    from vllm_offload import demo_model, deployment
+    from vllm_offload.config import DeploymentConfig, with_overrides
+
+    model = demo_model.write(tmp_path / "demo")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    disk_layout.tier_root(str(disk)).symlink_to(tmp_path)
+    config = with_overrides(DeploymentConfig(), {"model.path": str(model),
+                                                 "kv_offload.disk_path": str(disk)})  # fmt: skip
+    prepared = deployment.prepare(config, make_host(24), {}, None)
+    linked = [p for p in prepared.problems if "symbolic link" in p.message]
+    assert [p.field for p in linked] == ["kv_offload.disk_path"] and linked[0].exit_code == 2
