@@ -19,6 +19,7 @@ import pytest
 
 from tests.manager.conftest import BEARER, Env
 from vllm_offload import config as config_mod
+from vllm_offload.errors import Refused
 from vllm_offload.manager import reach
 
 pytestmark = pytest.mark.anyio
@@ -122,3 +123,11 @@ async def test_the_key_goes_only_to_the_address_checked(
         assert intruder.communicate(timeout=30)[0] == ""  # not even a request
         assert "AUTH Bearer the-key" in server.communicate(timeout=30)[0]
     assert response.status_code == 502  # the stand-in cannot chat
+
+
+def test_a_host_that_does_not_resolve_still_lets_the_manager_start() -> None:
+    config = config_mod.with_overrides(config_mod.DeploymentConfig(),
+                                       {"server.host": "no-such-host.invalid"})  # fmt: skip
+    assert reach.server_url(config) == "http://no-such-host.invalid:8000"
+    with pytest.raises(Refused, match="does not resolve"):
+        reach.server_address(config)

@@ -43,8 +43,14 @@ def url(address: str, port: int) -> str:
 
 
 def server_url(config: DeploymentConfig) -> str:
-    """The server's base URL, by the address it listens on (never by a name)."""
-    return url(server_address(config), config.server.port)
+    """The server's base URL for the charts, by the address it listens on. A host name
+    that does not resolve here (yet) is kept as it is: nothing listens there now, and the
+    manager must start all the same (the probe, which sends the key, resolves anew and
+    refuses)."""
+    try:
+        return url(server_address(config), config.server.port)
+    except Refused:
+        return url(config.server.host, config.server.port)
 
 
 def _address(hex_text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
