@@ -269,3 +269,29 @@ def test_fuzz_the_tier_folder_a_clear_walks(entries: list[tuple[str, str, str]])
     with contextlib.suppress(Refused):  # a planted .lock no regular file: nothing deleted
         disk_layout.clear_tier(str(disk))
     assert sorted(p.name for p in outside.rglob("*")) == before
+
+
+PLANTED = st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"])
+
+
+@FUZZ
+@given(content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
+       kinds=st.tuples(PLANTED, PLANTED))  # fmt: skip
+def test_fuzz_the_config_and_api_key_files(content: bytes, kinds: tuple[str, str]) -> None:
+    """The other files the manager opens on every poll: config.toml and the API key file
+    each answer with a refusal naming them, or a value; never a hang or a traceback."""
+    from vllm_offload import launch
+
+    folder = Path(tempfile.mkdtemp(dir=_scratch))
+    plant(folder / "config.toml", kinds[0], content)
+    plant(folder / "key", kinds[1], content)
+    if kinds[1] == "file":
+        (folder / "key").chmod(0o600)
+    with contextlib.suppress(config_mod.ConfigError):
+        config_mod.load(folder / "config.toml")
+    keyed = config_mod.with_overrides(config_mod.DeploymentConfig(),
+                                      {"server.api_key_file": str(folder / "key")})  # fmt: skip
+    try:
+        assert launch.read_api_key(keyed)
+    except launch.PreflightError as exc:
+        assert exc.field == "server.api_key_file"
