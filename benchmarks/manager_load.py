@@ -166,6 +166,7 @@ def main() -> int:
             vllm.wait_healthy(300)
     token = secrets.token_urlsafe(24)
     (scratch / "token").write_text(token)
+    (scratch / "token").chmod(0o600)
     port = free_port()
     manager = subprocess.Popen(
         [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),

@@ -6,7 +6,9 @@ tokens, and vLLM's own parser reads the final command line back before anything 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,30 @@ def test_every_string_field_goes_through_the_check(
         assert read["trust_remote_code"] == alone["trust_remote_code"]
         assert read["kv_transfer_config"].kv_connector == "OffloadingConnector"
         assert read["additional_config"] == alone["additional_config"]
+
+
+def test_serve_refuses_a_command_line_vllm_would_misread(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A folder named "--" passes every config check, but argparse drops a served name
+    "--": `serve --dry-run` and the start itself refuse it (exit 2) before vLLM runs."""
+    import runpy
+
+    from vllm_offload.cli import main
+
+    model = tmp_path / "--"
+    shutil.copytree(demo_dir, model)
+    assert main(["serve", "--model", str(model), "--dry-run"]) == 2
+    assert "error: model.served_name: vLLM's own parser reads" in capsys.readouterr().err
+    ran: list[str] = []
+    monkeypatch.setattr(runpy, "run_module", lambda name, **_: ran.append(name))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # launch.run sets the spec's
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    _cfg, spec = build(model, {})
+    with pytest.raises(launch.PreflightError):
+        launch.run(spec)
+    assert ran == []
+    _cfg, fine = build(demo_dir, {})
+    launch.run(fine)
+    assert ran == ["vllm.entrypoints.openai.api_server"]

@@ -87,3 +87,111 @@ def test_garbled_safetensors_header(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes((20).to_bytes(8, "little") + b"{garbage" * 3)
     with pytest.raises(ModelFactsError, match="garbled safetensors header"):
         model_facts.read(tmp_path)
+
+
+def crafted_configs() -> list[tuple[str, bytes]]:
+    """config.json files an attacker who can write a model root planted (issue #29)."""
+    base = dict(LLAMA3_8B)
+    crafted: list[tuple[str, bytes]] = [
+        ("nan", json.dumps(base).replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN').encode()),
+        ("infinity", json.dumps(dict(base, rope_theta=1)).replace("1,", "Infinity,", 1).encode()),
+        ("1e400", json.dumps(dict(base, vocab_size=7)).replace(": 7", ": 1e400").encode()),
+        ("deep", b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("null", b"null"),
+    ]  # fmt: skip
+    for key, value in [
+        ("num_hidden_layers", 200_000_000), ("num_hidden_layers", -32), ("hidden_size", 0),
+        ("num_key_value_heads", "8"), ("num_key_value_heads", [8]), ("head_dim", -128),
+        ("head_dim", 1.5), ("max_position_embeddings", -1), ("max_position_embeddings", 1e30),
+        ("vocab_size", -5), ("sliding_window", "x"), ("sliding_window", -4096),
+        ("num_attention_heads", 10**30), ("intermediate_size", -1), ("num_experts", -8),
+        ("torch_dtype", {"a": 1}), ("quantization_config", {"quant_method": [1]}),
+        ("kv_lora_rank", -512),
+    ]:  # fmt: skip
+        crafted.append((f"{key}={value!r}", json.dumps(dict(base, **{key: value})).encode()))
+    return crafted
+
+
+def crafted_headers() -> list[tuple[str, bytes]]:
+    entries = [
+        {"w": {"dtype": "BF16"}}, {"w": {"dtype": "BF16", "shape": [-4096, 4096]}},
+        {"w": {"dtype": "BF16", "shape": ["4096"]}}, {"w": {"dtype": 7, "shape": [2]}},
+        {"w": [1, 2]}, {"w": {"dtype": "BF16", "shape": [1 << 40, 1 << 40]}},
+    ]  # fmt: skip
+    headers = [json.dumps(entry).encode() for entry in entries] + [b"[1]", b"NaN"]
+    return [(h.decode()[:30], len(h).to_bytes(8, "little") + h) for h in headers]
+
+
+@pytest.mark.parametrize(("name", "content"), crafted_configs())
+def test_crafted_configs_exit_2_naming_the_model_path(
+    tmp_path: Path, name: str, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tracebacks (exit 1), negative bytes (exit 0) or minutes of work on the old code."""
+    from vllm_offload.cli import main
+
+    (tmp_path / "config.json").write_bytes(content)
+    for command in (["plan", "--gpu-mem-gib", "24"], ["serve", "--dry-run"]):
+        assert main([*command, "--model", str(tmp_path)]) == 2, name
+        assert "error: model.path: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "header"), crafted_headers())
+def test_crafted_safetensors_headers_exit_2(
+    tmp_path: Path, name: str, header: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vllm_offload.cli import main
+
+    write_shape(tmp_path, LLAMA3_8B)
+    (tmp_path / "model.safetensors").write_bytes(header)
+    assert main(["plan", "--gpu-mem-gib", "24", "--model", str(tmp_path)]) == 2, name
+    assert "error: model.path: " in capsys.readouterr().err
+
+
+def read_within(directory: Path, seconds: float = 60) -> BaseException | None:
+    """model_facts.read in a thread; what it raised (None: nothing). Fails if it is still
+    reading after ``seconds`` (a FIFO held the old reader for good)."""
+    import threading
+
+    raised: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            model_facts.read(directory)
+            raised.append(None)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still reading {directory} after {seconds} s"
+    return raised[0]
+
+
+@pytest.mark.parametrize("planted", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_only_regular_files_are_read(tmp_path: Path, planted: str, kind: str) -> None:
+    """A FIFO blocked the manager's threads for good; a link to /dev/zero read until
+    memory ran out."""
+    import os
+
+    write_shape(tmp_path, LLAMA3_8B)
+    target = tmp_path / planted
+    target.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev-zero":
+        target.symlink_to("/dev/zero")
+    else:
+        target.mkdir()
+    error = read_within(tmp_path)
+    assert isinstance(error, ModelFactsError) and error.field == "model.path", error
+    assert "not a regular file" in error.message or "no config.json" in error.message
+
+
+def test_an_oversized_config_is_not_read_whole(tmp_path: Path) -> None:
+    write_shape(tmp_path, LLAMA3_8B)
+    with (tmp_path / "config.json").open("r+b") as f:
+        f.truncate(model_facts.MAX_CONFIG_BYTES + 1)  # sparse: no disk used
+    error = read_within(tmp_path)
+    assert isinstance(error, ModelFactsError) and "larger than" in error.message

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import shutil
@@ -99,11 +100,11 @@ def test_failure_midway_rolls_back(site: Path, monkeypatch: pytest.MonkeyPatch) 
     real = patching._replace_file
     calls = {"n": 0}
 
-    def failing(target: Path, data: bytes | None) -> None:
+    def failing(site: Path, rel: str, data: bytes | None) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        real(target, data)
+        real(site, rel, data)
 
     monkeypatch.setattr(patching, "_replace_file", failing)
     with pytest.raises(OSError, match="No space left"):
@@ -123,11 +124,11 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
         "from vllm_offload import patching\n"
         "real = patching._replace_file\n"
         "n = [0]\n"
-        "def crashing(target, data):\n"
+        "def crashing(site, rel, data):\n"
         "    n[0] += 1\n"
         "    if n[0] == 3:\n"
         "        os._exit(9)\n"
-        "    real(target, data)\n"
+        "    real(site, rel, data)\n"
         "patching._replace_file = crashing\n"
         "patching.apply(Path(sys.argv[1]))\n"
     )
@@ -245,3 +246,61 @@ def test_a_series_goes_through_a_vllm_git_tree_and_back(version: str, tmp_path: 
                     str(out)], check=True, env=env, capture_output=True)  # fmt: skip
     for name in ("series", "pristine.sha256", *(p.name for p in series.patches)):
         assert (out / name).read_bytes() == (directory / name).read_bytes(), name
+
+
+def test_a_journal_naming_files_outside_the_site_is_not_replayed(
+    site: Path, tmp_path: Path
+) -> None:
+    """Issue #29: `patch status --site` replayed whatever a planted journal named, as the
+    caller (root): writes and deletes anywhere."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    journal = site / "vllm" / patching.JOURNAL_DIR
+    journal.mkdir()
+    (journal / "0.orig").write_text("written by the journal")
+    escape = os.path.relpath(tmp_path / "written.txt", site)
+    (journal / "manifest.json").write_text(
+        json.dumps({escape: "0.orig", os.path.relpath(victim, site): None})
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "patch", "status", "--site", str(site)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and "not a file of vllm-offload's series" in out.stderr, out
+    assert victim.read_text() == "keep me" and not (tmp_path / "written.txt").exists()
+
+
+def test_no_write_goes_through_a_planted_link(site: Path, tmp_path: Path) -> None:
+    """`patch revert` wrote through a link planted at its predictable temp file name."""
+    patching.apply(site)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    series = patching.load_series(patching.site_version(site))
+    for rel in series.pristine:
+        target = site / rel
+        (target.parent / f".{target.name}.vllm-offload-tmp").symlink_to(victim)
+    patching.revert(site)
+    assert victim.read_text() == "keep me"
+    assert patching.status(site) is State.NOT_APPLIED
+    (site / "vllm" / patching.STATE_FILE).symlink_to(victim)  # the state file, planted
+    with pytest.raises(PatchError, match=r"leads out of|not vllm-offload.s state"):
+        patching.apply(site)
+    assert victim.read_text() == "keep me"
+
+
+def test_a_folder_swapped_for_a_link_is_not_written_through(site: Path, tmp_path: Path) -> None:
+    """Writes walk the site from its own fd without following links: a folder of the site
+    that is a link to elsewhere (swapped in by the site's owner) is refused; the journal
+    stays (its own replay is refused too) and rolls back once the folder is back."""
+    before = files_of(site)
+    elsewhere = tmp_path / "elsewhere-v1"
+    shutil.move(site / "vllm" / "v1", elsewhere)
+    (site / "vllm" / "v1").symlink_to(elsewhere)
+    copied = files_of(elsewhere)
+    with pytest.raises(PatchError, match="a link on the way"):
+        patching.apply(site)
+    assert files_of(elsewhere) == copied
+    (site / "vllm" / "v1").unlink()
+    shutil.move(elsewhere, site / "vllm" / "v1")
+    assert patching.recover(site)  # what the next patch command does first
+    assert files_of(site) == before

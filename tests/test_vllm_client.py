@@ -64,3 +64,18 @@ def test_waiting_ends_when_ready_when_the_process_ends_or_at_the_bound() -> None
     with pytest.raises(TimeoutError, match="waiting for a thing"):
         wait_until(lambda: asked.append(True) or False, 0.05, "a thing", poll_s=0.01)
     assert asked  # asked while the bound lasted
+
+
+def test_answers_are_read_only_up_to_a_cap() -> None:
+    """Found re-reading for #29: whatever listens on the server's port (another user's
+    process while the server is down) answers the manager's polls every second, and
+    the whole answer was read into memory."""
+    from vllm_offload.vllm_client import MAX_CONTROL_BYTES
+
+    def flood(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=iter([b"#" * (1 << 20)] * (MAX_CONTROL_BYTES >> 19)))
+
+    with VllmClient("http://vllm:8000", "k", transport=httpx.MockTransport(flood)) as server:
+        with pytest.raises(ValueError, match="over"):
+            server.metrics({"vllm:prompt_tokens"})
+        assert server.models() is None

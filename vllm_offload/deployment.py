@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import demo_model, hardware, launch, model_facts, patching
+from vllm_offload import demo_model, disk_layout, hardware, launch, model_facts, patching
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
@@ -118,6 +118,8 @@ def machine_checks(
     except PreflightError as exc:
         problems.append(exc)
         api_key = None
+    if config.kv_offload.disk_path and (tier := tier_link(config.kv_offload.disk_path)):
+        problems.append(PreflightError("kv_offload.disk_path", tier))
     if vllm is not None and lmcache and (missing := lmcache_problem(environ)) is not None:
         problems.append(PreflightError("kv_offload.backend", missing))
     if vllm is not None and (unpatched := patch_problem(vllm)) is not None:
@@ -130,6 +132,16 @@ def machine_checks(
                 "--allow-unpatched",
             ))  # fmt: skip
     return api_key, problems, notes
+
+
+def tier_link(disk_path: str) -> str | None:
+    """Why the disk tier's folder cannot be used as it is (a link, which the tier never
+    makes: planted by the server's user, or code it ran), or None."""
+    root = disk_layout.tier_root(disk_path)
+    if not root.is_symlink():
+        return None
+    return (f"{root} is a symbolic link, which the disk tier never makes and will not "
+            "follow; remove it (the server's user, or code it ran, planted it)")  # fmt: skip
 
 
 def patch_problem(vllm: InstalledVllm) -> str | None:

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 import resource
+import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import psutil
 
 from vllm_offload import amx
 from vllm_offload.amx import AmxState
+from vllm_offload.disk_layout import TIER_DIR
 
 GIB = 1 << 30
 SHM_PATH = "/dev/shm"
@@ -177,20 +179,35 @@ def _filesystem(path: str) -> str:
 
 @functools.cache  # a filesystem keeps its answer; the manager plans every poll
 def _o_direct(directory: str) -> bool:
-    """Whether files in ``directory`` open with O_DIRECT (a probe file, removed at once)."""
-    probe = os.path.join(directory, f".vllm-offload-odirect-{os.getpid()}")
+    """Whether files in ``directory`` open with O_DIRECT: a probe file of a random name,
+    made in the directory (by its fd) and never through a link (O_EXCL, O_NOFOLLOW: the
+    server's user can plant one, and root runs this too), removed at once."""
+    probe = f".vllm-offload-odirect-{secrets.token_hex(8)}"
+    flags = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
     try:
-        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o600)
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return False
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
-    return True
+    try:
+        fd = os.open(probe, flags | getattr(os, "O_DIRECT", 0), 0o600, dir_fd=folder)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe, dir_fd=folder)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(folder)
 
 
 def probe_disk(path: str) -> DiskFacts:
+    """``path`` (kv_offload.disk_path) as this process finds it. Where the tier's folder is
+    there already (install-service makes it, granting the manager's user that folder
+    only), writable and O_DIRECT mean there: it is where the tier writes."""
     real = os.path.realpath(path)
+    folder = os.path.join(real, TIER_DIR)
+    if os.path.isdir(folder) and not os.path.islink(folder):
+        real = folder
     exists = os.path.isdir(real)
     writable = exists and os.access(real, os.W_OK | os.X_OK)
     return DiskFacts(

@@ -24,6 +24,7 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
+from vllm_offload.safe_files import open_regular
 from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
@@ -41,6 +42,7 @@ LMCACHE_CHUNK_TOKENS = 256
 CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
 # Patch 0006 reads the host extension's size (bytes per GPU) from vLLM's additional config.
 HOST_EXTENSION_KEY = "kv_host_extension_bytes"
+MAX_KEY_BYTES = 4096
 
 
 class PreflightError(Refused):
@@ -281,25 +283,31 @@ def _weight_offload(
 
 
 def read_api_key(config: DeploymentConfig) -> str | None:
+    """The key in server.api_key_file: a small regular file (a FIFO there would hang
+    every status poll of the manager) that other users cannot read."""
     path = config.server.api_key_file
     if not path:
         return None
-    if os.path.exists(path) and (mode := os.stat(path).st_mode & 0o777) & 0o026:
+    try:
+        with open_regular(path) as file:
+            mode = os.fstat(file.fileno()).st_mode & 0o777
+            data = file.read(MAX_KEY_BYTES + 1)
+    except OSError as exc:
+        raise PreflightError(
+            "server.api_key_file",
+            f'cannot read {path} ({exc}); fix the path or its permissions, or set it to "" '
+            "for no key",
+        ) from None
+    if mode & 0o026:
         raise PreflightError(
             "server.api_key_file",
             f"{path} has mode {mode:o}: other users can read it, or its group can write it; "
             "chmod 600 it (640 to share it with the manager's group)",
         )
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as exc:
-        raise PreflightError(
-            "server.api_key_file",
-            f"cannot read {path}: {exc.strerror}; fix the path or "
-            'its permissions, or set it to "" for no key',
-        ) from None
-    if not key:
-        raise PreflightError("server.api_key_file", f"{path} is empty; write the key into it")
+    key = data.decode(errors="replace").strip()
+    if not key or len(data) > MAX_KEY_BYTES:
+        raise PreflightError("server.api_key_file", f"{path}: write one key (up to "
+                             f"{MAX_KEY_BYTES} bytes) into it")  # fmt: skip
     return key
 
 

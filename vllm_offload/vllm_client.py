@@ -4,6 +4,7 @@ end-to-end tests all talk to vLLM through it (one HTTP stack: httpx)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -14,6 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 # How long one control call (health, models, metrics) may take: a server that does not
 # answer that fast is busy or gone.
 CONTROL_TIMEOUT_S = 2.0
+# The most of a /metrics or /v1/models answer that is read: whatever listens on the port
+# (another local user's process, while the server is down) answers the manager's polls.
+MAX_CONTROL_BYTES = 16 * 1024 * 1024
 
 
 def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
@@ -81,20 +85,30 @@ class VllmClient:
         except httpx.HTTPError:
             return False
 
+    def _get_capped(self, path: str, timeout_s: float | None = None) -> bytes:
+        """GET ``path``'s body, at most MAX_CONTROL_BYTES of it (ValueError past that);
+        raises httpx.HTTPError."""
+        with self.http.stream("GET", path, timeout=timeout_s or self.http.timeout) as response:
+            response.raise_for_status()
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_CONTROL_BYTES:
+                    raise ValueError(f"{path}: an answer over {MAX_CONTROL_BYTES} bytes")
+        return bytes(body)
+
     def models(self) -> list[str] | None:
         """The served model names, or None where nothing (or no vLLM) answers."""
         try:
-            response = self.http.get("/v1/models")
-            response.raise_for_status()
-            return [m["id"] for m in response.json()["data"]]
+            return [str(m["id"]) for m in json.loads(self._get_capped("/v1/models"))["data"]]
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
     def metrics(self, wanted: Collection[str], timeout_s: float | None = None) -> dict[str, float]:
-        """vLLM's /metrics, summed by name over label sets; raises httpx.HTTPError."""
-        response = self.http.get("/metrics", timeout=timeout_s or self.http.timeout)
-        response.raise_for_status()
-        return sum_samples(response.text, wanted)
+        """vLLM's /metrics, summed by name over label sets; raises httpx.HTTPError, or
+        ValueError for an answer that is too large or not Prometheus text."""
+        text = self._get_capped("/metrics", timeout_s).decode(errors="replace")
+        return sum_samples(text, wanted)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> httpx.Response:
         """One request (a completion, a chat turn); the response whatever its status."""

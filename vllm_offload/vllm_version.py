@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import read_regular
 
 SUPPORTED = ("0.32.0", "0.25.0")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -64,10 +65,11 @@ def find() -> InstalledVllm:
 def version_from_tree(package_dir: Path) -> str | None:
     """The version a vllm/ tree's ``_version.py`` records (setuptools-scm writes
     ``__version__ = version = '0.25.0'``), or None."""
-    version_file = package_dir / "_version.py"
-    if not version_file.is_file():
+    try:  # a site may be another user's (`patch --site`): a small regular file only
+        text = read_regular(package_dir / "_version.py", 1 << 20).decode(errors="replace")
+    except OSError:
         return None
-    for line in version_file.read_text().splitlines():
+    for line in text.splitlines():
         quoted = re.search(r"""['"]([^'"]+)['"]""", line)
         if re.match(r"(__version__|version)\s*[:=]", line) and quoted:
             return quoted.group(1)

@@ -70,6 +70,7 @@ def manager(tmp_path: Path, deployment: Deployment, token: str) -> Iterator[str]
     """The manager controlling the deployment's unit; its URL once it answers."""
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),

@@ -269,7 +269,10 @@ def test_cli_refuses_non_loopback_without_token(
     writable.write_text("a-long-enough-token-0123456789")
     os.chmod(writable, 0o666)  # issue #15: accepted without a word
     assert main(["manager", "--token-file", str(writable), "--config", str(config)]) == 2
-    assert "other users can write it" in capsys.readouterr().err
+    assert "other users can read or write it" in capsys.readouterr().err
+    os.chmod(writable, 0o644)  # issue #29: readable by every local user, accepted
+    assert main(["manager", "--token-file", str(writable), "--config", str(config)]) == 2
+    assert "other users can read or write it (mode 644)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -150,3 +150,102 @@ def test_both_units_are_sandboxed(tmp_path: Path) -> None:
         match = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
         assert match is not None, done.stdout + done.stderr
         assert float(match.group(1)) <= 4.5, (name, match.group(1))  # 3.6 / 3.8 here
+
+
+def test_the_units_grant_exactly_the_disk_tier(tmp_path: Path) -> None:
+    """Issue #29: as installed, the server could write only its state directory and the
+    manager's user could not delete in the tier: the disk tier and "Clear disk tier"
+    could not work. Now the server unit may write kv_offload.disk_path, the manager's the
+    tier's folder in it, nothing wider, and the folder is the server's with an ACL for
+    the manager's user (the end-to-end proof with two real users: tests/e2e/
+    test_disk_tier_install_e2e.py)."""
+    from vllm_offload import config as config_mod
+    from vllm_offload import disk_layout
+
+    disk = tmp_path / "nvme" / "kv"
+    config = tmp_path / "etc" / "config.toml"
+    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
+        "kv_offload.disk_path": str(disk)}), config)  # fmt: skip
+    root = tmp_path / "a" / "b" / "c"
+    install.install(options(root, config=config, config_given=True, manager_user="nobody"))
+    units = root / "etc/systemd/system"
+    writable = {
+        unit.name: next(line for line in unit.read_text().splitlines()
+                        if line.startswith("ReadWritePaths=")).split("=", 1)[1].split()
+        for unit in units.iterdir()
+    }  # fmt: skip
+    state = str(tmp_path / "a" / "b" / "state")
+    assert writable["vllm.service"] == [state, f"-{disk}"]
+    tier = disk_layout.tier_root(str(disk))
+    assert writable["vllm-manager.service"] == [str(config.parent), state, f"-{tier}"]
+    assert verify(units / "vllm.service") == ""  # ("nobody" makes the other one complain)
+    made = root / str(tier).lstrip("/")  # under --root, as every file install writes
+    # the owner all, others nothing; the group bits are the ACL's mask now (rwx)
+    assert made.is_dir() and oct(made.stat().st_mode & 0o707) == "0o700"
+    acl = os.getxattr(made, "system.posix_acl_default")
+    assert (65534).to_bytes(4, "little") in acl  # nobody, the manager's user here
+    assert os.getxattr(made, "system.posix_acl_access") == acl
+    assert not os.listxattr(made.parent)  # nothing wider: disk_path itself is untouched
+
+
+@pytest.mark.parametrize("disk_path", ["/nvme/my kv", "/nvme/%h", "/nvme/a\\b"])
+def test_a_disk_path_a_unit_cannot_name_is_refused(tmp_path: Path, disk_path: str) -> None:
+    from vllm_offload import config as config_mod
+
+    config = tmp_path / "config.toml"
+    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
+        "kv_offload.disk_path": disk_path}), config)  # fmt: skip
+    with pytest.raises(install.InstallError, match=r"kv_offload\.disk_path"):
+        install.install(options(tmp_path / "root", config=config, config_given=True))
+    assert not (tmp_path / "root" / "etc").exists()  # nothing written
+
+
+def test_a_linked_tier_folder_is_refused(tmp_path: Path) -> None:
+    from vllm_offload import config as config_mod
+    from vllm_offload import disk_layout
+
+    root = tmp_path / "root"
+    disk = "/nvme/kv"
+    config = tmp_path / "config.toml"
+    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
+        "kv_offload.disk_path": disk}), config)  # fmt: skip
+    (root / "nvme/kv").mkdir(parents=True)
+    (root / "nvme/kv" / disk_layout.TIER_DIR).symlink_to(tmp_path)
+    with pytest.raises(install.InstallError, match="symbolic link"):
+        install.install(options(root, config=config, config_given=True, manager_user="nobody"))
+    assert not os.listxattr(tmp_path)
+
+
+def test_a_reinstall_writes_nothing_through_links_the_services_users_planted(
+    tmp_path: Path,
+) -> None:
+    """Found re-reading for #29: install wrote each file through a fixed temp name
+    (.manager-token.tmp) in the config directory the manager's user owns, then chmod-ed and
+    chown-ed it to that user, following a link planted there: a re-install handed any
+    file to the manager's user. The manifest in the server's state directory was written
+    through a link too, and uninstall deleted whatever that file listed."""
+    root = tmp_path / "a" / "b" / "c"
+    opts = options(root, manager_user="nobody")
+    install.install(opts)
+    victim = tmp_path / "victim"
+    victim.write_text("root's file")
+    victim.chmod(0o644)
+    token = root / "etc/vllm-offload/manager-token"
+    token.unlink()  # the manager's user may (it owns the directory)
+    (token.parent / ".manager-token.tmp").symlink_to(victim)
+    install.install(opts)
+    assert victim.read_text() == "root's file"
+    assert (victim.stat().st_uid, victim.stat().st_mode & 0o777) == (0, 0o644)
+    assert token.is_file() and not token.is_symlink() and token.stat().st_uid == 65534
+    manifest = root / str(opts.state_dir).lstrip("/") / install.MANIFEST
+    manifest.unlink()  # the server's user may (it owns its state directory)
+    manifest.symlink_to(victim)
+    with pytest.raises(install.InstallError, match="not install-service's manifest"):
+        install.install(opts)
+    assert victim.read_text() == "root's file"
+    manifest.unlink()  # a manifest the server's user wrote, naming root's file
+    manifest.write_text(json.dumps([str(victim.relative_to(root.anchor))]))
+    os.chown(manifest, 65534, 65534)
+    with pytest.raises(install.InstallError, match="not written by"):
+        install.uninstall(root, opts.state_dir)
+    assert victim.exists()

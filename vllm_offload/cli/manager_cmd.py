@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import secrets
 import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
 from vllm_offload.cli._common import UsageError
+from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import Systemd, validate_unit
 
 # Open connections the manager serves at once; the unit's LimitNOFILE leaves room above.
@@ -47,17 +49,21 @@ def _is_loopback(host: str) -> bool:
 
 
 def read_token(path: Path) -> str:
+    """The token of a file only its owner may read or write (0600: install-service's)."""
     try:
-        token = path.read_text().strip()
+        with open_regular(path) as file:
+            mode = os.fstat(file.fileno()).st_mode & 0o777
+            data = file.read(4096)
     except OSError as exc:
-        raise UsageError(f"--token-file {path}: cannot read it ({exc.strerror})") from None
+        raise UsageError(f"--token-file {path}: cannot read it ({exc})") from None
+    if mode & 0o077:
+        raise UsageError(
+            f"--token-file {path}: other users can read or write it (mode {mode:o}), so "
+            "they could learn or set the token; chmod 600 it"
+        )
+    token = data.decode(errors="replace").strip()
     if len(token) < 16:
         raise UsageError(f"--token-file {path}: the token must be at least 16 characters")
-    if path.stat().st_mode & 0o022:
-        raise UsageError(
-            f"--token-file {path}: other users can write it (mode "
-            f"{path.stat().st_mode & 0o777:o}), so they could set the token; chmod 600 it"
-        )
     return token
 
 

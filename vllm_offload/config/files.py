@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload.config.schema import ConfigError, DeploymentConfig, parse
+from vllm_offload.safe_files import read_regular
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-offload/config.toml")
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def load(path: Path) -> DeploymentConfig:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read the config file: {exc.strerror}") from None
+    try:  # a regular file of reasonable size: a FIFO here would hang every reader
+        text = read_regular(path, MAX_CONFIG_BYTES).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot read the config file: {exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -82,7 +84,7 @@ def to_toml(config: DeploymentConfig) -> str:
 def file_tag(path: Path) -> str:
     """An ETag of the file as it is now (its bytes' hash); '' when there is none."""
     try:
-        return '"' + hashlib.sha256(path.read_bytes()).hexdigest()[:32] + '"'
+        return '"' + hashlib.sha256(read_regular(path, MAX_CONFIG_BYTES)).hexdigest()[:32] + '"'
     except OSError:
         return ""
 

@@ -30,9 +30,10 @@ from vllm_offload import config as config_mod
 from vllm_offload import deployment, disk_layout, hardware, launch, vllm_version
 from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.manager import detect, fence, page, wedge
+from vllm_offload.manager import bounded, detect, fence, page, reach, wedge
 from vllm_offload.manager.auth import SESSION_COOKIE, Sessions, authenticate, origin_matches
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
 from vllm_offload.systemd.control import ServiceError, Systemd
 from vllm_offload.vllm_client import VllmClient
@@ -94,9 +95,13 @@ def _load(settings: ManagerSettings) -> config_mod.DeploymentConfig:
 
 def prepare(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
     """What `vllm-offload serve` would do with ``config`` on this host (the same checks
-    and words), its model confined to the roots the ``saved`` file sets."""
-    return deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find(),
-                              roots=model_roots(saved))  # fmt: skip
+    and words), its model confined to the roots the ``saved`` file sets; within a time
+    bound (it reads the model folder and the disk tier's)."""
+    return bounded.call(
+        lambda: deployment.prepare(config, hardware.probe(), os.environ, vllm_version.find(),
+                                   roots=model_roots(saved)),
+        "model.path", "reading the model folder",
+    )  # fmt: skip
 
 
 def startable(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentConfig) -> Prepared:
@@ -106,6 +111,16 @@ def startable(config: config_mod.DeploymentConfig, saved: config_mod.DeploymentC
         first = prepared.problems[0]
         raise Refused(first.field, first.message)
     return prepared
+
+
+def tier_status(disk_path: str) -> dict[str, float] | None:
+    """The disk tier's own account; None where there is none or its filesystem hangs."""
+    if not disk_path:
+        return None
+    with suppress(Refused):
+        return bounded.call(lambda: disk_layout.read_status(disk_path),
+                            "kv_offload.disk_path", "reading the disk tier's status")  # fmt: skip
+    return None
 
 
 def list_models(config: config_mod.DeploymentConfig) -> list[dict[str, str]]:
@@ -181,6 +196,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
         response.headers["Content-Security-Policy"] = page.CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"  # no-referrer makes Origin: null
+        if not request.url.path.startswith("/static/"):  # the page carries the CSRF token
+            response.headers["Cache-Control"] = "no-store"
         return response
 
     @app.get("/healthz")
@@ -202,10 +219,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     def login(request: Request, token: str = Form(..., max_length=512)) -> Response:
         if not origin_matches(request):
             raise HTTPException(403, "the Origin header is missing or names another site")
-        if not sessions.login_allowed():
-            raise HTTPException(429, "too many failed logins; wait a minute and try again")
-        if not sessions.check_token(token.strip()):
-            sessions.login_failed()
+        if not sessions.check_guess(request, "form", token.strip()):
             return HTMLResponse(page.LOGIN_FAILED, status_code=401)
         session_id, _csrf = sessions.create()
         response = RedirectResponse("/", status_code=303)
@@ -277,9 +291,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 if backend == "lmcache"
                 else sampler.tier_card(tier_bytes)
             ),
-            "disk": sampler.disk_card(
-                disk_bytes, disk_layout.read_status(disk_path) if disk_path else None
-            ),
+            "disk": sampler.disk_card(disk_bytes, tier_status(disk_path)),
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -322,7 +334,8 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     @app.get("/api/models")
     def models() -> dict[str, Any]:
         config = _load(settings)
-        return {"roots": [str(r) for r in model_roots(config)], "models": list_models(config)}
+        found = bounded.call(lambda: list_models(config), "manager.model_roots", "listing models")
+        return {"roots": [str(r) for r in model_roots(config)], "models": found}
 
     @app.get("/api/config")
     def get_config(response: Response) -> dict[str, Any]:
@@ -377,19 +390,20 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             monitor.changed()
         return {"status": "saved; restarting", "plan": plan.to_json()}
 
-    def served_by_the_unit(port: int) -> None:
-        """Refuse (409) unless the socket on ``port`` belongs to the unit's server: the
-        probe sends the API key, and any local user can listen on a port the stopped
-        server left free (one did, took the key and answered 'healthy')."""
+    def served_by_the_unit(address: str, port: int) -> None:
+        """Refuse (409) unless every socket a connection to ``address``:``port`` could
+        reach belongs to the unit's server: the probe sends the API key, and any local
+        user can listen on a port the stopped server left free (one did, took the key and
+        answered 'healthy'), or on another address of the same name (``[::1]``)."""
         unit, _health = monitor.current()
-        owner = detect.listener_uid(port)
+        owners = reach.listener_uids(address, port)
         with suppress(psutil.NoSuchProcess):
-            if unit.main_pid is not None and owner == psutil.Process(unit.main_pid).uids().real:
+            if unit.main_pid is not None and owners == {psutil.Process(unit.main_pid).uids().real}:
                 return
         raise Refused(
             "server.port",
-            f"the process listening on port {port} is not {settings.unit}.service's server "
-            "(another user's, or the unit is not running); the API key is not sent to it",
+            f"a process listening on {address} port {port} is not {settings.unit}.service's "
+            "server (another user's, or the unit is not running); the API key is not sent",
         )
 
     @app.post("/api/probe")
@@ -402,14 +416,15 @@ def create_app(settings: ManagerSettings) -> FastAPI:
                 "(POST /api/service/start) and wait for health",
             )
         config = _load(settings)
+        address = reach.server_address(config)  # resolved once: checked, then connected to
         if config.server.api_key_file:
-            served_by_the_unit(config.server.port)
+            served_by_the_unit(address, config.server.port)
         name = launch.served_name(config, model_dir(config))
         body = {"model": name, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
         key = launch.read_api_key(config)
         try:
-            with VllmClient(sampler.server_url, key) as server:
+            with VllmClient(reach.url(address, config.server.port), key) as server:
                 response = server.post("/v1/chat/completions", body, PROBE_TIMEOUT_S)
                 response.raise_for_status()
                 answer = response.json()
@@ -462,15 +477,3 @@ def wedge_status(monitor: UnitMonitor, limits: config_mod.ManagerSection) -> dic
         "restart_wedged": limits.restart_wedged,
         "restarts_last_hour": watch.restarts_within(time.time()),
     }
-
-
-def server_url(config: config_mod.DeploymentConfig) -> str:
-    """Where the manager reaches the server the config describes (a wildcard bind is
-    reached on loopback)."""
-    host = config.server.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    return (
-        f"http://[{host}]:{config.server.port}"
-        if ":" in host
-        else f"http://{host}:{config.server.port}"
-    )

@@ -1,41 +1,47 @@
 """Token auth for the manager: a bearer header, or a session cookie from the login
 form. Requests that change state with a cookie also need the session's CSRF token
 and a matching Origin; a bearer header is never sent by a browser on its own, so it
-needs neither."""
+needs neither. Guessing the token is limited per client and per way of sending it
+(throttle.py)."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 
+from vllm_offload.manager.throttle import Throttle, client_of
+
 SESSION_COOKIE = "vllm_offload_session"
 CSRF_HEADER = "X-CSRF-Token"
 SESSION_TTL_S = 12 * 3600
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-# Failed logins allowed per minute, from anyone: guessing the token is slowed to a crawl.
-FAILED_LOGINS_PER_MINUTE = 10
+TOO_MANY = "too many wrong tokens from here; wait a minute and try again"
 
 
 @dataclass
 class Sessions:
     token: str
     _sessions: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> csrf, expiry
-    _failed_logins: deque[float] = field(
-        default_factory=lambda: deque(maxlen=FAILED_LOGINS_PER_MINUTE)
-    )
+    guesses: Throttle = field(default_factory=Throttle)
 
-    def login_allowed(self) -> bool:
-        """False while the last FAILED_LOGINS_PER_MINUTE failures are all within a minute."""
-        full = len(self._failed_logins) == FAILED_LOGINS_PER_MINUTE
-        return not (full and time.monotonic() - self._failed_logins[0] < 60)
-
-    def login_failed(self) -> None:
-        self._failed_logins.append(time.monotonic())
+    def check_guess(self, request: Request, way: str, candidate: str) -> bool:
+        """Whether ``candidate`` is the token, sent ``way`` ('bearer', 'form') by this
+        request's client; 429 without looking once that client and way used up their
+        failures (the right token then fails too: a guesser learns nothing)."""
+        right = self.check_token(candidate)
+        if right and not self.guesses:  # nobody guessed lately: no client to look up
+            return True
+        client = client_of(request)
+        if not self.guesses.allowed(client, way):
+            raise HTTPException(429, TOO_MANY)
+        if right:
+            return True
+        self.guesses.failed(client, way)
+        return False
 
     def check_token(self, candidate: str) -> bool:
         return secrets.compare_digest(candidate.encode(), self.token.encode())
@@ -71,7 +77,7 @@ def authenticate(request: Request, sessions: Sessions) -> str:
     header = request.headers.get("authorization", "")
     if header:
         scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and sessions.check_token(value.strip()):
+        if scheme.lower() == "bearer" and sessions.check_guess(request, "bearer", value.strip()):
             return "bearer"
         raise HTTPException(401, "wrong token: send Authorization: Bearer <token from the "
                                  "manager's token file>")  # fmt: skip

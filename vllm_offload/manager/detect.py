@@ -3,7 +3,6 @@ mentions vLLM, confirmed by their /v1/models."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -16,22 +15,6 @@ LOOKS_LIKE_VLLM = ("vllm", "vllm_offload")
 def _models(port: int) -> list[str] | None:
     with VllmClient(f"http://127.0.0.1:{port}", timeout_s=1) as server:
         return server.models()
-
-
-def listener_uid(port: int) -> int | None:
-    """The user owning the TCP socket that listens on ``port`` (any address), from
-    /proc/net/tcp{,6}, which every user may read; None if nothing listens."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            local, state, uid = fields[1], fields[3], fields[7]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                return int(uid)
-    return None
 
 
 def find_vllm_servers() -> list[dict[str, Any]]:
