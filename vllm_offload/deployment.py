@@ -50,6 +50,18 @@ def model_roots(config: DeploymentConfig) -> list[Path]:
     return [model_dir(config).parent]
 
 
+def list_models(config: DeploymentConfig) -> list[dict[str, str]]:
+    """The model folders (with a config.json) directly under the model roots."""
+    found = []
+    for root in model_roots(config):
+        if not root.is_dir():
+            continue
+        for child in sorted(root.iterdir()):
+            if (child / "config.json").is_file():
+                found.append({"name": child.name, "path": str(child)})
+    return found
+
+
 def check_inside(directory: Path, roots: Sequence[Path]) -> None:
     """Refuse (422, model.path) a resolved model folder outside the resolved roots."""
     if not any(directory == root or root in directory.parents for root in roots):

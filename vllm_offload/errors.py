@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-ErrorKind = Literal["input", "refused", "forbidden", "environment", "service"]
+ErrorKind = Literal[
+    "input",
+    "refused",
+    "forbidden",
+    "environment",
+    "service",
+    "unauthenticated",
+    "throttled",
+    "too_large",
+    "storage",
+]
 
 
 @dataclass(frozen=True)
@@ -30,8 +40,16 @@ OUTCOMES: dict[ErrorKind, Outcome] = {
     "forbidden": Outcome(2, 403),
     # The machine is not as vllm-offload needs it (vLLM missing, its files modified).
     "environment": Outcome(1, 500),
-    # systemctl or journalctl failed or did not answer in time.
+    # systemctl or journalctl failed, or the server did not answer in time.
     "service": Outcome(1, 502),
+    # The manager's API: no token (or a wrong one) ...
+    "unauthenticated": Outcome(2, 401),
+    # ... too many wrong ones from this client ...
+    "throttled": Outcome(2, 429),
+    # ... a request body over the limit ...
+    "too_large": Outcome(2, 413),
+    # ... and a save the disk could not take (the old file stays).
+    "storage": Outcome(1, 507),
 }
 
 
@@ -68,3 +86,19 @@ class Refused(FieldError):
 
 class Forbidden(FieldError):
     kind = "forbidden"
+
+
+class Unauthenticated(FieldError):
+    kind = "unauthenticated"
+
+
+class Throttled(FieldError):
+    kind = "throttled"
+
+
+class TooLarge(FieldError):
+    kind = "too_large"
+
+
+class StorageFull(FieldError):
+    kind = "storage"

@@ -280,6 +280,11 @@ def fingerprint(model_dir: Path, config_bytes: bytes) -> str:
     return digest.hexdigest()[:16]
 
 
+def folder_fingerprint(model_dir: Path) -> str:
+    """The model folder's fingerprint as it is now (what a plan of it read)."""
+    return fingerprint(model_dir, _read_config(model_dir)[0])
+
+
 def _read_config(model_dir: Path) -> tuple[bytes, dict[str, Any]]:
     """config.json's bytes and its object."""
     config_path = model_dir / "config.json"

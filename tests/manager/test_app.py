@@ -29,9 +29,9 @@ async def test_healthz_is_open(client: httpx.AsyncClient) -> None:
 async def test_every_endpoint_needs_the_token(client: httpx.AsyncClient, path: str) -> None:
     anonymous = await client.get(path)
     assert anonymous.status_code == 401
-    assert "Authorization: Bearer" in anonymous.json()["detail"]
+    assert "Authorization: Bearer" in anonymous.json()["detail"]["message"]
     wrong = await client.get(path, headers={"Authorization": "Bearer nope"})
-    assert wrong.status_code == 401 and "wrong token" in wrong.json()["detail"]
+    assert wrong.status_code == 401 and "wrong token" in wrong.json()["detail"]["message"]
     assert (await client.get(path, headers=BEARER)).status_code == 200
 
 
@@ -64,11 +64,11 @@ async def test_login_sets_a_strict_http_only_cookie(client: httpx.AsyncClient) -
 async def test_session_writes_need_csrf_and_origin(client: httpx.AsyncClient) -> None:
     csrf = await login(client)
     no_csrf = await client.post("/api/service/restart", headers=ORIGIN)
-    assert no_csrf.status_code == 403 and "X-CSRF-Token" in no_csrf.json()["detail"]
+    assert no_csrf.status_code == 403 and "X-CSRF-Token" in no_csrf.json()["detail"]["message"]
     wrong_origin = await client.post(
         "/api/service/restart", headers={"X-CSRF-Token": csrf, "Origin": "http://evil"}
     )
-    assert wrong_origin.status_code == 403 and "Origin" in wrong_origin.json()["detail"]
+    assert wrong_origin.status_code == 403 and "Origin" in wrong_origin.json()["detail"]["message"]
     no_origin = await client.post("/api/service/restart", headers={"X-CSRF-Token": csrf})
     assert no_origin.status_code == 403
     ok = await client.post("/api/service/restart", headers={"X-CSRF-Token": csrf, **ORIGIN})
@@ -188,7 +188,7 @@ async def test_huge_body_is_refused(client: httpx.AsyncClient) -> None:
     response = await client.put("/api/config", headers=BEARER,
                                 content=b"{" + b" " * 100_000 + b"}")  # fmt: skip
     assert response.status_code == 413
-    assert "larger than 65536 bytes" in response.json()["detail"]
+    assert "larger than 65536 bytes" in response.json()["detail"]["message"]
 
 
 async def test_huge_chunked_body_is_refused_and_nothing_changes(
@@ -206,7 +206,7 @@ async def test_huge_chunked_body_is_refused_and_nothing_changes(
     headers = {**BEARER, "Content-Type": "application/json"}
     response = await client.put("/api/config", headers=headers, content=chunks())
     assert response.status_code == 413, response.text[:300]
-    assert "larger than 65536 bytes" in response.json()["detail"]
+    assert "larger than 65536 bytes" in response.json()["detail"]["message"]
     assert env.config_path.read_bytes() == before
 
 
@@ -227,7 +227,8 @@ async def test_metrics_samples(client: httpx.AsyncClient) -> None:
 
 async def test_probe_without_server_says_start_it(client: httpx.AsyncClient) -> None:
     response = await client.post("/api/probe", headers=BEARER)
-    assert response.status_code == 409 and "not running or not healthy" in response.json()["detail"]
+    assert response.status_code == 409
+    assert "not running or not healthy" in response.json()["detail"]["message"]
 
 
 async def test_openapi_schema_lists_the_api(client: httpx.AsyncClient) -> None:
@@ -290,7 +291,7 @@ async def test_invalid_config_file_refuses_to_start_the_server(
     assert response.status_code == 409
     detail = response.json()["detail"]
     assert detail["field"].endswith(field) and words in detail["message"]
-    assert detail["refused"] == "not starting the server"
+    assert detail["message"].endswith("(not starting the server)")
     status = await client.get("/api/status", headers=BEARER)
     assert status.status_code == 409  # the page shows why, too
     assert env.systemd.status("vllm").active_state != "active"
@@ -494,12 +495,12 @@ async def test_the_logs_say_when_the_journal_is_out_of_reach(
 ) -> None:
     """Issue #15: a manager user outside systemd-journal saw an empty Logs card and no
     reason why the server stopped; the page now says what to do."""
-    from vllm_offload.manager import app as app_module
+    from vllm_offload.manager.routes import status as status_routes
 
-    monkeypatch.setattr(app_module.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(app_module.os, "getgroups", lambda: [1000])
+    monkeypatch.setattr(status_routes.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(status_routes.os, "getgroups", lambda: [1000])
     lines = (await client.get("/api/logs", headers=BEARER)).json()["lines"]
-    assert lines == [app_module.JOURNAL_HINT] and "systemd-journal group" in lines[0]
+    assert lines == [status_routes.JOURNAL_HINT] and "systemd-journal group" in lines[0]
 
 
 async def test_clearing_the_disk_tier(client: httpx.AsyncClient, env: Env, tmp_path: Path) -> None:
@@ -535,10 +536,10 @@ async def test_the_tier_card_says_lmcache_feeds_no_counters(
 ) -> None:
     """#21: with the lmcache backend the CPU-tier card does not show zeros from counters
     only vLLM's own tier feeds; it says why it is empty."""
-    from vllm_offload.manager import app as app_module
+    from vllm_offload.manager.routes import status as status_routes
 
     config = config_mod.load(env.config_path)
     config_mod.save(config_mod.with_overrides(config, {"kv_offload.backend": "lmcache"}),
                     env.config_path)  # fmt: skip
     tier = (await client.get("/api/status", headers=BEARER)).json()["tier"]
-    assert tier == {"available": False, "why": app_module.LMCACHE_CARD}
+    assert tier == {"available": False, "why": status_routes.LMCACHE_CARD}

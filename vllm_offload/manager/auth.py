@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
+from vllm_offload.errors import Forbidden, Throttled, Unauthenticated
 from vllm_offload.manager.throttle import Throttle, client_of
 
 SESSION_COOKIE = "vllm_offload_session"
@@ -37,7 +38,7 @@ class Sessions:
             return True
         client = client_of(request)
         if not self.guesses.allowed(client, way):
-            raise HTTPException(429, TOO_MANY)
+            raise Throttled("token", TOO_MANY)
         if right:
             return True
         self.guesses.failed(client, way)
@@ -79,16 +80,16 @@ def authenticate(request: Request, sessions: Sessions) -> str:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and sessions.check_guess(request, "bearer", value.strip()):
             return "bearer"
-        raise HTTPException(401, "wrong token: send Authorization: Bearer <token from the "
-                                 "manager's token file>")  # fmt: skip
+        raise Unauthenticated("Authorization", "wrong token: send Authorization: Bearer "
+                              "<token from the manager's token file>")  # fmt: skip
     csrf = sessions.csrf_for(request.cookies.get(SESSION_COOKIE))
     if csrf is None:
-        raise HTTPException(401, "authentication required: send Authorization: Bearer <token> "
-                                 "or log in at /login")  # fmt: skip
+        raise Unauthenticated("Authorization", "authentication required: send "
+                              "Authorization: Bearer <token> or log in at /login")  # fmt: skip
     if request.method in UNSAFE_METHODS:
         if not secrets.compare_digest(request.headers.get(CSRF_HEADER, "").encode(),
                                       csrf.encode()):  # fmt: skip
-            raise HTTPException(403, f"missing or wrong {CSRF_HEADER} header for this session")
+            raise Forbidden(CSRF_HEADER, f"missing or wrong {CSRF_HEADER} header for this session")
         if not origin_matches(request):
-            raise HTTPException(403, "the Origin header is missing or names another site")
+            raise Forbidden("Origin", "the Origin header is missing or names another site")
     return "session"

@@ -7,14 +7,21 @@ files, or opens the server. Only an administrator, editing the file, can."""
 from __future__ import annotations
 
 import os
+from collections.abc import Set as AbstractSet
 
 from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
+from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Forbidden
 
 # Config keys only the file may set. kv_offload.disk_path: the server writes there and
 # `cache clear` deletes there.
+# residency.runtime_dir: the front door's control socket and the engines' sockets.
 FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "server.host",
-               "server.api_key_file", "kv_offload.disk_path")  # fmt: skip
+               "server.api_key_file", "kv_offload.disk_path",
+               "residency.runtime_dir")  # fmt: skip
+ONLY_THE_FILE = (
+    "only an administrator can change this, in the config file; the manager's API cannot"
+)
 # vLLM flags the API may pass in extra_args: tuning that loads no code, touches no path
 # and opens nothing. Any other needs manager.api_extra_args in the file (or is there
 # already, as the administrator wrote it).
@@ -39,29 +46,38 @@ def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
     ConfigError (422) for a model path the manager and the server could resolve apart."""
     for dotted in FENCED_KEYS:
         if _value(new, dotted) != _value(saved, dotted):
-            raise Forbidden(
-                dotted,
-                "only an administrator can change this, in the config file; the manager's "
-                "API cannot",
-            )
-    path = new.model.path
-    if path != saved.model.path and path and (path[0] != "/" or os.path.normpath(path) != path):
-        # The manager and the server resolve a path each, as different users: '~' or a
-        # relative one could name another folder for each.
-        raise ConfigError(
-            "model.path",
-            "give an absolute path without '~', '.' or '..' parts (as the model list shows)",
-        )
+            raise Forbidden(dotted, ONLY_THE_FILE)
+    _plain_path("model.path", new.model.path, saved.model.path)
     allowed = (
         TUNING_FLAGS
         | {flag_name(t) for t in saved.extra_args}
         | {flag_name(t) for t in saved.manager.api_extra_args}
     )
-    for token in new.extra_args:
+    _tuning_only("extra_args", new.extra_args, allowed)
+    before = {model_name(entry): entry for entry in saved.models}
+    for i, entry in enumerate(new.models):  # several models: each entry is fenced the same
+        old = before.get(model_name(entry))
+        if entry.kv_offload.get("disk_path") != (old.kv_offload.get("disk_path") if old else None):
+            raise Forbidden(f"models[{i}].kv_offload.disk_path", ONLY_THE_FILE)
+        _plain_path(f"models[{i}].path", entry.path, old.path if old else "")
+        own = {flag_name(t) for t in old.extra_args} if old else set()
+        _tuning_only(f"models[{i}].extra_args", entry.extra_args, allowed | own)
+
+
+def _plain_path(field: str, path: str, saved: str) -> None:
+    """The manager and the server resolve a path each, as different users: '~' or a
+    relative one could name another folder for each."""
+    if path != saved and path and (path[0] != "/" or os.path.normpath(path) != path):
+        raise ConfigError(field, "give an absolute path without '~', '.' or '..' parts (as "
+                          "the model list shows)")  # fmt: skip
+
+
+def _tuning_only(field: str, tokens: list[str], allowed: AbstractSet[str | None]) -> None:
+    for token in tokens:
         name = flag_name(token)
         if name is not None and name not in allowed:
             raise Forbidden(
-                "extra_args",
+                field,
                 f"{token}: the manager's API may pass vLLM only tuning flags "
                 f"({', '.join(sorted(TUNING_FLAGS))}); an administrator can allow more in "
                 "the config file's manager.api_extra_args",

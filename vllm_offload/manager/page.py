@@ -56,9 +56,19 @@ def dashboard(csrf: str, unit: str) -> str:
   such hits.</p><table id="buying"></table><h2 class="spaced">Disks</h2>
   <table id="disks"></table></div>
 </div>
+<div class="card" id="models-card" hidden><h2>Models</h2><p class="hint">Each model this
+ server answers to, by its name. One is on the GPU at a time (residency.max_resident); a
+ request for another waits while it is brought in (asleep: about a second; stopped: a
+ start). Saving a change here restarts the server.</p>
+ <div class="model-cards" id="model-cards"></div>
+ <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>
+  <label for="m-name">Name it answers to</label><input id="m-name">
+  <p><button type="submit" id="m-add">Add model</button></p></form>
+ <div id="models-msg"></div></div>
 <div><h2 class="section">Last 10 minutes</h2><div class="charts" id="charts"></div></div>
 <div class="cards">
- <div class="card"><h2>Settings</h2><p class="hint">Choose a model and how memory is used.
+ <div class="card" id="settings-card"><h2>Settings</h2>
+  <p class="hint">Choose a model and how memory is used.
   Preview shows what will fit; Save writes the config (a backup is kept), restarts the server
   and checks that the new model answers.</p>
   <form id="settings">

@@ -114,7 +114,9 @@ async function pollStatus() {
       row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
       row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     show('plan', ...(typeof s.plan === 'string'
-      ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))] : planRows(s.plan)));
+      ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))]
+      : s.plan.models ? fleetRows(s.plan) : planRows(s.plan)));
+    showModels(s.models);
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
 }
 function tierRows(t) {
@@ -155,6 +157,83 @@ function planRows(p) {
     ...(p.decisions || []).map(d => row('Chose', d)),
     ...(p.warnings || []).map(w => row('Warning', error(w)))];
 }
+function fleetRows(f) {
+  return [...Object.entries(f.models).map(([name, p]) => row(name + (name === f.default ? ' (default)' : ''),
+      `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; longest request ${fmt(p.longest_request_tokens, 0)} tokens; `
+      + `CPU tier ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB; ${p.idle === 'sleep' ? 'asleep' : 'stopped'} when away`)),
+    ...(f.decisions || []).map(d => row('Chose', d)), ...(f.warnings || []).map(w => row('Warning', error(w)))];
+}
+// Several models: a card each, with what it holds where, its state, and its controls.
+function showModels(models) {
+  const card = document.getElementById('models-card');
+  card.hidden = !models;
+  document.getElementById('settings-card').hidden = !!models;  // per model, in its card
+  if (!models) return;
+  show('model-cards', ...models.map(modelCard));
+}
+function modelCard(m) {
+  const when = m.last_switch ? new Date(m.last_switch.t * 1000).toLocaleTimeString() + ': ' + m.last_switch.text : 'none yet';
+  const len = el('input', {value: m.max_model_len, 'aria-label': 'max_model_len of ' + m.name});
+  const tier = el('input', {value: fmt(m.cpu_tier_bytes / GIB, 0), 'aria-label': 'CPU tier GiB of ' + m.name});
+  const button = (label, act) => { const b = el('button', {type: 'button'}, label); b.addEventListener('click', act); return b; };
+  return el('div', {class: 'model', 'data-model': m.name},
+    el('h3', {}, m.name, el('span', {class: 'badge ' + m.state}, m.state), m.default ? el('span', {class: 'hint'}, ' default') : ''),
+    el('table', {}, row('Folder', m.path),
+      row('Weights, on GPU / in host RAM', `${fmt(m.weights_gpu_bytes / GIB, 2)} / ${fmt(m.weights_offloaded_bytes / GIB, 2)} GiB`),
+      row('GPU KV pool / CPU tier', `${fmt(m.gpu_kv_pool_bytes / GIB, 2)} / ${fmt(m.cpu_tier_bytes / GIB, 2)} GiB`),
+      row('Longest request', fmt(m.longest_request_tokens, 0) + ' tokens'),
+      row('When away', (m.idle === 'sleep' ? 'asleep' : 'stopped') + (m.away_ram_bytes ? `, holding ${fmt(m.away_ram_bytes / GIB, 1)} GiB of host RAM` : '')),
+      row('Last switch', when),
+      row('max_model_len', len), row('CPU tier, GiB', tier)),
+    button('Bring in', () => moveModel(m.name, 'bring-in')),
+    button('Put away', () => moveModel(m.name, 'put-away')),
+    button('Make default', () => changeModels(c => { c.residency.default_model = m.name; })),
+    button('Preview', () => previewModels(c => setModel(c, m.name, len.value, tier.value))),
+    button('Save', () => changeModels(c => setModel(c, m.name, len.value, tier.value))),
+    button('Remove', () => changeModels(c => { c.models = c.models.filter(e => nameOf(e) !== m.name); })));
+}
+const nameOf = e => e.served_name || e.path.split('/').pop();
+function setModel(c, name, len, tier) {
+  const num = v => (v === 'auto' || v === '' || isNaN(Number(v))) ? v : Number(v);
+  const entry = c.models.find(e => nameOf(e) === name);
+  entry.max_model_len = num(len);
+  entry.kv_offload = Object.assign({}, entry.kv_offload, {cpu_tier_gib: num(tier)});
+}
+async function moveModel(name, action) {
+  try { const r = await api(`/api/models/${encodeURIComponent(name)}/${action}`, {method: 'POST'});
+        show('models-msg', el('span', {class: 'ok'}, r.status)); }
+  catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
+}
+async function editedConfig(edit) {
+  const c = await api('/api/config'); configTag = c.etag;
+  const config = JSON.parse(JSON.stringify(c.config));
+  if (!config.models.length) {  // one [model] becomes the first of several
+    config.models = [{path: config.model.path, served_name: config.model.served_name,
+      max_model_len: config.model.max_model_len, dtype: config.model.dtype, kv_cache_dtype: config.model.kv_cache_dtype}];
+    config.model = {path: '', served_name: '', max_model_len: 'auto', dtype: 'auto', kv_cache_dtype: 'auto'};
+  }
+  edit(config);
+  return config;
+}
+async function previewModels(edit) {
+  try {
+    const r = await api('/api/config/preview', {method: 'POST', body: JSON.stringify({config: await editedConfig(edit)})});
+    show('models-msg', el('table', {}, ...(r.plan.models ? fleetRows(r.plan) : planRows(r.plan)),
+      ...(r.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`)))));
+  } catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
+}
+async function changeModels(edit) {
+  try {
+    await api('/api/config', {method: 'PUT', body: JSON.stringify({config: await editedConfig(edit)}),
+                              headers: {'If-Match': configTag}});
+    show('models-msg', el('span', {class: 'ok'}, 'Saved; the server restarts with its models.'));
+  } catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
+}
+async function addModel(ev) {
+  ev.preventDefault();
+  const path = document.getElementById('m-path').value, name = document.getElementById('m-name').value;
+  await changeModels(c => { c.models.push({path: path, served_name: name}); });
+}
 async function control(action) {
   const msg = document.getElementById('control-msg');
   msg.textContent = action + '…';
@@ -166,6 +245,7 @@ async function loadConfig() {
   currentConfig = c.config; configTag = c.etag;
   const sel = document.getElementById('f-model');
   sel.replaceChildren(...m.models.map(x => el('option', {value: x.path}, x.name)));
+  document.getElementById('m-path').replaceChildren(...m.models.map(x => el('option', {value: x.path}, x.name)));
   if (currentConfig.model.path) sel.value = currentConfig.model.path;
   document.getElementById('f-len').value = currentConfig.model.max_model_len;
   document.getElementById('f-util').value = currentConfig.gpu.memory_utilization;
@@ -247,6 +327,7 @@ document.getElementById('logout').addEventListener('click',
 document.getElementById('settings').addEventListener('submit', previewPlan);
 document.getElementById('save').addEventListener('click', saveConfig);
 document.getElementById('clear-disk').addEventListener('click', clearDisk);
+document.getElementById('add-model').addEventListener('submit', addModel);
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
 setInterval(pollDetect, 15000);

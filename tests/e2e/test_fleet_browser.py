@@ -1,0 +1,71 @@
+"""Several models on the manager's page (issue #31), in a real browser against the front
+door under systemctl3: two demo models, a card each with its state; bringing the other
+in by hand switches them, and the events card records the switch. Saves
+artifacts/manager-models.png."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import stack as deploy
+from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
+from vllm_offload import demo_model
+from vllm_offload.config import load, parse, save
+
+pytestmark = pytest.mark.e2e
+TOKEN = "browser-test-token-0123456789"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[str]:
+    models = tmp_path / "models"
+    demo_model.write(models / "demo-a", seed=0)
+    demo_model.write(models / "demo-b", seed=1)
+    deployment = deploy.install(tmp_path, models / "demo-a")
+    single = load(deployment.config).model_dump(exclude={"model"})
+    save(parse({**single, "models": [{"path": str(models / "demo-a"), "served_name": "chat"},
+                                     {"path": str(models / "demo-b"), "served_name": "coder"}],
+                "residency": {"runtime_dir": str(tmp_path / "run")}}),
+         deployment.config)  # fmt: skip
+    deployment.systemd.start("vllm")
+    try:
+        with deploy.manager(tmp_path, deployment, TOKEN) as url:
+            wait_server(deployment.server_port)
+            yield url
+    finally:
+        deployment.systemd.stop("vllm")
+
+
+def test_two_models_two_cards(stack: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url = stack
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.set_default_timeout(60_000)
+        expect.set_options(timeout=60_000)  # a busy 2-core box: wait on conditions
+        page.goto(url + "/login")
+        page.fill("#token", TOKEN)
+        page.click("button[type=submit]")
+        expect(page).to_have_url(url + "/")
+        cards = page.locator("#model-cards .model")
+        expect(cards).to_have_count(2)
+        chat, coder = cards.nth(0), cards.nth(1)
+        expect(chat).to_contain_text("chat")
+        expect(chat.locator(".badge")).to_have_text("serving")
+        expect(chat).to_contain_text("default")
+        expect(coder.locator(".badge")).to_have_text("stopped")
+        expect(page.locator("#settings-card")).to_be_hidden()  # per model, in its card
+        coder.get_by_role("button", name="Bring in").click()  # a stop, then a start
+        expect(page.locator("#models-msg")).to_contain_text("'coder' is on the GPU",
+                                                            timeout=600_000)  # fmt: skip
+        expect(coder.locator(".badge")).to_have_text("serving", timeout=30_000)
+        expect(chat.locator(".badge")).to_have_text("stopped")
+        expect(page.locator("#events")).to_contain_text("started 'coder'")
+        page.screenshot(path=str(ARTIFACTS / "manager-models.png"), full_page=True)
+        browser.close()

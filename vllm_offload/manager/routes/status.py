@@ -1,0 +1,185 @@
+"""What the page polls: the server's state and plan (with several models, a card each),
+the charts' samples, the log, other vLLM servers here; and the manager's /metrics."""
+
+from __future__ import annotations
+
+import grp
+import os
+import time
+from contextlib import suppress
+from typing import Annotated, Any
+
+import psutil
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import PlainTextResponse
+
+from vllm_offload import disk_layout, launch
+from vllm_offload.config import DeploymentConfig, ManagerSection
+from vllm_offload.deployment import Prepared, model_dir
+from vllm_offload.errors import Refused, VllmOffloadError
+from vllm_offload.fleet.control import read_models
+from vllm_offload.fleet.prepare import PreparedFleet
+from vllm_offload.manager import bounded, detect, wedge
+from vllm_offload.manager.state import Manager, manager_of
+from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
+from vllm_offload.plan.fleet import fleet_json
+
+router = APIRouter()
+Shared = Annotated[Manager, Depends(manager_of)]
+# The card reads vLLM's own KV-offload counters, which LMCache's connector does not feed.
+LMCACHE_CARD = "LMCache exports none of vLLM's KV-offload counters; see its own log"
+JOURNAL_HINT = (
+    "(nothing to show: the manager's user may not read the journal. Add it to the "
+    "systemd-journal group to see the server's log here and the reason it stopped; "
+    "systemd has no per-unit permission, so it then reads every unit's log.)"
+)
+
+
+@router.get("/api/status")
+def status(manager: Shared) -> dict[str, Any]:
+    config = manager.load()
+    settings = manager.settings
+    unit, health = manager.monitor.current()
+    uptime = None
+    if unit.main_pid is not None:
+        with suppress(psutil.NoSuchProcess):
+            uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
+    reason = None
+    if health in ("failed", "stopped", "crash-loop", "start-limit"):
+        reason = last_error(settings.systemd.logs(settings.unit, 300))
+        if health == "start-limit":
+            reason = (
+                "the service manager stopped restarting it (the unit's start limit): fix "
+                f"the cause, then press Start. Last error: {reason or 'none logged'}"
+            )
+    prepared = manager.prepared_saved(config)
+    body: dict[str, Any] = {
+        "unit": f"{settings.unit}.service",
+        "active_state": unit.active_state,
+        "sub_state": unit.sub_state,
+        "pid": unit.main_pid,
+        "uptime_s": uptime,
+        "health": health,
+        "reason": reason,
+        "events": list(manager.monitor.watch.events),
+        "wedge": wedge_status(manager.monitor, config.manager),
+        **plan_cards(manager, config, prepared),
+    }
+    if isinstance(prepared, PreparedFleet):
+        body.update(models_cards(manager, config, prepared))
+        body["events"] = sorted(body["events"] + body.pop("switches"), key=lambda e: e["t"])
+    return body
+
+
+def plan_cards(
+    manager: Manager,
+    config: DeploymentConfig,
+    prepared: Prepared | PreparedFleet | VllmOffloadError,
+) -> dict[str, Any]:
+    """The plan, what forbids a start, the CPU and disk tier cards."""
+    if isinstance(prepared, VllmOffloadError):
+        return {"plan": str(prepared), "problems": [], "model": config.model.path or "(demo "
+                "model)", "served_name": "", "tier": manager.sampler.tier_card(0),
+                "disk": manager.sampler.disk_card(0, None)}  # fmt: skip
+    problems = [p.detail() for p in prepared.problems]
+    if isinstance(prepared, PreparedFleet):
+        fleet = prepared.fleet
+        tiers = sum(m.plan.cpu_tier.bytes for m in fleet.models.values())
+        return {"plan": fleet_json(fleet), "problems": problems, "model": "several models",
+                "served_name": ", ".join(fleet.models), "tier": manager.sampler.tier_card(tiers),
+                "disk": manager.sampler.disk_card(0, None)}  # fmt: skip
+    plan = prepared.plan
+    tier = ({"available": False, "why": LMCACHE_CARD} if plan.kv.backend == "lmcache"
+            else manager.sampler.tier_card(plan.cpu_tier.bytes))  # fmt: skip
+    return {"plan": plan.to_json(), "problems": problems,
+            "model": config.model.path or "(demo model)",
+            "served_name": launch.served_name(config, model_dir(config)), "tier": tier,
+            "disk": manager.sampler.disk_card(plan.disk.bytes,
+                                              tier_status(plan.disk.path))}  # fmt: skip
+
+
+def models_cards(manager: Manager, config: DeploymentConfig,
+                 prepared: PreparedFleet) -> dict[str, Any]:  # fmt: skip
+    """Several models: a card each (where its weights and KV go, its state now, its last
+    switch), and the front door's switches for the events card."""
+    running = manager.monitor.current()[0].running
+    live = read_models(manager.control_socket(config)) if running else None
+    states = (live or {}).get("models", {})
+    switches = (live or {}).get("events", [])
+    cards = []
+    for name, model in prepared.fleet.models.items():
+        plan = model.plan
+        last = next((e for e in reversed(switches) if e["model"] == name), None)
+        cards.append({
+            "name": name, "path": str(prepared.model_dirs[name]),
+            "default": name == prepared.fleet.default, "idle": model.idle,
+            "state": states.get(name, {}).get("state", "stopped"),
+            "weights_bytes": plan.weights.bytes, "weights_gpu_bytes": plan.weights.gpu_bytes,
+            "weights_offloaded_bytes": plan.weights.offloaded_bytes,
+            "gpu_kv_pool_bytes": plan.gpu.kv_pool_bytes, "cpu_tier_bytes": plan.cpu_tier.bytes,
+            "longest_request_tokens": plan.length.longest_request_tokens,
+            "max_model_len": plan.length.max_model_len, "away_ram_bytes": model.away_ram_bytes,
+            "last_switch": last,
+        })  # fmt: skip
+    events = [{"t": e["t"], "text": e["text"] + took(e["seconds"])} for e in switches]
+    return {"models": cards, "switches": events}
+
+
+def took(seconds: float | None) -> str:
+    return "" if seconds is None else f" ({seconds:.2f} s)"
+
+
+def tier_status(disk_path: str) -> dict[str, float] | None:
+    """The disk tier's own account; None where there is none or its filesystem hangs."""
+    if not disk_path:
+        return None
+    with suppress(Refused):
+        return bounded.call(lambda: disk_layout.read_status(disk_path),
+                            "kv_offload.disk_path", "reading the disk tier's status")  # fmt: skip
+    return None
+
+
+def wedge_status(monitor: UnitMonitor, limits: ManagerSection) -> dict[str, Any]:
+    watch = monitor.wedge
+    return {
+        "wedged": watch.wedged,
+        "loads_stalled": watch.loads_stalled,
+        "stalled_s": round(watch.stalled_s, 1),
+        "reason": watch.reason,
+        "wedge_after_s": limits.wedge_after_s,
+        "restart_wedged": limits.restart_wedged,
+        "restarts_last_hour": watch.restarts_within(time.time()),
+    }
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def prometheus(manager: Shared) -> str:
+    """The manager's own view for Prometheus (Authorization: Bearer <token>)."""
+    return wedge.prometheus_text(manager.monitor.wedge, healthy=manager.sampler.server_healthy)
+
+
+@router.get("/api/metrics")
+def metrics(manager: Shared, since: Annotated[float, Query(ge=0.0)] = 0.0) -> dict[str, Any]:
+    return {"samples": manager.sampler.since(since)}
+
+
+@router.get("/api/logs")
+def logs(manager: Shared, lines: Annotated[int, Query(ge=1, le=5000)] = 200) -> dict[str, Any]:
+    found = manager.settings.systemd.logs(manager.settings.unit, lines)
+    if not found and not journal_readable():
+        found = [JOURNAL_HINT]
+    return {"lines": found}
+
+
+@router.get("/api/detect")
+def detect_servers() -> dict[str, Any]:
+    return {"servers": detect.find_vllm_servers()}
+
+
+def journal_readable() -> bool:
+    """Whether this process may read other units' journal entries."""
+    try:
+        group = grp.getgrnam("systemd-journal").gr_gid
+    except KeyError:
+        group = None
+    return os.geteuid() == 0 or (group is not None and group in os.getgroups())
