@@ -304,3 +304,22 @@ def test_review_findings_fit_baseline_and_a_fixed_pool(tmp_path: Path) -> None:
         plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
                                   "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip
     assert info.value.field == "gpu.kv_cache_memory_bytes"
+
+
+def test_a_fixed_pool_past_the_card_with_weights_kept_there(tmp_path: Path) -> None:
+    """Security round 3's review: cpu_gib set (not auto) and a fixed pool larger than the
+    card less the weights planned a pool vLLM could not allocate (it takes the figure
+    past memory_utilization, then fails after loading the weights)."""
+    directory = write_shape(tmp_path / "m", LLAMA3_8B)
+    with pytest.raises(PlanError) as info:
+        plan_of(directory, 24, **{"weights_offload.cpu_gib": 0,
+                                  "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip
+    assert info.value.field == "gpu.kv_cache_memory_bytes"
+    largest = int(info.value.message.split("<= ")[1].split(" bytes")[0])
+    assert 0 < largest < 10 * GIB  # 24 GiB less ~15 GiB of bf16 weights less working memory
+    fits = plan_of(directory, 24, **{"weights_offload.cpu_gib": 0,
+                                     "gpu.kv_cache_memory_bytes": largest})  # fmt: skip
+    assert fits.gpu.kv_pool_bytes == largest
+    offloaded = plan_of(directory, 24, **{"weights_offload.cpu_gib": 8,
+                                          "gpu.kv_cache_memory_bytes": 12 * GIB})  # fmt: skip
+    assert offloaded.gpu.kv_pool_bytes == 12 * GIB

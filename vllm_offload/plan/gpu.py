@@ -203,6 +203,17 @@ def place_weights(
             f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
             f"{config.gpu.memory_utilization:.0%} of {gpu.total_bytes / GIB:.1f} GiB: {fix}",
         )
+    # vLLM takes a fixed pool as given, past memory_utilization: one larger than the card
+    # less the weights kept there fails at start-up after the weights load.
+    largest = gpu.total_bytes - weights_gpu - overhead
+    if fixed_pool != "auto" and fixed_pool > largest:
+        raise PlanError(
+            "gpu.kv_cache_memory_bytes",
+            f"a {gib(fixed_pool)} GPU KV pool, {gib(weights_gpu)} of weights and ~"
+            f"{gib(overhead)} of vLLM's working memory do not fit the "
+            f"{gib(gpu.total_bytes)} GPU: set it <= {max(0, largest)} bytes, 'auto', or keep "
+            "more weights in host RAM (weights_offload.cpu_gib)",
+        )
     memory = GpuMemory(gpu.total_bytes, gpu.budget_bytes, offloaded, weights_gpu, pool,
                        group_size, num_in_group, offloaded_layers)  # fmt: skip
     return memory, notes
