@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 
 from vllm_offload import deployment, launch
 from vllm_offload.cli import _common
@@ -54,28 +55,12 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     prepared = deployment.prepare(
         config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
     )
-    spec = prepared.spec
     print(render(prepared.plan), file=sys.stderr)
-    for note in prepared.notes:
-        _common.say(note)
-    problems: list[VllmOffloadError] = list(prepared.problems)
-    if args.dry_run:
-        print(spec.printable())
-        print(json.dumps(spec.kv_transfer_config, indent=2))
-        if vllm is not None:  # vLLM's own classes and parser read what would start
-            problems += _validation_errors(spec)
-    if problems:
-        for problem in problems:
-            print(f"vllm-offload: error: {problem}", file=sys.stderr)
-        return max(problem.exit_code for problem in problems)
-    if args.dry_run:
-        return 0
-    # Here, not in deployment.prepare: the manager prepares a restart while the running
-    # server still holds the port.
-    if (busy := _port_taken(config.server.host, config.server.port)) is not None:
-        print(f"vllm-offload: error: {busy}", file=sys.stderr)
-        return busy.exit_code
-    launch.run(spec)
+    refused = _checked(args, config, vllm, prepared.notes, prepared.problems,
+                       {"": prepared.spec})  # fmt: skip
+    if refused is not None:
+        return refused
+    launch.run(prepared.spec)
     return 0
 
 
@@ -89,25 +74,43 @@ def run_fleet(args: argparse.Namespace, config: DeploymentConfig, host: HostFact
     prepared = prepare_fleet(config, host, os.environ, vllm,
                              allow_unpatched=args.allow_unpatched)  # fmt: skip
     print(render_fleet(prepared.fleet), file=sys.stderr)
-    for note in prepared.notes:
+    refused = _checked(args, config, vllm, prepared.notes, prepared.problems, prepared.specs)
+    if refused is not None:
+        return refused
+    return asyncio.run(serve_fleet(prepared, config))
+
+
+def _checked(
+    args: argparse.Namespace,
+    config: DeploymentConfig,
+    vllm: InstalledVllm | None,
+    notes: Sequence[str],
+    problems: Sequence[VllmOffloadError],
+    specs: Mapping[str, launch.LaunchSpec],
+) -> int | None:
+    """Say the notes and (with --dry-run) each command line; the exit code when a problem,
+    the dry run or a taken port ends it here, None to start."""
+    for note in notes:
         _common.say(note)
-    problems: list[VllmOffloadError] = list(prepared.problems)
+    found = list(problems)
     if args.dry_run:
-        for name, spec in prepared.specs.items():
-            print(f"# {name}\n{spec.printable()}")
+        for name, spec in specs.items():
+            print(f"# {name}\n{spec.printable()}" if name else spec.printable())
             print(json.dumps(spec.kv_transfer_config, indent=2))
-            if vllm is not None:
-                problems += _validation_errors(spec)
-    if problems:
-        for problem in problems:
+            if vllm is not None:  # vLLM's own classes and parser read what would start
+                found += _validation_errors(spec)
+    if found:
+        for problem in found:
             print(f"vllm-offload: error: {problem}", file=sys.stderr)
-        return max(problem.exit_code for problem in problems)
+        return max(problem.exit_code for problem in found)
     if args.dry_run:
         return 0
+    # Here, not in deployment.prepare: the manager prepares a restart while the running
+    # server still holds the port.
     if (busy := _port_taken(config.server.host, config.server.port)) is not None:
         print(f"vllm-offload: error: {busy}", file=sys.stderr)
         return busy.exit_code
-    return asyncio.run(serve_fleet(prepared, config))
+    return None
 
 
 def _port_taken(host: str, port: int) -> launch.PreflightError | None:
