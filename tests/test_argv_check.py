@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import argv_check, config, launch, model_facts
+from vllm_offload import argv_check, config, launch, model_facts, run_vllm
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.plan import make_plan
 
@@ -141,12 +141,12 @@ def test_serve_refuses_a_command_line_vllm_would_misread(
     assert "error: model.served_name: vLLM's own parser reads" in capsys.readouterr().err
     ran: list[str] = []
     monkeypatch.setattr(runpy, "run_module", lambda name, **_: ran.append(name))
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # launch.run sets the spec's
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # run_vllm.run sets the spec's
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     _cfg, spec = build(model, {})
     with pytest.raises(launch.PreflightError):
-        launch.run(spec)
+        run_vllm.run(spec)
     assert ran == []
     _cfg, fine = build(demo_dir, {})
-    launch.run(fine)
+    run_vllm.run(fine)
     assert ran == ["vllm.entrypoints.openai.api_server"]

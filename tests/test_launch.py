@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import launch, model_facts
+from vllm_offload import launch, model_facts, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import PlanError, make_plan
@@ -80,7 +80,7 @@ def test_lmcache_backend(demo_dir: Path) -> None:
     the tier size LMCache took from LMCACHE_MAX_LOCAL_CPU_SIZE."""
     spec = spec_for(demo_dir, {"kv_offload.backend": "lmcache", "kv_offload.cpu_tier_gib": 2})
     assert spec.kv_transfer_config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    launch.validate_with_vllm(spec)
+    run_vllm.validate(spec)
     assert spec.env["LMCACHE_LOCAL_CPU"] == "True"
     assert spec.env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "2.000"
     assert spec.env["LMCACHE_TRACK_USAGE"] == "false"  # no usage reports to lmcache.ai
@@ -305,7 +305,7 @@ def test_read_api_key(tmp_path: Path) -> None:
 
 def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 1})
-    launch.validate_with_vllm(spec)  # raises if vLLM's own class rejects it
+    run_vllm.validate(spec)  # raises if vLLM's own class rejects it
     from vllm.config import KVTransferConfig
 
     parsed = KVTransferConfig(**json.loads(flag(spec, "--kv-transfer-config")))
@@ -313,4 +313,4 @@ def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     assert parsed.kv_connector_extra_config["cpu_bytes_to_use"] == GIB
     bad = launch.LaunchSpec((), {}, {"kv_connector": "OffloadingConnector", "kv_role": "sideways"})
     with pytest.raises(launch.PreflightError, match="vLLM rejects"):
-        launch.validate_with_vllm(bad)
+        run_vllm.validate(bad)

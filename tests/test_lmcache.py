@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import deployment, launch
+from vllm_offload import deployment, launch, run_vllm
 from vllm_offload.cli import main
 
 
@@ -67,7 +67,7 @@ def test_serve_refuses_with_exit_2(
     """Through `serve` on a declared GPU host: exit 2 naming the field, nothing started
     (the check asks the bare Python, where LMCache is missing whatever this host has)."""
     started: list[launch.LaunchSpec] = []
-    monkeypatch.setattr(launch, "run", started.append)
+    monkeypatch.setattr(run_vllm, "run", started.append)
     asks_bare = functools.partial(deployment.lmcache_problem, python=bare_python)
     monkeypatch.setattr(deployment, "lmcache_problem", asks_bare)
     code = main(["serve", "--model", str(demo_dir), "--gpu-mem-gib", "24", "--ram-gib", "64",

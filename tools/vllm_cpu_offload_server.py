@@ -4,7 +4,7 @@ arguments (e.g. `tools/vllm_cpu_offload_server.py --config /etc/vllm-offload/con
 
 import sys
 
-from vllm_offload.compat import seed_entry_point
+from vllm_offload.cli import main
 
 if __name__ == "__main__":
-    sys.exit(seed_entry_point("serve"))
+    sys.exit(main(["serve", *sys.argv[1:]]))

@@ -3,7 +3,7 @@
 
 import sys
 
-from vllm_offload.compat import seed_entry_point
+from vllm_offload.cli import main
 
 if __name__ == "__main__":
-    sys.exit(seed_entry_point("manager"))
+    sys.exit(main(["manager", *sys.argv[1:]]))

@@ -5,8 +5,6 @@ shims over ``vllm-offload serve`` and ``vllm-offload manager``."""
 
 from __future__ import annotations
 
-import sys
-
 SWAP_SPACE_KEY = "swap_space"
 SWAP_SPACE_FLAG = "--swap-space"
 SWAP_SPACE_FIX = (
@@ -33,11 +31,3 @@ def tier_from_num_cpu_blocks(
         f"kv_offload.num_cpu_blocks is deprecated: {blocks} blocks = {tier / (1 << 30):.2f} "
         f"GiB; set kv_offload.cpu_tier_gib = {tier / (1 << 30):.2f} instead"
     )
-
-
-def seed_entry_point(command: str) -> int:
-    """A seed command (``tools/vllm_cpu_offload_server.py ARGS``) as today's
-    ``vllm-offload COMMAND ARGS``."""
-    from vllm_offload.cli import main
-
-    return main([command, *sys.argv[1:]])

@@ -1,10 +1,6 @@
-"""Plan -> launch spec (argv, env, KVTransferConfig) -> vLLM's OpenAI server.
+"""Plan -> launch spec (argv, env, KVTransferConfig), the pre-flight reads (the API key).
 
-The spec is plain data so ``--dry-run`` can print it anywhere. Running it
-validates the KVTransferConfig with vLLM's own class, then runs vLLM's server
-module in this very process, exactly as ``python -m`` would: the PID stays the
-one systemd started (its signals reach vLLM) and vLLM is imported once — an
-``exec`` after validating would import it twice (~10 s on a CPU host).
+The spec is plain data so ``--dry-run`` can print it anywhere; ``run_vllm`` runs it.
 """
 
 from __future__ import annotations
@@ -12,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import runpy
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -309,28 +304,3 @@ def read_api_key(config: DeploymentConfig) -> str | None:
         raise PreflightError("server.api_key_file", f"{path}: write one key (up to "
                              f"{MAX_KEY_BYTES} bytes) into it")  # fmt: skip
     return key
-
-
-def validate_with_vllm(spec: LaunchSpec) -> None:
-    """Parse the KVTransferConfig with vLLM's own class, then the whole command line with
-    vLLM's own parser (argv_check); imports vLLM: seconds."""
-    from vllm_offload import argv_check
-
-    if spec.kv_transfer_config is not None:
-        from vllm.config import KVTransferConfig
-
-        try:
-            KVTransferConfig(**spec.kv_transfer_config)
-        except Exception as exc:  # vLLM raises pydantic and plain ValueErrors alike
-            raise PreflightError(
-                "kv_offload", f"vLLM rejects the KV transfer config: {exc}"
-            ) from exc
-    argv_check.check(spec)
-
-
-def run(spec: LaunchSpec) -> None:
-    """Become vLLM's OpenAI server: same process, same PID, as ``python -m`` does."""
-    os.environ.update(spec.env)
-    validate_with_vllm(spec)
-    sys.argv = [SERVER_MODULE, *spec.args]
-    runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)

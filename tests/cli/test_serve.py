@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import launch
+from vllm_offload import launch, run_vllm
 from vllm_offload.cli import main
 
 
@@ -15,7 +15,7 @@ from vllm_offload.cli import main
 def started(monkeypatch: pytest.MonkeyPatch) -> list[launch.LaunchSpec]:
     """Records every attempt to start vLLM instead of starting it."""
     calls: list[launch.LaunchSpec] = []
-    monkeypatch.setattr(launch, "run", calls.append)
+    monkeypatch.setattr(run_vllm, "run", calls.append)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     return calls
 

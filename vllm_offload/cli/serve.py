@@ -9,7 +9,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from vllm_offload import deployment, launch
+from vllm_offload import deployment, launch, run_vllm
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
                        {"": prepared.spec})  # fmt: skip
     if refused is not None:
         return refused
-    launch.run(prepared.spec)
+    run_vllm.run(prepared.spec)
     return 0
 
 
@@ -131,7 +131,7 @@ def _port_taken(host: str, port: int) -> launch.PreflightError | None:
 
 def _validation_errors(spec: launch.LaunchSpec) -> list[VllmOffloadError]:
     try:
-        launch.validate_with_vllm(spec)
+        run_vllm.validate(spec)
     except launch.PreflightError as exc:
         return [exc]
     return []

@@ -1,6 +1,6 @@
 """One engine of several models, as the front door starts it:
 ``python -m vllm_offload.fleet.engine SPEC.json``. It becomes vLLM's server for the launch
-spec the front door prepared (``launch.run``: the same checks `serve` makes), and it ends
+spec the front door prepared (``run_vllm.run``: the same checks `serve` makes), and it ends
 with the front door, even one killed by SIGKILL: a pidfd watches the parent process (a
 thread's exit would set off PR_SET_PDEATHSIG, and patch 0003 found the same)."""
 
@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vllm_offload import launch
+from vllm_offload import launch, run_vllm
 from vllm_offload.errors import VllmOffloadError
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     spec = launch.LaunchSpec.from_json(json.loads(Path(argv[0]).read_text()))
     exit_with_parent()
     try:
-        launch.run(spec)
+        run_vllm.run(spec)
     except VllmOffloadError as exc:
         print(f"vllm-offload: error: {exc}", file=sys.stderr)
         return exc.exit_code
