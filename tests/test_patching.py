@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import patching
+from vllm_offload import patch_journal, patching
 from vllm_offload.deployment import patch_problem
-from vllm_offload.patching import PatchError, State
+from vllm_offload.patch_journal import PatchError
+from vllm_offload.patching import State
 from vllm_offload.vllm_version import InstalledVllm, find
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def test_unknown_version_is_refused(tmp_path: Path) -> None:
 
 def test_failure_midway_rolls_back(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = files_of(site)
-    real = patching._replace_file
+    real = patch_journal.replace_file
     calls = {"n": 0}
 
     def failing(site: Path, rel: str, data: bytes | None) -> None:
@@ -106,10 +107,10 @@ def test_failure_midway_rolls_back(site: Path, monkeypatch: pytest.MonkeyPatch) 
             raise OSError(28, "No space left on device")
         real(site, rel, data)
 
-    monkeypatch.setattr(patching, "_replace_file", failing)
+    monkeypatch.setattr(patch_journal, "replace_file", failing)
     with pytest.raises(OSError, match="No space left"):
         patching.apply(site)
-    monkeypatch.setattr(patching, "_replace_file", real)
+    monkeypatch.setattr(patch_journal, "replace_file", real)
     assert files_of(site) == before
     assert patching.status(site) is State.NOT_APPLIED
 
@@ -121,15 +122,15 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
     crash = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from vllm_offload import patching\n"
-        "real = patching._replace_file\n"
+        "from vllm_offload import patch_journal, patching\n"
+        "real = patch_journal.replace_file\n"
         "n = [0]\n"
         "def crashing(site, rel, data):\n"
         "    n[0] += 1\n"
         "    if n[0] == 3:\n"
         "        os._exit(9)\n"
         "    real(site, rel, data)\n"
-        "patching._replace_file = crashing\n"
+        "patch_journal.replace_file = crashing\n"
         "patching.apply(Path(sys.argv[1]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", crash, str(site)], capture_output=True)
@@ -255,7 +256,7 @@ def test_a_journal_naming_files_outside_the_site_is_not_replayed(
     caller (root): writes and deletes anywhere."""
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    journal = site / "vllm" / patching.JOURNAL_DIR
+    journal = site / "vllm" / patch_journal.JOURNAL_DIR
     journal.mkdir()
     (journal / "0.orig").write_text("written by the journal")
     escape = os.path.relpath(tmp_path / "written.txt", site)
@@ -282,7 +283,7 @@ def test_no_write_goes_through_a_planted_link(site: Path, tmp_path: Path) -> Non
     patching.revert(site)
     assert victim.read_text() == "keep me"
     assert patching.status(site) is State.NOT_APPLIED
-    (site / "vllm" / patching.STATE_FILE).symlink_to(victim)  # the state file, planted
+    (site / "vllm" / patch_journal.STATE_FILE).symlink_to(victim)  # the state file, planted
     with pytest.raises(PatchError, match=r"leads out of|not vllm-offload.s state"):
         patching.apply(site)
     assert victim.read_text() == "keep me"

@@ -21,6 +21,7 @@ from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
+from vllm_offload.patch_journal import PatchError
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
 from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
 
@@ -161,7 +162,7 @@ def patch_problem(vllm: InstalledVllm) -> str | None:
     site = vllm.package_dir.parent
     try:
         state = patching.status(site)
-    except patching.PatchError as exc:
+    except PatchError as exc:
         return str(exc)
     if state is not patching.State.APPLIED:
         return f"vLLM {vllm.version} at {site} is not patched by vllm-offload"

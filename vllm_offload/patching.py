@@ -6,9 +6,8 @@ vLLM git tree, so porting it to a release is ``git am -3``.
 
 ``apply`` and ``revert`` are all-or-nothing: every target is checked against
 the pristine hash of its release first, the new contents are computed in
-memory, the originals are copied into a journal, and only then are files
-replaced. An exception rolls back from the journal; a crash leaves the journal
-behind, and the next patch command rolls back from it before doing anything.
+memory, then ``patch_journal`` writes them (the originals kept until all are written; a
+crash is rolled back by the next patch command before it does anything).
 
 A site directory may be another user's (``patch status --site`` on someone's venv, as
 root): only the series' own files are written or removed, each inside the site (no link
@@ -19,38 +18,24 @@ a regular one.
 from __future__ import annotations
 
 import email.parser
-import errno
 import hashlib
 import importlib.resources
 import json
-import os
-import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from vllm_offload import site_files
-from vllm_offload.errors import VllmOffloadError
+from vllm_offload import patch_journal
+from vllm_offload.patch_journal import MAX_FILE_BYTES, STATE_FILE, PatchError, read_file
 from vllm_offload.safe_files import read_regular
 from vllm_offload.unified_diff import DiffMismatch, FilePatch, Hunk, apply_hunks, parse_diff
 from vllm_offload.vllm_version import find as find_vllm
 from vllm_offload.vllm_version import version_from_tree
 
 PATCHES_DIR = importlib.resources.files("vllm_offload") / "patches"
-STATE_FILE = ".vllm_offload_patches.json"
-JOURNAL_DIR = ".vllm_offload_journal"
 HASHES_FILE = "pristine.sha256"
-MAX_FILE_BYTES = 64 * 1024 * 1024  # larger than any file of vLLM's the series touches
-BACKUP_NAME = re.compile(r"[0-9]{1,6}\.orig")
-
-
-class PatchError(VllmOffloadError):
-    """The patches cannot be applied or reverted here; the text says why and what to do."""
-
-    kind = "environment"
 
 
 class State(Enum):
@@ -152,14 +137,8 @@ def _targets(series: Series) -> dict[str, list[FilePatch]]:
     return grouped
 
 
-def _read(path: Path) -> bytes | None:
-    """A file's bytes (None where it is absent); only a regular file is read."""
-    try:
-        return read_regular(path, MAX_FILE_BYTES)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise PatchError(f"{path}: cannot read it ({exc})") from None
+def _state_bytes(state: Mapping[str, object]) -> bytes:
+    return json.dumps(state, indent=2).encode()
 
 
 def _patched(series: Series, site: Path) -> dict[str, bytes]:
@@ -169,7 +148,7 @@ def _patched(series: Series, site: Path) -> dict[str, bytes]:
         # A later patch of the same file goes on from the earlier ones' result.
         text = ""
         if not patches[0].is_new:
-            current = _read(site / rel)
+            current = read_file(site / rel)
             if current is None:
                 raise PatchError(f"{site / rel}: missing; reinstall vLLM {series.version}")
             text = current.decode()
@@ -183,7 +162,7 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
     """Each target's pristine content (None: a file the patches add), from the patched one."""
     result: dict[str, bytes | None] = {}
     for rel, patches in _targets(series).items():
-        current = _read(site / rel)
+        current = read_file(site / rel)
         if current is None:
             raise PatchError(f"{site / rel}: missing; reinstall vLLM {series.version}")
         if any(fp.is_new for fp in patches):
@@ -198,7 +177,7 @@ def _pristine(series: Series, site: Path) -> dict[str, bytes | None]:
 
 def _recorded(site: Path) -> dict[str, str]:
     """sha256 of each file the last apply wrote, or {}."""
-    data = _read(site / "vllm" / STATE_FILE)
+    data = read_file(site / "vllm" / STATE_FILE)
     if data is None:
         return {}
     try:
@@ -224,7 +203,7 @@ def _is_release_file(
 def status(site: Path, patches_dir: Traversable = PATCHES_DIR) -> State:
     recover(site)
     series = load_series(site_version(site), patches_dir)
-    hashes = {rel: _read(site / rel) for rel in series.pristine}
+    hashes = {rel: read_file(site / rel) for rel in series.pristine}
     recorded = _recorded(site)
     if all(_is_release_file(series, recorded, rel, data) for rel, data in hashes.items()):
         return State.NOT_APPLIED
@@ -247,7 +226,7 @@ def status(site: Path, patches_dir: Traversable = PATCHES_DIR) -> State:
 def _check_pristine(series: Series, site: Path) -> None:
     recorded = _recorded(site)
     for rel, digest in series.pristine.items():
-        data = _read(site / rel)
+        data = read_file(site / rel)
         if _is_release_file(series, recorded, rel, data):
             continue
         if digest == "":
@@ -259,117 +238,9 @@ def _check_pristine(series: Series, site: Path) -> None:
         )
 
 
-def _replace_file(site: Path, rel: str, data: bytes | None) -> None:
-    """Write or delete ``site / rel`` atomically, never through a link (site_files)."""
-    try:
-        site_files.replace_file(site, rel, data)
-    except ValueError as exc:
-        raise PatchError(f"{site}: {exc}; refusing to write there") from None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise PatchError(f"{site / rel}: a link on the way; refusing to write through "
-                             "it") from None  # fmt: skip
-        raise
-
-
-def _open_journal(site: Path, *, create: bool) -> int | None:
-    """The journal folder's fd (made empty first if ``create``); None if there is none.
-    A link there is refused."""
-    vllm = site_files.open_folder(site, ("vllm",), create=False)
-    try:
-        if create:
-            os.mkdir(JOURNAL_DIR, 0o755, dir_fd=vllm)
-        return os.open(JOURNAL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=vllm)  # fmt: skip
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise PatchError(f"{site / 'vllm' / JOURNAL_DIR}: not vllm-offload's journal (a "
-                             "link or a file); check it, then remove it") from None  # fmt: skip
-        raise
-    finally:
-        os.close(vllm)
-
-
-def _begin_journal(site: Path, targets: list[str]) -> None:
-    journal = _open_journal(site, create=True)
-    assert journal is not None
-    try:
-        originals: dict[str, str | None] = {}
-        for n, rel in enumerate(targets):
-            data = _read(site / rel)
-            originals[rel] = None if data is None else f"{n}.orig"
-            if data is not None:
-                site_files.write_new(journal, f"{n}.orig", data)
-        site_files.write_new(journal, "manifest.json", json.dumps(originals).encode())
-    finally:
-        os.close(journal)
-
-
-def _remove_journal(site: Path) -> None:
-    vllm = site_files.open_folder(site, ("vllm",), create=False)
-    try:
-        shutil.rmtree(JOURNAL_DIR, dir_fd=vllm)  # never follows a link inside it
-    finally:
-        os.close(vllm)
-
-
-def _journal_entries(site: Path, journal: int) -> list[tuple[str, bytes | None]]:
-    """(file, its original bytes or None) for each file the journal names: only the
-    series' own files, from backups N.orig that are regular files in the journal."""
-    where = site / "vllm" / JOURNAL_DIR
-    try:
-        manifest = read_regular("manifest.json", MAX_FILE_BYTES, follow_links=False,
-                                dir_fd=journal)  # fmt: skip
-    except FileNotFoundError:
-        return []  # cut off before its manifest: nothing was replaced yet
-    targets = set(load_series(site_version(site)).pristine)
-    try:
-        entries = [(str(rel), backup) for rel, backup in json.loads(manifest).items()]
-    except (ValueError, AttributeError):
-        raise PatchError(f"{where}: a garbled journal; check it, then remove it") from None
-    replay: list[tuple[str, bytes | None]] = []
-    for rel, backup in entries:
-        if rel not in targets or not (backup is None or BACKUP_NAME.fullmatch(str(backup))):
-            raise PatchError(f"{where}: names {rel!r}, not a file of vllm-offload's series; "
-                             "not replayed (check and remove it)")  # fmt: skip
-        original = None
-        if backup is not None:
-            original = read_regular(str(backup), MAX_FILE_BYTES, follow_links=False,
-                                    dir_fd=journal)  # fmt: skip
-        replay.append((rel, original))
-    return replay
-
-
 def recover(site: Path) -> bool:
     """Roll back an apply/revert that was cut off; True if there was one."""
-    journal = _open_journal(site, create=False)
-    if journal is None:
-        return False
-    try:
-        replay = _journal_entries(site, journal)
-    finally:
-        os.close(journal)
-    for rel, original in replay:
-        _replace_file(site, rel, original)
-    _remove_journal(site)
-    return True
-
-
-def _write_all(
-    site: Path, contents: Mapping[str, bytes | None], state: Mapping[str, object] | None
-) -> None:
-    _begin_journal(site, list(contents))
-    try:
-        for rel, data in contents.items():
-            _replace_file(site, rel, data)
-        state_bytes = None if state is None else json.dumps(state, indent=2).encode()
-        _replace_file(site, f"vllm/{STATE_FILE}", state_bytes)
-    except BaseException:
-        recover(site)
-        raise
-    _remove_journal(site)
+    return patch_journal.recover(site, lambda: set(load_series(site_version(site)).pristine))
 
 
 def apply(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:
@@ -380,12 +251,12 @@ def apply(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:
         return False
     _check_pristine(series, site)
     new = _patched(series, site)
-    state = {
+    state: dict[str, object] = {
         "series": series.name,
         "patches": [patch.name for patch in series.patches],
         "patched": {rel: sha256(data) for rel, data in new.items()},
     }
-    _write_all(site, new, state)
+    patch_journal.write_all(site, new, _state_bytes(state))
     return True
 
 
@@ -400,5 +271,5 @@ def revert(site: Path, patches_dir: Traversable = PATCHES_DIR) -> bool:
         expected = series.pristine[rel]
         if data is not None and sha256(data) != expected:
             raise PatchError(f"{site / rel}: reverting would not give the release's file")
-    _write_all(site, originals, None)
+    patch_journal.write_all(site, originals, None)
     return True

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from vllm_offload import config as config_mod
-from vllm_offload import deployment, model_facts, patching, vllm_version
+from vllm_offload import deployment, model_facts, vllm_version
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
@@ -29,6 +29,7 @@ from vllm_offload.manager.auth import Sessions
 from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor
+from vllm_offload.patch_journal import STATE_FILE
 from vllm_offload.systemd.control import Systemd
 
 # A prepared plan is planned again after this long even when nothing it read changed: the
@@ -130,7 +131,7 @@ class Manager:
             except (VllmOffloadError, OSError):
                 prints.append("")
         try:
-            state = (vllm_version.find().package_dir / patching.STATE_FILE).stat().st_mtime_ns
+            state = (vllm_version.find().package_dir / STATE_FILE).stat().st_mtime_ns
         except (VllmOffloadError, OSError):
             state = 0
         return (config_mod.file_tag(self.settings.config_path), tuple(prints), state)
