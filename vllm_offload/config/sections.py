@@ -166,7 +166,7 @@ class KvOffloadSection(_Section):
     block_size: int | Auto = Field(
         "auto",
         description="Tokens per GPU KV block (vLLM --block-size); the CPU tier stores whole "
-        "blocks. 'auto': 128 with the native CPU tier (bigger host<->GPU copies) on plain "
+        "blocks. 'auto': 128 with the native CPU tier (fewer copies per CPU hit) on plain "
         "attention models, else 16 on NVIDIA GPUs; 128 on the CPU backend (it needs a "
         "multiple of 32).",
     )

@@ -17,10 +17,12 @@ from vllm_offload.plan.records import Backend, KvLayout, Notes, PlanError, Platf
 
 # vLLM's CPU attention needs blocks in multiples of 32; 16 is vLLM's default on GPUs.
 DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cuda": 16, "cpu": 128}
-# With the native CPU tier, bigger GPU blocks make each host<->GPU copy bigger: on an
-# H200 a CPU hit of 1 GiB loaded at 35 GB/s with 16-token blocks and 49 GB/s with 128
-# (TTFT 74 -> 64 ms), at no measured throughput cost (docs/benchmarks.md). Only for plain
-# attention layers: MLA and hybrid models have backend-specific block sizes.
+# With the native CPU tier, 128-token GPU blocks: the copy engine moves 64 KiB and 512 KiB
+# descriptors alike, but each descriptor costs host time on the model runner's thread.
+# On an H200 (issue #33) a lone CPU hit took 32.5 ms against 37.1 ms with 16-token
+# blocks, eight at once 171 against 217 ms, and 0 % reuse at saturation showed no cost
+# (docs/benchmarks.md, "GPU block size under the CPU tier"). Only for plain attention
+# layers: MLA and hybrid models have backend-specific block sizes.
 OFFLOAD_BLOCK_SIZE = 128
 # Tokens per CPU-tier chunk with the native tier: fewer, larger transfers and lookups
 # (CPU hit 80.6 -> 73.7 ms against one 16-token block per chunk, same run).
@@ -50,7 +52,9 @@ def choose_block(config: DeploymentConfig, model: ModelFacts, backend: Backend,
         return block, Notes()
     plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
     if backend == "native" and plain_attention:
-        block, why = OFFLOAD_BLOCK_SIZE, "bigger host<->GPU copies for the native tier"
+        block = OFFLOAD_BLOCK_SIZE
+        why = ("fewer copies per CPU hit with the native tier (H200: a hit 32.5 ms vs 37.1 "
+               "at 16; docs/benchmarks.md, #33)")  # fmt: skip
     else:
         block = DEFAULT_BLOCK_SIZE[platform]
         why = "vLLM's default" if platform == "cuda" else "the CPU backend's (a multiple of 32)"
