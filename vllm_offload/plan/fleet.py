@@ -24,12 +24,13 @@ from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_byt
 from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
 
 Idle = Literal["sleep", "stop"]
-# GPU memory an engine asleep still holds: 26.7 -> 2.6 GiB at level 1 (H200, Llama-3.1-8B
-# shape, CUDA graphs, issue #31's measurement); planned with room to spare.
+# GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
+# 1.53 GiB at levels 1 and 2 in the final runs, 2.48 GiB in the first try
+# (benchmarks/results/h200-vllm-0.32.0/switch/); planned with room to spare.
 ASLEEP_GPU_BYTES = 3 * GIB
 # Host RAM a level-1 sleep keeps for the weights (and the runtime and graph pools vLLM keeps
 # at every level), in vllm_ext.sleep's arena, made at the first sleep and kept: +15.55 GiB
-# for 14.96 GiB of weights on the H200 (1.04x; vLLM's own backend: 1.13x, issue #31;
+# for 14.96 GiB of weights on the H200 (1.04x; vLLM's own backend: 1.18x, issue #31;
 # benchmarks/results/h200-vllm-0.32.0/switch/). Planned with room to spare.
 SLEEP_BACKUP_FACTOR = 1.1
 # The model on the GPU must keep at least this share of it.
