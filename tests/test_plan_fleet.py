@@ -120,3 +120,24 @@ def test_a_model_that_cannot_fit_is_named_by_its_entry(tmp_path: Path) -> None:
         fleet_of(data, declared(make_host(None), gpu_mem_gib=24, ram_gib=256))
     assert info.value.field == "models[1].max_model_len"
     assert info.value.message.startswith("'coder': ")
+
+
+def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
+    """examples/config-two-models.toml on the host it describes (an RTX 4090, 128 GB):
+    prepared as `serve` prepares it, no problem, and its figures as the README shows."""
+    from vllm_offload.config import load
+    from vllm_offload.fleet.prepare import prepare_fleet
+
+    example = load(Path(__file__).parents[1] / "examples/config-two-models.toml")
+    data = example.model_dump()
+    data["server"]["api_key_file"] = ""
+    for entry in data["models"]:
+        name = Path(entry["path"]).name
+        shape = dict(LLAMA3_8B, max_position_embeddings=131072)
+        entry["path"] = str(write_shape(tmp_path / name, shape))
+    host = declared(make_host(None), gpu_mem_gib=24, ram_gib=128)
+    prepared = prepare_fleet(parse(data), host, {}, None)
+    assert prepared.problems == ()
+    chat, coder = prepared.fleet.models["chat"], prepared.fleet.models["coder"]
+    assert chat.idle == "sleep" and coder.plan.cpu_tier.bytes == 16 * GIB
+    assert coder.plan.length.max_model_len == 16384 <= chat.plan.length.max_model_len
