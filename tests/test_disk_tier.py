@@ -1,5 +1,5 @@
 """The disk tier (issue #20): planned and refused by the planner, built into vLLM's own
-tiering spec by the launcher, and bounded by ``disk_tier.BoundedFsTier`` — driven here
+tiering spec by the launcher, and bounded by ``vllm_ext.disk_tier.BoundedFsTier`` — driven here
 through vLLM 0.32's real TieringOffloadingSpec and SecondaryTierFactory (the tier's file
 layer needs no GPU: it copies between files and a host buffer)."""
 
@@ -153,7 +153,7 @@ class Tier:
         self.buffer = np.frombuffer(self.region, dtype=np.uint8).reshape(64, CHUNK)
         tier = disk_layout.tier_root(str(root))
         self.tier = SecondaryTierFactory.create_secondary_tier(
-            {"type": "BoundedFsTier", "module_path": "vllm_offload.disk_tier",
+            {"type": "BoundedFsTier", "module_path": "vllm_offload.vllm_ext.disk_tier",
              "root_dir": str(tier / "model-fingerprint"), "budget_root": str(tier),
              "max_bytes": max_chunks * CHUNK, "min_free_bytes": min_free_bytes,
              "n_read_threads": 2, "n_write_threads": 2},

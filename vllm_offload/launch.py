@@ -144,7 +144,7 @@ def kv_transfer_config(
             extra["spec_name"] = DISK_TIER_SPEC
             extra["secondary_tiers"] = [{
                 "type": "BoundedFsTier",
-                "module_path": "vllm_offload.disk_tier",
+                "module_path": "vllm_offload.vllm_ext.disk_tier",
                 "root_dir": plan.disk.root,
                 "budget_root": str(disk_layout.tier_root(plan.disk.path)),
                 "max_bytes": plan.disk.bytes,

@@ -6,7 +6,7 @@ full. ``BoundedFsTier`` is that tier with a budget: the files under ``budget_roo
 model's, so switching models does not leak space) never exceed ``max_bytes``, the
 filesystem keeps ``min_free_bytes`` free, and the least recently used files go first (a
 load counts as a use). It plugs in through vLLM's own out-of-tree tier hook
-(``"type": "BoundedFsTier", "module_path": "vllm_offload.disk_tier"`` in
+(``"type": "BoundedFsTier", "module_path": "vllm_offload.vllm_ext.disk_tier"`` in
 ``secondary_tiers``), so no vLLM code is changed and no upstream code is copied.
 
 Eviction can race a lookup (a file found, then deleted before it is read): the load
