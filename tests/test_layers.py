@@ -1,0 +1,65 @@
+"""The house's layers (docs/architecture.md): a module imports only from its own layer or
+the layers below it, read from the code's own import statements (those inside functions
+too). A new module must be given a layer here, so the table in the doc stays whole."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "vllm_offload"
+
+# Low to high, as docs/architecture.md's table. A name is a module, or a package whose
+# modules all sit in that layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "errors", "safe_files", "site_files", "unified_diff", "vllm_metrics", "amx",
+     "compat", "vllm_client", "demo_model"),
+    ("config", "model_facts", "vllm_version", "disk_layout", "vllm_ext"),
+    ("hardware", "patch_journal", "systemd"),
+    ("plan",),
+    ("launch", "patching", "argv_check", "run_vllm"),
+    ("deployment",),
+    ("fleet",),
+    ("manager", "bench", "cli", "__main__"),
+)  # fmt: skip
+
+
+def layer_of(module: str) -> int:
+    """``vllm_offload.a.b`` -> the layer of ``a``."""
+    top = module.split(".")[1] if "." in module else "__init__"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"vllm_offload.{top} has no layer: add it to LAYERS and to "
+                         "docs/architecture.md")  # fmt: skip
+
+
+def is_module(name: str) -> bool:
+    return (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name).is_dir()
+
+
+def imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "vllm_offload":  # modules, or names of the package's face
+                names |= {f"vllm_offload.{a.name}" if is_module(a.name) else "vllm_offload"
+                          for a in node.names}  # fmt: skip
+            elif node.module.startswith("vllm_offload."):
+                names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("vllm_offload.")}
+    return names
+
+
+def test_every_import_goes_down_or_across() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(rel.parts)
+        here = layer_of(module)
+        for name in imported(path):
+            if layer_of(name) > here:
+                upward.append(f"{module} (layer {here + 1}) imports {name} "
+                              f"(layer {layer_of(name) + 1})")  # fmt: skip
+    assert not upward, "\n".join(upward)
