@@ -178,7 +178,7 @@ def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
 
 
 def test_arm_parse() -> None:
-    from vllm_offload.bench.harness import Arm
+    from vllm_offload.bench.options import Arm
 
     assert Arm.parse("native") == Arm("native", "native")
     assert Arm.parse("c256=native --kv-offload-cpu-chunk-tokens 256") == Arm(

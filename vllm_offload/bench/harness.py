@@ -5,11 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,67 +16,9 @@ import httpx
 
 from vllm_offload import model_facts
 from vllm_offload.bench import workloads
+from vllm_offload.bench.options import Arm, BenchOptions
 from vllm_offload.bench.server_process import GIB, ServerProcess, split_serve_args
-from vllm_offload.bench.workloads import Rate
 from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
-
-ARM_KINDS = ("baseline", "native", "lmcache")
-WORKLOADS = ("reuse", "chat", "sweep", "decode", "memory")
-DEFAULT_WORKLOADS = ["reuse", "chat", "sweep", "memory"]
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One server under test: a label, its KV tier kind and more `serve` flags (after
-    a `--` among them: more vLLM arguments)."""
-
-    label: str
-    kind: str  # one of ARM_KINDS
-    flags: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> Arm:
-        """'native' or 'LABEL=KIND [serve flags]', e.g. 'c256=native
-        --kv-offload-cpu-chunk-tokens 256'; ValueError says what is wrong."""
-        label, sep, rest = text.partition("=")
-        words = shlex.split(rest if sep else text)
-        if not words or words[0] not in ARM_KINDS:
-            raise ValueError(f"{text!r}: an arm is KIND or LABEL=KIND [flags], KIND one of "
-                             f"{', '.join(ARM_KINDS)}")  # fmt: skip
-        label = label.strip() if sep else words[0]
-        if not label.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"{text!r}: the label may hold letters, digits, '-' and '_'")
-        return cls(label, words[0], tuple(words[1:]))
-
-
-@dataclass
-class BenchOptions:
-    model: Path
-    out: Path
-    arms: list[Arm] = field(default_factory=lambda: [Arm("baseline", "baseline"),
-                                                     Arm("native", "native")])  # fmt: skip
-    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
-    repeats: int = 3
-    docs: int = 8
-    doc_tokens: int = 8000
-    settle_s: float = 0.5
-    hit_concurrency: list[int] = field(default_factory=list)  # reuse: CPU-hit bursts
-    conversations: int = 4
-    turns: int = 4
-    turn_tokens: int = 1000
-    rates: list[Rate] = field(default_factory=lambda: [None, 8.0, 32.0])
-    rate_seconds: float = 10.0
-    max_concurrency: int = 64
-    prompt_tokens: int = 512
-    output_tokens: int = 64
-    decode_batch: int = 16
-    tier_gib: float = 16.0
-    pool_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    token_ids: bool = False
-    h2d_gbps: float | None = None
-    serve_flags: list[str] = field(default_factory=list)  # more vllm-offload serve flags
-    vllm_args: list[str] = field(default_factory=list)
 
 
 def arm_args(options: BenchOptions, arm: Arm) -> list[str]:
