@@ -116,60 +116,67 @@ def create_front_app(front: FrontDoor) -> FastAPI:
     async def forward(path: str, request: Request) -> Response:
         if not authorised(request):
             return openai_error(401, "a valid API key is required", "AuthenticationError")
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            return openai_error(413, f"request body over {MAX_BODY_BYTES} bytes",
-                                "BadRequestError")  # fmt: skip
-        try:
-            name = json.loads(body).get("model")
-        except (ValueError, AttributeError):
-            return openai_error(400, "the body must be a JSON object", "BadRequestError")
-        if name not in front.engines:
-            known = ", ".join(sorted(front.engines))
-            return openai_error(404, f"the model '{name}' does not exist; this server has: "
-                                f"{known}", "NotFoundError")  # fmt: skip
-        lease = front.residency.lease(name)
-        try:
-            await lease.__aenter__()
-        except Busy as exc:
-            return openai_error(503, str(exc), "ServiceUnavailableError",
-                                **{"Retry-After": str(exc.retry_after_s)})  # fmt: skip
-        except Unavailable as exc:
-            return openai_error(503, str(exc), "ServiceUnavailableError")
-        client = front.client(name)
-        headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
-        upstream_request = client.build_request("POST", f"/v1/{path}", content=body,
-                                                headers=headers,
-                                                params=request.query_params)  # fmt: skip
-        try:
-            upstream = await client.send(upstream_request, stream=True)
-        except httpx.HTTPError as exc:
-            await lease.__aexit__(None, None, None)
-            return openai_error(502, f"the engine of '{name}' did not answer: {exc}",
-                                "ServiceUnavailableError")  # fmt: skip
-
-        streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            except httpx.HTTPError as exc:  # the engine went away mid-answer: say so
-                if streaming:
-                    error = {
-                        "error": {
-                            "message": f"the engine of '{name}' stopped answering: {exc}",
-                            "type": "ServiceUnavailableError",
-                            "code": 502,
-                        }
-                    }
-                    yield f"data: {json.dumps(error)}\n\n".encode()
-            finally:  # also when the client goes away mid-stream
-                await upstream.aclose()
-                await lease.__aexit__(None, None, None)
-
-        kept = {k: v for k, v in upstream.headers.items()
-                if k.lower() not in DROPPED_RESPONSE_HEADERS}  # fmt: skip
-        return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
+        return await forward_request(front, path, request)
 
     return app
+
+
+def model_of(body: bytes, known: Mapping[str, object]) -> str | JSONResponse:
+    """The model a request body names, or the OpenAI error that answers it."""
+    if len(body) > MAX_BODY_BYTES:
+        return openai_error(413, f"request body over {MAX_BODY_BYTES} bytes", "BadRequestError")
+    try:
+        name = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return openai_error(400, "the body must be a JSON object", "BadRequestError")
+    if name not in known:
+        return openai_error(404, f"the model '{name}' does not exist; this server has: "
+                            f"{', '.join(sorted(known))}", "NotFoundError")  # fmt: skip
+    return str(name)
+
+
+async def forward_request(front: FrontDoor, path: str, request: Request) -> Response:
+    """Lease the model (waiting while it is brought in), send the request to its engine and
+    stream the answer back; the lease ends with the answer, or when the client goes."""
+    body = await request.body()
+    name = model_of(body, front.engines)
+    if isinstance(name, JSONResponse):
+        return name
+    lease = front.residency.lease(name)
+    try:
+        await lease.__aenter__()
+    except Busy as exc:
+        return openai_error(503, str(exc), "ServiceUnavailableError",
+                            **{"Retry-After": str(exc.retry_after_s)})  # fmt: skip
+    except Unavailable as exc:
+        return openai_error(503, str(exc), "ServiceUnavailableError")
+    client = front.client(name)
+    headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
+    upstream_request = client.build_request(
+        "POST", f"/v1/{path}", content=body, headers=headers, params=request.query_params
+    )
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except httpx.HTTPError as exc:
+        await lease.__aexit__(None, None, None)
+        return openai_error(502, f"the engine of '{name}' did not answer: {exc}",
+                            "ServiceUnavailableError")  # fmt: skip
+    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:  # the engine went away mid-answer: say so
+            if streaming:
+                message = f"the engine of '{name}' stopped answering: {exc}"
+                error = {"error": {"message": message, "type": "ServiceUnavailableError",
+                                   "code": 502}}  # fmt: skip
+                yield f"data: {json.dumps(error)}\n\n".encode()
+        finally:  # also when the client goes away mid-stream
+            await upstream.aclose()
+            await lease.__aexit__(None, None, None)
+
+    kept = {k: v for k, v in upstream.headers.items()
+            if k.lower() not in DROPPED_RESPONSE_HEADERS}  # fmt: skip
+    return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
