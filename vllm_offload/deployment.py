@@ -73,6 +73,17 @@ def check_inside(directory: Path, roots: Sequence[Path]) -> None:
         )
 
 
+def confined_model_dir(config: DeploymentConfig, roots: Sequence[Path] | None) -> Path:
+    """The model's folder, refused (422, model.path) outside ``roots`` (default:
+    manager.model_roots, where set)."""
+    directory = model_dir(config)
+    if roots is None and config.manager.model_roots:
+        roots = model_roots(config)
+    if roots is not None and config.model.path:
+        check_inside(directory, roots)
+    return directory
+
+
 def plan_for(
     config: DeploymentConfig, directory: Path, host: HostFacts, environ: Mapping[str, str]
 ) -> Plan:
@@ -98,11 +109,7 @@ def prepare(
     that cannot fit); lists in ``problems`` what forbids a start here and now. ``vllm``
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
     release and the patch state is not checked."""
-    directory = model_dir(config)
-    if roots is None and config.manager.model_roots:
-        roots = model_roots(config)
-    if roots is not None and config.model.path:
-        check_inside(directory, roots)
+    directory = confined_model_dir(config, roots)
     plan = plan_for(config, directory, host, environ)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems

@@ -98,6 +98,11 @@ class LaunchSpec:
                    tuple(data["extra_args"]))  # fmt: skip
 
 
+def _dest(flag: str) -> str:
+    """The name vLLM's parser gives ``flag``'s value in its namespace."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
 class _Options:
     """The options the launcher writes, each one ``--flag=value`` token (a value that
     starts with "-" or holds a "." can then never be read as an option of its own), with
@@ -111,18 +116,18 @@ class _Options:
         """``flag=value``; ``read``: what vLLM's parser makes of it, when not ``value``."""
         text = json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
         self.args.append(f"{flag}={text}")
-        self.owned[flag.removeprefix("--").replace("-", "_")] = value if read is None else read
+        self.owned[_dest(flag)] = value if read is None else read
 
     def add_flag(self, flag: str) -> None:
         """A switch that takes no value (vLLM's store_true options)."""
         self.args.append(flag)
-        self.owned[flag.removeprefix("--").replace("-", "_")] = True
+        self.owned[_dest(flag)] = True
 
     def add_list(self, flag: str, values: list[str]) -> None:
         """An option of several values (vLLM's nargs='+'), as separate tokens: config
         validation keeps each to a name that cannot start with "-"."""
         self.args += [flag, *values]
-        self.owned[flag.removeprefix("--").replace("-", "_")] = list(values)
+        self.owned[_dest(flag)] = list(values)
 
 
 def kv_transfer_config(

@@ -92,6 +92,12 @@ def model_name(entry: ModelSection) -> str:
     return entry.served_name or PurePath(entry.path).name
 
 
+def entry_field(index: int, field: str) -> str:
+    """A key of one model's own config as its [[models]] entry names it: model.max_model_len
+    -> models[1].max_model_len, kv_offload.cpu_tier_gib -> models[1].kv_offload.cpu_tier_gib."""
+    return f"models[{index}].{field.removeprefix('model.')}"
+
+
 def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
     """Each [[models]] entry's own single-model config, by the name it answers to: the
     shared sections with the entry's tables over them, the file's extra_args then its own.
@@ -117,8 +123,7 @@ def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
             configs[name] = DeploymentConfig.model_validate(data)
         except ValidationError as exc:
             error = _first_error(exc)
-            where = error.field.removeprefix("model.")
-            raise ConfigError(f"models[{i}].{where}", error.message) from None
+            raise ConfigError(entry_field(i, error.field), error.message) from None
     default = config.residency.default_model
     if default and default not in configs:
         raise ConfigError("residency.default_model", f"'{default}' is none of the models' "

@@ -54,11 +54,15 @@ def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
     return app
 
 
+def _client(socket: Path, timeout_s: float) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://front",
+                        timeout=timeout_s)  # fmt: skip
+
+
 def read_models(socket: Path, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """GET /models through the control socket; None where no front door answers there."""
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)),
-                          base_url="http://front", timeout=timeout_s) as client:  # fmt: skip
+        with _client(socket, timeout_s) as client:
             answer = client.get("/models")
             answer.raise_for_status()
             data: dict[str, Any] = answer.json()
@@ -69,6 +73,5 @@ def read_models(socket: Path, timeout_s: float = 2.0) -> dict[str, Any] | None:
 
 def move(socket: Path, name: str, action: str, timeout_s: float = 900.0) -> httpx.Response:
     """POST a bring-in or put-away; the front door's answer, whatever its status."""
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://front",
-                      timeout=timeout_s) as client:  # fmt: skip
+    with _client(socket, timeout_s) as client:
         return client.post(f"/models/{name}/{action}")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from vllm_offload import hardware, launch, model_facts
 from vllm_offload.config import ConfigError, DeploymentConfig
-from vllm_offload.config.schema import engine_configs
-from vllm_offload.deployment import check_inside, machine_checks, model_dir, model_roots
+from vllm_offload.config.schema import engine_configs, entry_field
+from vllm_offload.deployment import confined_model_dir, machine_checks
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec
@@ -74,16 +74,12 @@ def prepare_fleet(
     """Everything short of starting the set: raises what makes a plan impossible (naming
     the model's entry), lists in ``problems`` what forbids a start here and now."""
     engines = engine_configs(config)
-    if roots is None and config.manager.model_roots:
-        roots = model_roots(config)
     dirs: dict[str, Path] = {}
     for i, (name, config_i) in enumerate(engines.items()):
-        dirs[name] = model_dir(config_i)
-        if roots is not None and config_i.model.path:
-            try:
-                check_inside(dirs[name], roots)
-            except ConfigError as exc:
-                raise ConfigError(f"models[{i}].path", exc.message) from None
+        try:
+            dirs[name] = confined_model_dir(config_i, roots)
+        except ConfigError as exc:
+            raise ConfigError(entry_field(i, exc.field), exc.message) from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     facts = {name: model_facts.read(directory) for name, directory in dirs.items()}
     disks = {name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path
@@ -94,8 +90,8 @@ def prepare_fleet(
     ]
     for i, (name, model) in enumerate(fleet.models.items()):
         for problem in model.plan.notes.problems:
-            field = f"models[{i}].{problem['field'].removeprefix('model.')}"
-            problems.append(PlanError(field, f"'{name}': {problem['message']}"))
+            problems.append(PlanError(entry_field(i, problem["field"]),
+                                      f"'{name}': {problem['message']}"))  # fmt: skip
     lmcache = any(m.plan.kv.backend == "lmcache" for m in fleet.models.values())
     api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
     problems += found

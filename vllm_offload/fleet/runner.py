@@ -85,11 +85,10 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
     """Serve until SIGTERM (0), or until the default model cannot be brought in (1)."""
     specs = write_specs(prepared)
     events: deque[Event] = deque(maxlen=EVENTS_KEPT)
-    residency_ref: list[Residency] = []
 
-    def exited(name: str, code: int) -> None:
+    def exited(name: str, code: int) -> None:  # called once the switcher below exists
         say(f"the engine of '{name}' exited ({code})")
-        residency_ref[0].engine_exited(name)
+        residency.engine_exited(name)
 
     def engine(name: str, spec_file: Path) -> EngineProcess:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
@@ -106,7 +105,6 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         say(f"{event.text}{took}")
 
     residency = Residency(engines, settings(config), on_event=record)
-    residency_ref.append(residency)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
     front = FrontDoor(engines, residency, lengths, prepared.api_key)
     control_socket = prepared.runtime_dir / CONTROL_SOCKET

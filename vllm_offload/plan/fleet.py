@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GIB, DiskFacts, HostFacts
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
@@ -144,8 +145,7 @@ def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, ho
     try:
         return make_plan(config, model, host, platform, env, disk)
     except PlanError as exc:
-        raise PlanError(f"models[{index}].{exc.field.removeprefix('model.')}",
-                        f"'{name}': {exc.message}") from None  # fmt: skip
+        raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
 
 def _resident_shares_fit(config: DeploymentConfig, shares: Mapping[str, DeploymentConfig],
@@ -177,11 +177,11 @@ def _tier_shares(
     """The 'auto' CPU tiers: equal shares, in whole GiB, of the RAM and /dev/shm every
     engine's holdings and the configured tiers leave (engines that never run together:
     each planned alone)."""
+    if not together:
+        return {}, Notes()  # one engine at a time: each planned alone, as it runs
     auto = [n for n, c in configs.items()
             if c.kv_offload.cpu_tier_gib == "auto" and c.kv_offload.num_cpu_blocks is None
             and alone[n].kv.backend != "none"]  # fmt: skip
-    if not together:
-        return {}, Notes()  # one engine at a time: each planned alone, as it runs
     fixed = sum(holds(p, idle, level) for p in alone.values())
     configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
     ram = host.ram_available_bytes - ram_reserve(host) - fixed - configured

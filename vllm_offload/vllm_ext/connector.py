@@ -20,8 +20,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector as VllmOffloadingConnector,
 )
 
-MODULE_PATH = __name__
-
 
 class OffloadingConnector(VllmOffloadingConnector):
     def reset_cache(self) -> bool:
