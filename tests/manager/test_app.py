@@ -217,7 +217,7 @@ async def test_logs_bounds(client: httpx.AsyncClient) -> None:
 
 async def test_metrics_samples(client: httpx.AsyncClient) -> None:
     app = client._transport.app  # type: ignore[attr-defined]
-    app.state.sampler.sample_once()
+    app.state.manager.sampler.sample_once()
     samples = (await client.get("/api/metrics?since=0", headers=BEARER)).json()["samples"]
     assert len(samples) == 1
     assert 0 <= samples[0]["cpu_percent"] <= 100 and samples[0]["ram_total_bytes"] > 0
@@ -324,7 +324,7 @@ async def test_the_sampler_follows_a_port_saved_from_the_page(
     stand_in = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=stand_in.serve_forever, daemon=True).start()
     try:
-        sampler = client._transport.app.state.sampler  # type: ignore[attr-defined]
+        sampler = client._transport.app.state.manager.sampler  # type: ignore[attr-defined]
         assert not sampler.probe_health()  # the configured port 1: nothing there
         response = await put_config(client, server__port=stand_in.server_address[1])
         assert response.status_code == 202, response.text

@@ -79,7 +79,6 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     # No /docs or /redoc: they load Swagger UI from a CDN. The schema is /openapi.json.
     app = FastAPI(title="vllm-offload manager", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.manager = manager
-    app.state.sampler = manager.sampler
 
     @app.exception_handler(VllmOffloadError)
     async def refused(_request: Request, exc: VllmOffloadError) -> JSONResponse:
