@@ -20,7 +20,7 @@ from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.safe_files import open_regular
-from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
+from vllm_offload.vllm_ext import SLEEP_ARENA_ENV, forwarded_routes
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
@@ -209,6 +209,8 @@ def build(
         options.add("--port", config.server.port)
     else:
         options.add("--uds", engine.socket)
+        # What the front door forwards reaches OpenAI routes only (vllm_ext/forwarded_routes)
+        options.add("--middleware", forwarded_routes.MIDDLEWARE, read=[forwarded_routes.MIDDLEWARE])
         if engine.sleeps:
             options.add_flag("--enable-sleep-mode")
             env[DEV_MODE_ENV] = "1"

@@ -1,11 +1,15 @@
 """Several models on one box (issue #31), end to end on this CPU host: `vllm-offload serve`
 with two [[models]] (the demo model under two served names) runs the front door and a
 real vLLM CPU engine per model; the official openai client asks them by name. On a CPU a
-model that is not on the "GPU" is stopped, so a switch is a stop and a start."""
+model that is not on the "GPU" is stopped, so a switch is a stop and a start. The engines
+run with vLLM's development routes open (``VLLM_SERVER_DEV_MODE=1``, as the launcher sets it
+for engines that sleep on a GPU), so the attacks of issue #37 meet the routes they were
+after."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -20,8 +24,9 @@ import pytest
 from tests.e2e.server import VLLM_OFFLOAD, server_env
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, parse, save
-from vllm_offload.fleet.control import read_models
+from vllm_offload.fleet.control import move, read_models
 from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.vllm_ext.forwarded_routes import FORWARDED_MARK
 
 pytestmark = pytest.mark.e2e
 START_S = 600  # two engines' starts on a busy 2-core box
@@ -36,18 +41,20 @@ class Front:
 
     def models(self) -> dict[str, Any]:
         found = read_models(self.control)
-        assert found is not None, "the control socket did not answer"
+        assert isinstance(found, dict), found
         return found
 
 
 def two_models(tmp_path: Path, port: int) -> DeploymentConfig:
-    return parse({
-        "extra_args": ["--enforce-eager"],
-        "gpu": {"kv_cache_memory_bytes": 64 << 20},
-        "server": {"port": port},
-        "models": [{"served_name": "chat"}, {"served_name": "coder", "max_model_len": 2048}],
-        "residency": {"runtime_dir": str(tmp_path / "run"), "min_resident_s": 1.0},
-    })  # fmt: skip
+    return parse(
+        {
+            "extra_args": ["--enforce-eager"],
+            "gpu": {"kv_cache_memory_bytes": 64 << 20},
+            "server": {"port": port},
+            "models": [{"served_name": "chat"}, {"served_name": "coder", "max_model_len": 2048}],
+            "residency": {"runtime_dir": str(tmp_path / "run"), "min_resident_s": 1.0},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +65,14 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     save(two_models(scratch, port), config)
     log = scratch / "front.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([VLLM_OFFLOAD, "serve", "--config", str(config)],
-                                stdout=out, stderr=subprocess.STDOUT, env=server_env(scratch),
-                                start_new_session=True)  # fmt: skip
+        env = server_env(scratch) | {"VLLM_SERVER_DEV_MODE": "1"}
+        proc = subprocess.Popen(
+            [VLLM_OFFLOAD, "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         with VllmClient(url) as server:
@@ -86,14 +98,23 @@ def test_both_answer_by_name_and_a_stream_survives_the_switch(
     front: Front, client: openai.OpenAI
 ) -> None:
     assert states(client) == {"chat": "serving", "coder": "stopped"}
-    stream = client.completions.create(model="chat", prompt="count", max_tokens=48, stream=True,
-                                       temperature=0, extra_body={"ignore_eos": True},
-                                       stream_options={"include_usage": True})  # fmt: skip
+    stream = client.completions.create(
+        model="chat",
+        prompt="count",
+        max_tokens=48,
+        stream=True,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True},
+    )
     chunks = iter(stream)
     first = next(chunks)
     other: dict[str, Any] = {}
-    asking = threading.Thread(target=lambda: other.update(answer=client.completions.create(
-        model="coder", prompt="hello", max_tokens=4)))  # fmt: skip
+    asking = threading.Thread(
+        target=lambda: other.update(
+            answer=client.completions.create(model="coder", prompt="hello", max_tokens=4)
+        )
+    )
     asking.start()  # asked while chat's stream is running
     rest = list(chunks)
     asking.join(timeout=START_S)
@@ -112,15 +133,55 @@ def test_both_answer_by_name_and_a_stream_survives_the_switch(
 
 def test_an_unknown_name_is_404_naming_the_models(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        client.chat.completions.create(model="gpt-4", max_tokens=2,
-                                       messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        client.chat.completions.create(
+            model="gpt-4", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        )
     assert "'gpt-4' does not exist" in str(info.value) and "chat, coder" in str(info.value)
 
 
 def test_only_openai_routes_are_open(front: Front) -> None:
-    for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),
-                         ("POST", "/collective_rpc"), ("GET", "/docs")):  # fmt: skip
+    for method, path in (
+        ("POST", "/sleep"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+        ("GET", "/docs"),
+    ):
         assert httpx.request(method, front.url + path, timeout=10).status_code in (404, 405)
+
+
+def test_dot_segments_and_encoded_paths_never_reach_an_engine(front: Front) -> None:
+    """Through uvicorn, Starlette and httpx, /v1/../X reached the engine's /X (#37)."""
+    port = int(front.url.rsplit(":", 1)[1])
+    body = b'{"model": "chat", "prompt": "x", "max_tokens": 1}'
+    for path in (
+        b"/v1/../reset_prefix_cache",
+        b"/v1/..%2freset_prefix_cache",
+        b"/v1/%2e%2e/collective_rpc",
+        b"/v1/load_lora_adapter",
+        b"/v1/completions/../../sleep?level=1",
+    ):
+        request = (
+            b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            conn.sendall(request)
+            assert conn.recv(64).split()[1] in (b"404", b"405"), path
+    assert front.models()["models"]["chat"]["state"] in ("serving", "stopped")
+
+
+def test_an_engine_refuses_its_dev_routes_to_what_the_front_door_forwards(front: Front) -> None:
+    """Defence in depth: each engine's own ForwardedOnly middleware (vLLM's --middleware)."""
+    assert move(front.control, "chat", "bring-in")[0] == 200
+    socket_path = front.control.parent / "engines" / "0.sock"  # chat: the first entry
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    with httpx.Client(transport=transport, base_url="http://engine", timeout=60) as engine:
+        marked = {FORWARDED_MARK: "1"}
+        assert engine.get("/is_sleeping", headers=marked).status_code == 404
+        assert engine.post("/reset_prefix_cache", headers=marked).status_code == 404
+        assert engine.get("/is_sleeping").status_code == 200  # the runner's own calls
+    assert move(front.control, "coder", "bring-in")[0] == 200  # as the next test expects
 
 
 def test_a_killed_engine_leaves_the_others_serving(front: Front, client: openai.OpenAI) -> None:

@@ -1,22 +1,38 @@
 """A stand-in for one model's vLLM engine, on a unix socket: /health, /metrics, a streamed
 /v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up. Lets
-the front door's tests run in seconds; the real engines run in tests/e2e/."""
+the front door's tests run in seconds; the real engines run in tests/e2e/. With
+``--record FILE`` it appends every request it gets (method, raw path, query, headers) to
+FILE as a JSON line, before anything else reads it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 
-def make_app(name: str) -> FastAPI:
+def make_app(name: str, record: Path | None = None) -> FastAPI:
     app = FastAPI()
     state = {"asleep": False, "requests": 0}
+
+    @app.middleware("http")
+    async def recorded(
+        request: Request, call_next: Callable[[Request], Awaitable[object]]
+    ) -> object:
+        if record is not None:
+            seen = {"method": request.method, "raw_path": request.scope["raw_path"].decode(
+                "latin-1"), "query": request.scope["query_string"].decode("latin-1"),
+                "headers": {k.decode("latin-1"): v.decode("latin-1")
+                            for k, v in request.scope["headers"]}}  # fmt: skip
+            with record.open("a") as f:
+                f.write(json.dumps(seen) + "\n")
+        return await call_next(request)
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -69,5 +85,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--uds", required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--record", type=Path)
+    parser.add_argument("--noisy", action="store_true", help="print 1 MB in two lines first")
     args = parser.parse_args()
-    uvicorn.run(make_app(args.name), uds=args.uds, log_level="warning")
+    if args.noisy:  # what an engine's traceback or config dump can look like
+        print("x" * 300_000 + "\n" + "y" * 700_000, flush=True)
+    uvicorn.run(make_app(args.name, args.record), uds=args.uds, log_level="warning")

@@ -112,7 +112,10 @@ def test_an_unknown_model_is_404_naming_the_registered_ones(tmp_path: Path) -> N
             assert answer.status_code == 404
             message = answer.json()["error"]["message"]
             assert "'gpt-4' does not exist" in message and "chat, coder" in message
-            assert (await client.post("/v1/chat/completions", content=b"[1]")).status_code == 400
+            not_an_object = await client.post(
+                "/v1/chat/completions", content=b"[1]", headers={"Content-Type": "application/json"}
+            )
+            assert not_an_object.status_code == 400
             assert (await client.get("/docs")).status_code == 404  # only OpenAI routes
             assert (await client.post("/sleep")).status_code == 404  # never an engine's own
 
@@ -151,5 +154,24 @@ def test_the_api_key_and_the_merged_metrics(tmp_path: Path) -> None:
             assert text.count("# TYPE vllm:prompt_tokens counter") == 1
             assert 'model_name="chat"' in text and 'model_name="coder"' in text
             assert sum_samples(text, {"vllm:prompt_tokens"}) == {"vllm:prompt_tokens": 2.0}
+
+    run(test)
+
+
+def test_an_engine_s_long_lines_do_not_stop_its_output(tmp_path: Path) -> None:
+    """A line past asyncio's 64 KiB limit ended the output pump (#37's re-read of the
+    runner); the engine then blocked on a full pipe and never became healthy."""
+
+    async def test() -> None:
+        socket = tmp_path / "noisy.sock"
+        command = (sys.executable, STANDIN, "--uds", str(socket), "--name", "noisy", "--noisy")
+        spec = EngineSpec("noisy", command, dict(os.environ), socket, "stop")
+        engine = EngineProcess(spec, lambda _name, _code: None)
+        try:
+            await asyncio.wait_for(engine.start(), 120)
+            assert engine.state == "serving"
+            assert {len(line) for line in engine.tail} >= {8192}  # cut, kept
+        finally:
+            await engine.stop()
 
     run(test)

@@ -1,0 +1,70 @@
+"""The real front door (``create_front_app`` under uvicorn, as ``serve`` runs it) on a
+loopback port, over two recording stand-in engines: what the front door's attack tests
+send raw bytes to. Writes the port to ``DIR/port`` once it listens; each engine records
+what reached it in ``DIR/<model>.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.front import FrontDoor, create_front_app
+from vllm_offload.fleet.residency import Residency, ResidencySettings
+
+STANDIN = str(Path(__file__).with_name("standin_engine.py"))
+MODELS = ("chat", "coder")
+
+
+async def serve(scratch: Path, api_key: str | None) -> None:
+    def exited(name: str, _code: int) -> None:
+        residency.engine_exited(name)
+
+    def engine(name: str) -> EngineProcess:
+        socket = scratch / f"{name}.sock"
+        command = (
+            sys.executable,
+            STANDIN,
+            "--uds",
+            str(socket),
+            "--name",
+            name,
+            "--record",
+            str(scratch / f"{name}.jsonl"),
+        )
+        return EngineProcess(EngineSpec(name, command, dict(os.environ), socket, "sleep"), exited)
+
+    engines = {name: engine(name) for name in MODELS}
+    residency = Residency(engines, ResidencySettings(min_resident_s=0.2))
+    front = FrontDoor(engines, residency, dict.fromkeys(MODELS, 2048), api_key)
+    await residency.bring_in("chat")
+    residency.start()
+    front.ready = True
+    server = uvicorn.Server(
+        uvicorn.Config(create_front_app(front), host="127.0.0.1", port=0, log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    (scratch / "port").write_text(str(port))
+    try:
+        await task
+    finally:
+        await residency.stop()
+        await front.aclose()
+        for each in engines.values():
+            await each.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--api-key")
+    args = parser.parse_args()
+    asyncio.run(serve(args.dir, args.api_key))

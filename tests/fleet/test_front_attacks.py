@@ -1,0 +1,226 @@
+"""The front door against what an attacker sends (issue #37): raw paths that other layers
+would decode or normalise into an engine's development routes, bodies past the cap,
+headers and JSON that used to raise. The real ``create_front_app`` under uvicorn on a
+loopback port (tests/fleet/standin_front.py) over stand-in engines that record every
+request reaching them; the real vLLM engines get the same in tests/e2e/test_fleet_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from vllm_offload.fleet.front import MAX_BODY_BYTES
+from vllm_offload.vllm_client import wait_until
+
+STANDIN_FRONT = str(Path(__file__).with_name("standin_front.py"))
+KEY = "k-" + "x" * 30
+ANSWER_S = 30.0  # a refusal needs no engine: this is only the bound for a busy box
+
+
+@dataclass
+class Door:
+    proc: subprocess.Popen[bytes]
+    port: int
+    scratch: Path
+
+    def seen(self) -> list[dict[str, object]]:
+        """Every request that reached either engine."""
+        lines: list[str] = []
+        for model in ("chat", "coder"):
+            record = self.scratch / f"{model}.jsonl"
+            if record.exists():
+                lines += record.read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def start_door(scratch: Path, *extra: str) -> Iterator[Door]:
+    proc = subprocess.Popen(
+        [sys.executable, STANDIN_FRONT, str(scratch), *extra], cwd=Path(__file__).parents[2]
+    )
+    port_file = scratch / "port"
+    wait_until(port_file.exists, 120, "the front door to listen", lambda: proc.poll() is None)
+    yield Door(proc, int(port_file.read_text()), scratch)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    yield from start_door(tmp_path_factory.mktemp("door"))
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    yield from start_door(tmp_path_factory.mktemp("keyed"), "--api-key", KEY)
+
+
+def exchange(port: int, request: bytes) -> tuple[int, dict[str, object]]:
+    """One raw HTTP/1.1 request (its bytes exactly as given); the status and JSON body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_S) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    payload = rest.partition(b"\r\n\r\n")[2]
+    try:
+        return int(status_line.split()[1]), json.loads(payload) if payload else {}
+    except ValueError:  # uvicorn's own refusals are plain text
+        return int(status_line.split()[1]), {"text": payload.decode(errors="replace")}
+
+
+def post(path: bytes, body: bytes, *headers: bytes, length: int | None = None) -> bytes:
+    """A whole request; ``length``: the Content-Length announced instead of the body's."""
+    length = len(body) if length is None else length
+    lines = [
+        b"POST " + path + b" HTTP/1.1",
+        b"Host: 127.0.0.1",
+        b"Connection: close",
+        b"Content-Length: " + str(length).encode(),
+        *headers,
+    ]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+JSON = b"Content-Type: application/json"
+CHAT = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Each would reach an engine's /sleep, /collective_rpc, another /v1 route or a path the
+# engine reads differently, if the front door decoded, normalised or passed client text.
+ATTACK_PATHS = (
+    b"/v1/../sleep",
+    b"/v1/..%2fsleep",
+    b"/v1/..%2Fcollective_rpc",
+    b"/v1/%2e%2e/sleep",
+    b"/v1/chat/completions/../../sleep",
+    b"/v1/./chat/completions",
+    b"//v1/chat/completions",
+    b"/v1/chat%2fcompletions",
+    b"/v1/chat/completions%00",
+    b"/v1/chat/completions/",
+    b"/v1/load_lora_adapter",
+    b"/v1/responses/x/cancel",
+    b"/sleep",
+    b"/collective_rpc",
+    b"http://127.0.0.1/sleep",
+    b"/V1/chat/completions",
+    b"/v1/chat/completions;x",
+)
+
+
+def test_only_the_table_s_raw_paths_reach_an_engine(door: Door) -> None:
+    before = len(door.seen())
+    for path in ATTACK_PATHS:
+        status, body = exchange(door.port, post(path, CHAT, JSON))
+        assert status in (404, 405), (path, status, body)
+        assert "error" in body, path
+    assert len(door.seen()) == before  # none reached an engine
+    for method in (b"GET", b"PUT", b"DELETE"):
+        status, _ = exchange(door.port, method + post(b"/v1/chat/completions", CHAT, JSON)[4:])
+        assert status == 405
+    status, body = exchange(
+        door.port,
+        post(b"/v1/chat/completions?x=../sleep", CHAT, JSON, b"x-vllm-offload-forwarded: 0"),
+    )
+    assert status == 200 and body["served_by"] == "chat"
+    last = door.seen()[-1]
+    assert (last["raw_path"], last["query"]) == ("/v1/chat/completions", "")  # the table's
+    headers = last["headers"]
+    assert isinstance(headers, dict) and headers["x-vllm-offload-forwarded"] == "1"
+
+
+def test_a_body_that_is_not_json_is_refused_before_an_engine(door: Door) -> None:
+    before = len(door.seen())
+    # A page's no-cors fetch sends text/plain without a preflight.
+    status, body = exchange(
+        door.port, post(b"/v1/chat/completions", CHAT, b"Content-Type: text/plain")
+    )
+    assert status == 415 and "application/json" in str(body)
+    assert exchange(door.port, post(b"/v1/chat/completions", CHAT))[0] == 415
+    cases = {
+        b'{"model": []}': "must be a string",
+        b"[" * 100_000: "not valid JSON",
+        b"{}": "names no model",
+        b"\xff\xfe": "not valid JSON",
+        b'{"model": null}': "names no model",
+        b"[1]": "JSON object",
+    }
+    for payload, said in cases.items():
+        status, body = exchange(door.port, post(b"/v1/completions", payload, JSON))
+        assert status == 400 and said in str(body), (payload[:20], body)
+    assert len(door.seen()) == before
+
+
+def test_a_header_an_engine_would_read_differently_is_400(door: Door) -> None:
+    before = len(door.seen())
+    for header in (b"Accept: text/\xff", b"X-Request-Id: \x80", b"User-Agent: \xc3\xa9"):
+        status, body = exchange(door.port, post(b"/v1/chat/completions", CHAT, JSON, header))
+        assert status == 400 and "printable ASCII" in str(body), header
+    # Control bytes: uvicorn's own parser refuses the request (plain text, still a 400).
+    assert (
+        exchange(door.port, post(b"/v1/chat/completions", CHAT, JSON, b"Accept: a\x01"))[0] == 400
+    )
+    assert len(door.seen()) == before
+
+
+def test_the_body_cap_holds_while_it_streams(door: Door) -> None:
+    declared = post(b"/v1/chat/completions", b"", JSON, length=MAX_BODY_BYTES + 1)
+    status, body = exchange(door.port, declared)  # refused before a byte of it is sent
+    assert status == 413 and "over" in str(body)
+    proc = psutil.Process(door.proc.pid)
+    base = proc.memory_info().rss
+    peak = [base]
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"%x\r\n" % (1 << 20) + b" " * (1 << 20) + b"\r\n"
+    sending = True
+
+    def watch() -> None:
+        while sending:
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with socket.create_connection(("127.0.0.1", door.port), timeout=ANSWER_S) as conn:
+        try:
+            conn.sendall(chunked)
+            for _ in range(300):  # 300 MiB, unless the front door closes first
+                conn.sendall(chunk)
+            conn.sendall(b"0\r\n\r\n")
+            answer = conn.recv(65536)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = b""  # closed by the front door mid-body: it read no more
+    sending = False
+    watcher.join()
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 413")
+    assert peak[0] - base < 160 << 20, f"RSS grew by {(peak[0] - base) >> 20} MiB"
+    assert httpx.get(f"http://127.0.0.1:{door.port}/health", timeout=ANSWER_S).status_code == 200
+
+
+def test_the_key_is_checked_before_any_body_is_read(keyed: Door) -> None:
+    # 10 MiB announced, none sent: an answer can only come before the body is read.
+    head = post(b"/v1/chat/completions", b"", JSON, length=10 << 20)
+    status, body = exchange(keyed.port, head)
+    assert status == 401 and "API key" in str(body)
+    url = f"http://127.0.0.1:{keyed.port}"
+    assert httpx.get(url + "/v1/models", timeout=ANSWER_S).status_code == 401
+    good = httpx.post(
+        url + "/v1/chat/completions",
+        content=CHAT,
+        timeout=ANSWER_S,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    assert good.status_code == 200 and good.json()["served_by"] == "chat"
