@@ -5,10 +5,14 @@ hand. Never on the OpenAI port."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, HTTPException
@@ -17,6 +21,14 @@ from vllm_offload.fleet.front import FrontDoor
 from vllm_offload.fleet.residency import Event, Unavailable
 
 EVENTS_KEPT = 200
+# The manager's reads: a front door answers /models in milliseconds (200 events is ~40 KB);
+# a bring-in starts a model (minutes). Request threads are bounded by READERS and movers.
+READ_DEADLINE_S = 3.0
+MOVE_DEADLINE_S = 900.0
+MAX_CONTROL_BYTES = 4 << 20
+READERS = 2
+_readers = threading.BoundedSemaphore(READERS)
+_movers = threading.BoundedSemaphore(1)
 
 
 def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
@@ -54,24 +66,67 @@ def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
     return app
 
 
-def _client(socket: Path, timeout_s: float) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://front",
-                        timeout=timeout_s)  # fmt: skip
+class ControlError(Exception):
+    """The control socket answered, but not as a front door does: too slowly, too much, or
+    not JSON. Whoever runs as the server's user can answer there, so its answer is
+    untrusted: every read has one deadline and a size cap."""
 
 
-def read_models(socket: Path, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """GET /models through the control socket; None where no front door answers there."""
+def _call(socket: Path, method: str, path: str, deadline_s: float) -> tuple[int, Any]:
+    """(status, JSON body) of one request, the whole exchange (connect, headers, body)
+    within ``deadline_s`` and its body at most MAX_CONTROL_BYTES; ControlError otherwise,
+    httpx.HTTPError where nothing answers. Called from a thread, not an event loop."""
+
+    async def exchange() -> tuple[int, bytes]:
+        transport = httpx.AsyncHTTPTransport(uds=str(socket))
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://front") as client,
+            client.stream(method, path) as response,
+        ):
+            body = bytearray()
+            async for part in response.aiter_bytes():
+                body += part
+                if len(body) > MAX_CONTROL_BYTES:
+                    raise ControlError(f"an answer over {MAX_CONTROL_BYTES} bytes")
+            return response.status_code, bytes(body)
+
     try:
-        with _client(socket, timeout_s) as client:
-            answer = client.get("/models")
-            answer.raise_for_status()
-            data: dict[str, Any] = answer.json()
-            return data
-    except (httpx.HTTPError, ValueError):
-        return None
+        status, body = asyncio.run(asyncio.wait_for(exchange(), deadline_s))
+    except TimeoutError:  # a byte at a time, headers included, ends here too
+        raise ControlError(f"no whole answer within {deadline_s:.0f} s") from None
+    try:
+        return status, json.loads(body)
+    except (ValueError, RecursionError):
+        raise ControlError("an answer that is not JSON") from None
 
 
-def move(socket: Path, name: str, action: str, timeout_s: float = 900.0) -> httpx.Response:
-    """POST a bring-in or put-away; the front door's answer, whatever its status."""
-    with _client(socket, timeout_s) as client:
-        return client.post(f"/models/{name}/{action}")
+def read_models(socket: Path, deadline_s: float = READ_DEADLINE_S) -> dict[str, Any] | str:
+    """GET /models through the control socket, or why not (nothing listening there, or an
+    answer no front door gives). At most READERS at once: a caller past them is told so at
+    once instead of waiting behind a socket that does not answer."""
+    if not _readers.acquire(blocking=False):
+        return f"{READERS} reads of {socket} are still waiting for it"
+    try:
+        status, data = _call(socket, "GET", "/models", deadline_s)
+    except httpx.HTTPError as exc:
+        return f"nothing answers on {socket} ({exc})"
+    except ControlError as exc:
+        return f"{socket}: {exc}"
+    finally:
+        _readers.release()
+    if status != 200 or not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+        return f"{socket}: not a front door's answer (HTTP {status})"
+    return data
+
+
+def move(
+    socket: Path, name: str, action: str, deadline_s: float = MOVE_DEADLINE_S
+) -> tuple[int, Any]:
+    """POST a bring-in or put-away: the front door's (status, JSON answer), whatever the
+    status; one at a time (a second is refused with ControlError at once)."""
+    if not _movers.acquire(blocking=False):
+        raise ControlError("another bring-in or put-away is under way; try again after it")
+    try:
+        return _call(socket, "POST", f"/models/{quote(name, safe='')}/{action}", deadline_s)
+    finally:
+        _movers.release()

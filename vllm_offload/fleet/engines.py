@@ -32,6 +32,7 @@ START_TIMEOUT_S = 900.0
 SLEEP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 40
+MAX_LINE_CHARS = 8192
 
 Idle = Literal["sleep", "stop"]
 State = Literal["stopped", "starting", "serving", "asleep", "stopping", "failed"]
@@ -168,12 +169,23 @@ class EngineProcess:
         task.add_done_callback(self._tasks.discard)
 
     async def _pump(self, proc: asyncio.subprocess.Process) -> None:
+        """The engine's output to the journal, line by line, by chunks: a line past
+        asyncio's 64 KiB limit once ended the pump, and the engine then blocked on a full
+        pipe. A line is cut at MAX_LINE_CHARS."""
         assert proc.stdout is not None
         prefix = f"[{self.spec.name}] "
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.tail.append(line)
-            sys.stderr.write(prefix + line + "\n")
+        pending = b""
+        while chunk := await proc.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > MAX_LINE_CHARS:
+                lines, pending = [*lines, pending], b""
+            for raw in lines:
+                line = raw[:MAX_LINE_CHARS].decode(errors="replace")
+                self.tail.append(line)
+                sys.stderr.write(prefix + line + "\n")
+        if pending:
+            self.tail.append(pending[:MAX_LINE_CHARS].decode(errors="replace"))
+            sys.stderr.write(prefix + self.tail[-1] + "\n")
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()

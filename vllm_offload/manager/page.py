@@ -60,6 +60,7 @@ def dashboard(csrf: str, unit: str) -> str:
  server answers to, by its name. One is on the GPU at a time (residency.max_resident); a
  request for another waits while it is brought in (asleep: about a second; stopped: a
  start). Saving a change here restarts the server.</p>
+ <p id="control-error" class="error" hidden></p>
  <div class="model-cards" id="model-cards"></div>
  <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>
   <label for="m-name">Name it answers to</label><input id="m-name">

@@ -9,14 +9,13 @@ import httpx
 from fastapi import APIRouter, Depends
 
 from vllm_offload.errors import Refused
-from vllm_offload.fleet.control import move
+from vllm_offload.fleet.control import ControlError, move
 from vllm_offload.fleet.prepare import several
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.systemd.control import ServiceError
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]
-MOVE_TIMEOUT_S = 900.0  # a stopped model is started: minutes
 
 
 @router.post("/api/models/{name}/{action}")
@@ -27,13 +26,16 @@ def move_model(manager: Shared, name: str,
         raise Refused("models", "one model is configured: it is always on the GPU")
     socket = manager.control_socket(config)
     try:
-        answer = move(socket, name, action, MOVE_TIMEOUT_S)
+        status, answer = move(socket, name, action)
     except httpx.HTTPError as exc:
         raise ServiceError(f"the front door did not answer on {socket}: {exc}") from None
+    except ControlError as exc:
+        raise ServiceError(f"{action} '{name}': {socket}: {exc}") from None
     finally:
         manager.monitor.changed()
-    if answer.status_code == 404:
-        raise Refused("model", answer.json().get("detail", f"no model '{name}'"))
-    if answer.status_code != 200:
-        raise ServiceError(f"{action} '{name}': {answer.text[:300]}")
-    return {"status": answer.json()["status"]}
+    said = answer.get("detail") or answer.get("status") if isinstance(answer, dict) else None
+    if status == 404:
+        raise Refused("model", str(said or f"no model '{name}'")[:300])
+    if status != 200 or not isinstance(said, str):
+        raise ServiceError(f"{action} '{name}': HTTP {status}: {str(said)[:300]}")
+    return {"status": said[:300]}

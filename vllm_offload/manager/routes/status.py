@@ -103,9 +103,17 @@ def models_cards(manager: Manager, config: DeploymentConfig,
     """Several models: a card each (where its weights and KV go, its state now, its last
     switch), and the front door's switches for the events card."""
     running = manager.monitor.current()[0].running
-    live = read_models(manager.control_socket(config)) if running else None
-    states = (live or {}).get("models", {})
-    switches = (live or {}).get("events", [])
+    live = read_models(manager.control_socket(config)) if running else {}
+    # The server's user answers there: a reply that is not the front door's is said, not used.
+    unreachable = live if isinstance(live, str) else None
+    states = live.get("models", {}) if isinstance(live, dict) else {}
+    switches = [
+        e
+        for e in (live.get("events", []) if isinstance(live, dict) else [])
+        if isinstance(e, dict)
+        and isinstance(e.get("model"), str)
+        and isinstance(e.get("t"), int | float)
+    ]
     cards = []
     for name, model in prepared.fleet.models.items():
         plan = model.plan
@@ -113,7 +121,7 @@ def models_cards(manager: Manager, config: DeploymentConfig,
         cards.append({
             "name": name, "path": str(prepared.model_dirs[name]),
             "default": name == prepared.fleet.default, "idle": model.idle,
-            "state": states.get(name, {}).get("state", "stopped"),
+            "state": "unknown" if unreachable else live_state(states.get(name)),
             "weights_bytes": plan.weights.bytes, "weights_gpu_bytes": plan.weights.gpu_bytes,
             "weights_offloaded_bytes": plan.weights.offloaded_bytes,
             "gpu_kv_pool_bytes": plan.gpu.kv_pool_bytes, "cpu_tier_bytes": plan.cpu_tier.bytes,
@@ -121,12 +129,19 @@ def models_cards(manager: Manager, config: DeploymentConfig,
             "max_model_len": plan.length.max_model_len, "away_ram_bytes": model.away_ram_bytes,
             "last_switch": last,
         })  # fmt: skip
-    events = [{"t": e["t"], "text": e["text"] + took(e["seconds"])} for e in switches]
-    return {"models": cards, "switches": events}
+    events = [
+        {"t": e.get("t"), "text": str(e.get("text")) + took(e.get("seconds"))} for e in switches
+    ]
+    return {"models": cards, "switches": events, "control_error": unreachable}
 
 
-def took(seconds: float | None) -> str:
-    return "" if seconds is None else f" ({seconds:.2f} s)"
+def live_state(row: object) -> str:
+    state = row.get("state") if isinstance(row, dict) else None
+    return state if isinstance(state, str) else "stopped"
+
+
+def took(seconds: object) -> str:
+    return f" ({seconds:.2f} s)" if isinstance(seconds, int | float) else ""
 
 
 def tier_status(disk_path: str) -> dict[str, float] | None:

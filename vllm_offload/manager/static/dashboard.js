@@ -116,7 +116,7 @@ async function pollStatus() {
     show('plan', ...(typeof s.plan === 'string'
       ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))]
       : s.plan.models ? fleetRows(s.plan) : planRows(s.plan)));
-    showModels(s.models);
+    showModels(s.models, s.control_error);
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
 }
 function tierRows(t) {
@@ -164,11 +164,15 @@ function fleetRows(f) {
     ...(f.decisions || []).map(d => row('Chose', d)), ...(f.warnings || []).map(w => row('Warning', error(w)))];
 }
 // Several models: a card each, with what it holds where, its state, and its controls.
-function showModels(models) {
+function showModels(models, controlError) {
   const card = document.getElementById('models-card');
   card.hidden = !models;
   document.getElementById('settings-card').hidden = !!models;  // per model, in its card
   if (!models) return;
+  // The front door's control socket did not answer as it should: states are unknown.
+  const why = document.getElementById('control-error');
+  why.hidden = !controlError;
+  why.textContent = controlError ? `Model states unknown: ${controlError}` : '';
   show('model-cards', ...models.map(modelCard));
 }
 function modelCard(m) {
