@@ -52,13 +52,14 @@ def model_roots(config: DeploymentConfig) -> list[Path]:
 
 
 def list_models(config: DeploymentConfig) -> list[dict[str, str]]:
-    """The model folders (with a config.json) directly under the model roots."""
+    """The model folders (with a config.json) directly under the model roots; a name with a
+    control character (a newline forged log lines) is not offered (the config refuses it)."""
     found = []
     for root in model_roots(config):
         if not root.is_dir():
             continue
         for child in sorted(root.iterdir()):
-            if (child / "config.json").is_file():
+            if (child / "config.json").is_file() and child.name.isprintable():
                 found.append({"name": child.name, "path": str(child)})
     return found
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -116,6 +117,16 @@ async def test_models_are_listed_from_the_roots(client: httpx.AsyncClient, env: 
     body = (await client.get("/api/models", headers=BEARER)).json()
     assert body["roots"] == [str(env.models)]
     assert [m["name"] for m in body["models"]] == ["demo-a", "demo-b"]
+    # A folder whose name holds a newline (it forged journal lines as a model's name, #37)
+    forged = env.models / "m\nvllm-offload: switched to 'x'"
+    shutil.copytree(env.models / "demo-a", forged)
+    try:
+        body = (await client.get("/api/models", headers=BEARER)).json()
+        assert [m["name"] for m in body["models"]] == ["demo-a", "demo-b"]
+        refused = await put_config(client, model__path=str(forged))
+        assert refused.status_code == 422 and "control character" in refused.text
+    finally:
+        shutil.rmtree(forged)
 
 
 async def put_config(client: httpx.AsyncClient, **changes: object) -> httpx.Response:

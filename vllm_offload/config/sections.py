@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,8 +48,12 @@ class _Section(BaseModel):
                 continue
             if len(text) > MAX_STRING_CHARS:
                 raise ValueError(f"longer than {MAX_STRING_CHARS} characters")
-            if "\0" in text or any("\ud800" <= c <= "\udfff" for c in text):
-                raise ValueError("contains a NUL character or broken Unicode; remove it")
+            # A control character (NUL, a newline: a folder's name forged journal lines)
+            if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+                raise ValueError(
+                    "contains a control character (NUL, a newline, ...) or broken "
+                    "Unicode; remove it"
+                )
         return value
 
     @model_validator(mode="before")
