@@ -8,6 +8,7 @@ request reaching them; the real vLLM engines get the same in tests/e2e/test_flee
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -224,3 +225,40 @@ def test_the_key_is_checked_before_any_body_is_read(keyed: Door) -> None:
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )
     assert good.status_code == 200 and good.json()["served_by"] == "chat"
+
+
+def test_fuzzed_raw_paths_and_header_bytes_never_500_nor_reach_an_engine(door: Door) -> None:
+    """Seeded fuzz: paths built from the pieces decoders and normalisers treat specially,
+    and header values with every byte; only the table's exact paths ever reach an engine."""
+    rng = random.Random(37)
+    pieces = [
+        b"/",
+        b"v1",
+        b"..",
+        b".",
+        b"%2f",
+        b"%2F",
+        b"%2e",
+        b"%00",
+        b"%",
+        b"chat",
+        b"completions",
+        b"sleep",
+        b";",
+        b"//",
+        b"\\",
+        b"%5c",
+        b"?",
+        b"#",
+    ]
+    before = len(door.seen())
+    reached = 0
+    for _ in range(150):
+        path = b"/" + b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        header = b"Accept: " + bytes(rng.randrange(0x20, 0x100) for _ in range(8))
+        status, body = exchange(door.port, post(path, CHAT, JSON, header))
+        assert status != 500 and status < 600, (path, header, body)
+        exact = path.partition(b"?")[0] in {b"/v1/chat/completions", b"/v1/completions"}
+        reached += status == 200
+        assert status != 200 or exact, (path, status)
+    assert len(door.seen()) == before + reached
