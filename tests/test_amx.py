@@ -7,13 +7,14 @@ kernel says no."""
 from __future__ import annotations
 
 import errno
+import platform
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, write_shape
-from vllm_offload import amx, model_facts
+from vllm_offload import amx, hardware, model_facts
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import HostFacts
 from vllm_offload.plan import make_plan
@@ -80,3 +81,33 @@ def test_bfloat16_is_refused_on_the_cpu_where_the_kernel_refuses_amx(tmp_path: P
     granted = HostFacts(**{**make_host().__dict__, "amx": "granted"})
     assert _cpu_plan(tmp_path, granted) == []
     assert _cpu_plan(tmp_path, make_host()) == []  # no AMX at all
+
+
+def test_the_flag_that_counts_is_amx_tile() -> None:
+    """Issue #45: both fixtures carried amx_bf16 and amx_tile, so the flag's name could be
+    broken unnoticed. amx_tile alone is asked about; amx_bf16 alone is not AMX's tiles."""
+    tile_only = "processor\t: 0\nflags\t\t: fpu amx_tile\n"
+    bf16_only = "processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_bf16 amx_int8\n"
+    assert amx.state(tile_only, lambda: 0)[0] == "granted"
+    assert amx.state(bf16_only, lambda: 0)[0] == "absent"
+
+
+def test_the_syscall_reaches_arch_prctl_s_permission_request() -> None:
+    """The constants: a wrong option gives EINVAL, a wrong syscall number another call's
+    answer (prctl: EINVAL) or ENOSYS; arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) answers
+    0 (granted) or EOPNOTSUPP (no AMX, or a kernel before 5.16 says EINVAL: refused)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("arch_prctl is x86-64's")
+    code = amx.request_permission()
+    release = tuple(int(x) for x in platform.release().split(".")[:2])
+    if release >= (5, 16):
+        assert code in (0, errno.EOPNOTSUPP), errno.errorcode.get(code, code)
+
+
+def test_the_host_probe_reports_what_the_kernel_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hardware.probe reads the flags and asks the real kernel (this host's answer)."""
+    monkeypatch.setattr(amx, "read_cpuinfo", lambda: WITHOUT_AMX)
+    assert hardware.probe().amx == "absent"
+    monkeypatch.setattr(amx, "read_cpuinfo", lambda: WITH_AMX)
+    expected = "granted" if amx.request_permission() == 0 else "refused"
+    assert hardware.probe().amx == expected

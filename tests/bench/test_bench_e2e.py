@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.e2e.server import server_env
+from vllm_offload.bench.workloads import RESET_TIMEOUT_S
 from vllm_offload.vllm_client import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +97,9 @@ def test_hit_bursts_read_documents_again_at_once(demo_dir: Path, tmp_path: Path)
             ttfts = burst[phase]["ttft_s"]
             assert len(ttfts) == n and all(t and t > 0 for t in ttfts), (phase, burst)
             assert burst[phase]["wall_s"] >= max(ttfts)
-        assert len(burst["cold_ttft_s"]) == n and burst["reset_s"] >= 0
+        # The reset took time and succeeded in its bound (the zero GPU hits below show it
+        # dropped the documents; #45: `reset_s >= 0` could not fail).
+        assert len(burst["cold_ttft_s"]) == n and 0 < burst["reset_s"] < RESET_TIMEOUT_S
         cpu, gpu = burst["cpu_hit"]["server"], burst["gpu_hit"]["server"]
         # After the reset nothing of the documents is in the GPU pool; after that read
         # all of them is (vLLM recomputes a prompt's last block).

@@ -72,6 +72,9 @@ def make_app(name: str, record: Path | None = None) -> FastAPI:
 
         async def chunks() -> AsyncIterator[bytes]:
             for i in range(words):
+                if state["asleep"]:  # vLLM's sleep (mode=abort) ends what it serves
+                    yield b'data: {"error": "aborted by sleep"}\n\n'
+                    return
                 yield f"data: {json.dumps({'served_by': name, 'i': i})}\n\n".encode()
                 await asyncio.sleep(float(body.get("delay_s", 0.0)))
             yield b"data: [DONE]\n\n"

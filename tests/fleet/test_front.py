@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import uvicorn
 
 from vllm_offload.fleet.engines import EngineProcess, EngineSpec
 from vllm_offload.fleet.front import FrontDoor, create_front_app
@@ -46,11 +47,21 @@ async def front_door(tmp_path: Path, api_key: str | None = None) -> AsyncIterato
     front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096}, api_key)
     await residency.bring_in("chat")
     residency.start()
-    transport = httpx.ASGITransport(app=create_front_app(front))
+    # Real HTTP under uvicorn, as serve runs it: httpx's ASGI transport hands a streamed
+    # answer over only once it is whole, so a stream cut by a switch looked whole.
+    server = uvicorn.Server(
+        uvicorn.Config(create_front_app(front), host="127.0.0.1", port=0, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             yield client, front
     finally:
+        server.should_exit = True
+        await serving
         await residency.stop()
         await front.aclose()
         for engine in engines.values():
