@@ -4,6 +4,29 @@ what kind of failure it is to the CLI's exit code and the manager's HTTP status.
 Every error names what is wrong (``field``: a config key, a flag, a file) and its text
 says the fix. The CLI prints it and exits with the kind's code; the manager answers
 ``{"detail": {"field": ..., "message": ...}}`` with the kind's status.
+
+The whole family, and the few errors that live outside it::
+
+    VllmOffloadError (kind "input": exit 2 / 422, unless a subclass says otherwise)
+    ├── FieldError(field, message)
+    │   ├── ConfigError            config/schema.py      a key's value
+    │   ├── PlanError              plan/records.py       the plan cannot be made
+    │   ├── Refused      409       valid, but not here and now
+    │   │   └── PreflightError     launch.py             vLLM would fail or misbehave here
+    │   ├── Forbidden    403       only the administrator, in the file
+    │   ├── Unauthenticated 401, Throttled 429, TooLarge 413, StorageFull 507  (the manager)
+    ├── ModelFactsError            model_facts.py        a model folder's files
+    ├── PatchError                 patch_journal.py      the patch series (environment)
+    ├── ServiceError     502       systemd/control.py    systemctl, journalctl, the server
+    ├── InstallError               systemd/install.py    install-service
+    └── UsageError                 cli/_common.py        a command line
+
+    Outside it, on purpose: what the running front door meets while serving, never
+    shown as a config error. Each has one place that turns it into an answer.
+    Busy, Unavailable              fleet/residency.py    -> 503 (+ Retry-After) to the client
+    EngineError                    fleet/engines.py      -> the switcher's event, then Unavailable
+    ControlError                   fleet/control.py      -> the manager's page (states unknown) or
+                                                            ServiceError for a bring-in
 """
 
 from __future__ import annotations
