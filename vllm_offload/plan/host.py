@@ -37,6 +37,19 @@ def server_ram_bytes(world_size: int) -> int:
     return SERVER_RAM_BYTES + (world_size - 1) * SERVER_RAM_PER_EXTRA_RANK_BYTES
 
 
+def weights_room_bytes(host: HostFacts, world_size: int) -> int:
+    """The most offloaded weights host RAM holds per rank: the RAM available less the
+    reserve and vLLM's own processes, shared by the ranks (each offloads its own part)."""
+    room = host.ram_available_bytes - ram_reserve(host) - server_ram_bytes(world_size)
+    return max(0, room) // world_size
+
+
+def ram_words(host: HostFacts, world_size: int) -> str:
+    """Where the host RAM goes before any weights, in the plan's words."""
+    return (f"{gib(host.ram_available_bytes)} available less the {gib(ram_reserve(host))} "
+            f"reserve and ~{gib(server_ram_bytes(world_size))} for vLLM itself")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TierRoom:
     """The largest CPU tier this host holds, by RAM and by /dev/shm, in bytes: what patched
