@@ -128,13 +128,15 @@ def test_safetensors_headers_of_packed_tensors(tmp_path: Path) -> None:
 def test_plan_of_the_issue_reads_17_gb_of_weights(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The issue's plan refused 52000 tokens for 56.87 GiB of weights; read at 4 bits the
-    card holds a 51,328-token request, and that plan starts."""
+    """The issue's plan counted 56.87 GiB of weights; read at 4 bits they leave the card
+    room for the model's whole context (52000 tokens are past its 40,960: refused, as vLLM
+    refuses them)."""
     config = dict(QWEN3_30B_A3B, torch_dtype="float16", quantization_config=AWQ)
     model = write_shape(tmp_path / "qwen3-awq", config)
     declared = ["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128"]
     assert main([*declared, "--model-max-model-len", "52000"]) == 2
-    assert "which holds 51328 tokens for one request" in capsys.readouterr().err
-    assert main([*declared, "--model-max-model-len", "51328", "--json"]) == 0
+    assert "past the model's limit of 40,960" in capsys.readouterr().err
+    assert main([*declared, "--model-max-model-len", "40960", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert 16.5 * GB <= plan["weight_bytes"] <= 18 * GB
+    assert plan["weights_offloaded_bytes"] == 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vllm_offload import weight_estimate
+from vllm_offload import model_limit, weight_estimate
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import open_regular, parse_json, read_regular
 
@@ -97,7 +97,8 @@ class ModelFacts:
     num_attention_heads: int
     num_kv_heads: int
     head_dim: int
-    max_position_embeddings: int
+    # the longest max_model_len vLLM accepts (0: config.json names none), and from where
+    max_len_limit: int
     torch_dtype: str
     quantization: str | None
     layers: tuple[LayerKind, ...]
@@ -105,6 +106,7 @@ class ModelFacts:
     weight_bytes_source: Literal["safetensors", "parameter count"]
     vocab_size: int = 0
     tie_word_embeddings: bool = False
+    max_len_key: str = "max_position_embeddings"
     unknown: tuple[str, ...] = ()  # what could not be read, in words
     # config.json's bytes and every weight file's name, size and mtime, hashed: the disk
     # tier keeps a model's KV under it, so changed weights at the same path find none.
@@ -322,6 +324,8 @@ def read(model_dir: Path) -> ModelFacts:
     dtype = _text(cfg, "torch_dtype", "") or _text(cfg, "dtype", "") or "bfloat16"
     quant = cfg.get("quantization_config")
     layers, unknown = _layer_kinds(cfg, num_layers)
+    limit, limit_key = model_limit.max_len_limit(cfg)
+    _optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
     weight_bytes = read_safetensors_bytes(model_dir)
     source: Literal["safetensors", "parameter count"] = "safetensors"
     if weight_bytes is None:
@@ -341,7 +345,8 @@ def read(model_dir: Path) -> ModelFacts:
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=_optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS),
+        max_len_limit=min(limit, MAX_TOKENS),
+        max_len_key=limit_key,
         torch_dtype=dtype,
         quantization=_text(quant, "quant_method", "unknown") if isinstance(quant, dict) else None,
         layers=layers,

@@ -257,7 +257,7 @@ def reachable_tokens(
     """The longest request of which ``requests`` fit the GPU pool left with every decoder
     layer's weights offloaded (capped at the model's limit)."""
     gpu = gpu_budget(config, model, host, weight_bytes)
-    cap = model.max_position_embeddings or 1 << 24
+    cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
     return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
 
