@@ -14,9 +14,11 @@ from tests.conftest import make_host
 from tests.shapes import SHAPES, write_shape
 from vllm_offload import model_facts
 from vllm_offload.cli import main
-from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.config import DeploymentConfig, parse, with_overrides
+from vllm_offload.config.schema import engine_configs
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
+from vllm_offload.plan.fleet import FleetPlan, holds, plan_fleet
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
 
 LLAMA_70B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-70b"
@@ -99,3 +101,46 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
         room = host.ram_available_bytes - ram_reserve(host)
         assert ram_placed(plan, 1) <= room, (case, model.architecture, overrides, host)
     assert started > 100  # the property was tested on plans that start, not only refusals
+
+
+def fleet_ram_placed(fleet: FleetPlan, level: int) -> int:
+    """What the set holds in host RAM at once: every engine alive (asleep or serving) with
+    its processes, offloaded weights, host extension, slept weights and CPU tier."""
+    return sum(holds(m.plan, m.idle, level) + m.plan.cpu_tier.bytes
+               for m in fleet.models.values())  # fmt: skip
+
+
+def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
+    """The same property for several models (slept models keep their weights in RAM)."""
+    rng = random.Random(3831)
+    dirs = [write_shape(tmp_path / name, cfg) for name, cfg in SHAPES.items()]
+    started = 0
+    for case in range(150):
+        entries = []
+        for i in range(rng.choice([2, 3])):
+            entry = {"path": str(rng.choice(dirs)), "served_name": f"m{i}",
+                     "max_model_len": rng.choice(["auto", 4096, 16384])}  # fmt: skip
+            entry["weights_offload"] = {"cpu_gib": rng.choice(["auto", 0, 8])}
+            entry["kv_offload"] = {"cpu_tier_gib": rng.choice(["auto", 0, 4, 32])}
+            entries.append(entry)
+        residency = {"idle": "sleep", "sleep_level": rng.choice([1, 2])}
+        config = parse({"models": entries, "residency": residency})
+        engines = engine_configs(config)
+        facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
+        host = make_host(gpu_gib=rng.choice([24, 48, 80]), ram_gib=rng.choice([32, 64, 128, 256]))
+        try:
+            fleet = plan_fleet(config, engines, facts, host, "cuda", {},
+                               {n: None for n in engines})  # fmt: skip
+        except PlanError:
+            continue
+        if fleet.notes.problems or any(m.plan.notes.problems for m in fleet.models.values()):
+            continue
+        started += 1
+        room = host.ram_available_bytes - ram_reserve(host)
+        assert fleet_ram_placed(fleet, config.residency.sleep_level) <= room, (
+            case,
+            entries,
+            residency,
+            host.ram_total_bytes,
+        )
+    assert started > 20
