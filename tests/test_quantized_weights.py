@@ -140,3 +140,17 @@ def test_plan_of_the_issue_reads_17_gb_of_weights(
     plan = json.loads(capsys.readouterr().out)
     assert 16.5 * GB <= plan["weight_bytes"] <= 18 * GB
     assert plan["weights_offloaded_bytes"] == 0
+
+
+def test_the_lm_head_is_quantized_only_where_the_checkpoint_says(tmp_path: Path) -> None:
+    head = 32000 * 4096  # Llama-2-7B's untied LM head
+    plain = model_facts.read(write_shape(tmp_path / "a", dict(LLAMA2_7B, quantization_config=GPTQ)))
+    with_head = model_facts.read(write_shape(tmp_path / "b", dict(
+        LLAMA2_7B, quantization_config=dict(GPTQ, lm_head=True))))  # fmt: skip
+    assert plain.weight_bytes - with_head.weight_bytes == pytest.approx(head * 1.48, rel=0.01)
+    unignored = dict(COMPRESSED_FP8, ignore=[])
+    fp8_head = model_facts.read(write_shape(tmp_path / "c", dict(
+        LLAMA31_8B, quantization_config=unignored)))  # fmt: skip
+    fp8 = model_facts.read(write_shape(tmp_path / "d", dict(
+        LLAMA31_8B, quantization_config=COMPRESSED_FP8)))  # fmt: skip
+    assert fp8.weight_bytes - fp8_head.weight_bytes == pytest.approx(128256 * 4096, rel=1e-3)

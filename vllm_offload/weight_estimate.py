@@ -144,17 +144,20 @@ def scheme(quant: dict[str, Any]) -> Scheme | None:
         value = quant.get(key)
         if isinstance(value, list):
             skipped += [str(v)[:256] for v in value[:1024] if isinstance(v, str)]
-    if quant.get("quant_method") == "gptq" and quant.get("lm_head") is not True:
+    # The LM head stays at the model's dtype unless compressed-tensors targets it (every
+    # Linear not ignored) or GPTQ was asked to (lm_head = true).
+    method = str(quant.get("quant_method", "")).lower()
+    if not (method == "compressed-tensors" or (method == "gptq" and quant.get("lm_head") is True)):
         skipped.append("lm_head")
     return Scheme(bytes_per_weight=per_weight, skipped=tuple(skipped))
 
 
 def estimate(shape: Shape, dtype_bytes: int, quant: Scheme | None) -> int:
-    """Weight bytes: each module group at its quantized or its dtype's bytes per weight;
-    embeddings and the LM head are never quantized here (no method above does by default)."""
+    """Weight bytes: each module group at its quantized or its dtype's bytes per weight
+    (the token embeddings are never quantized: no method above does)."""
     total = 0.0
     for module, params in module_groups(shape).items():
-        quantized = (quant is not None and module not in ("model.embed_tokens", "lm_head")
+        quantized = (quant is not None and module != "model.embed_tokens"
                      and not any(_matches(p, module) for p in quant.skipped))  # fmt: skip
         total += params * (quant.bytes_per_weight if quant and quantized else dtype_bytes)
     return int(total)
