@@ -10,7 +10,13 @@ from dataclasses import dataclass, replace
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.host import ram_words, weights_room_bytes
+from vllm_offload.plan.host import (
+    RAM_RESERVE_BYTES,
+    RAM_RESERVE_FRACTION,
+    ram_words,
+    server_ram_bytes,
+    weights_room_bytes,
+)
 from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
 from vllm_offload.plan.records import Notes, PlanError, Platform, gib
 
@@ -245,6 +251,18 @@ def ram_refusal(config: DeploymentConfig, host: HostFacts, gpu: GpuBudget,
     )
 
 
+def ram_would_reach(gpu: GpuBudget, room: int, world: int) -> str:
+    """How much host RAM would hold the weights a pool of ``room`` needs offloaded."""
+    need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+    need += gpu.prefetch_buffer_bytes
+    if need > min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers):
+        return "more host RAM"  # even every layer offloaded would not reach it
+    held = need * world + server_ram_bytes(world)
+    # the reserve is the larger of a floor and a share of the total: solve for the total
+    total = max(held + RAM_RESERVE_BYTES, held / (1 - RAM_RESERVE_FRACTION))
+    return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
+
+
 def reachable_tokens(
     config: DeploymentConfig,
     model: ModelFacts,
@@ -292,7 +310,7 @@ def unreachable(
         else f"even with every decoder layer's weights in host RAM "
         f"({gib(gpu.offloadable_bytes)} per GPU)"
     )
-    helps = ["more host RAM"] if gpu.ram_bound else []
+    helps = [ram_would_reach(gpu, room, world)] if gpu.ram_bound else []
     if dtype_b > 1:
         fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
