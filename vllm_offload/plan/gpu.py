@@ -11,10 +11,10 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.host import (
-    RAM_RESERVE_BYTES,
-    RAM_RESERVE_FRACTION,
+    ram_that_holds,
     ram_words,
-    server_ram_bytes,
+    tenths,
+    weights_ram_refusal,
     weights_room_bytes,
 )
 from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
@@ -187,7 +187,9 @@ def place_weights(
     else:
         offloaded = min(int(offload * GIB), gpu.weights_bytes)
         if offloaded > gpu.ram_room_bytes:
-            raise ram_refusal(config, host, gpu, offloaded)
+            raise weights_ram_refusal(
+                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
+            )
     overhead = gpu.overhead_bytes + (gpu.prefetch_buffer_bytes if offloaded else 0)
     group_size = num_in_group = offloaded_layers = 0
     if gpu.prefetch_buffer_bytes and offloaded > 0:
@@ -195,7 +197,9 @@ def place_weights(
         group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
         offloaded = offloaded_layers * gpu.layer_bytes
         if offloaded > gpu.ram_room_bytes:  # whole layers rounded past the room
-            raise ram_refusal(config, host, gpu, offloaded)
+            raise weights_ram_refusal(
+                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
+            )
     notes = Notes()
     if offload == "auto":
         what = f"{gib(offloaded)} per GPU" + (
@@ -235,32 +239,6 @@ def place_weights(
     memory = GpuMemory(gpu.total_bytes, gpu.budget_bytes, offloaded, weights_gpu, pool,
                        group_size, num_in_group, offloaded_layers)  # fmt: skip
     return memory, notes
-
-
-def ram_refusal(config: DeploymentConfig, host: HostFacts, gpu: GpuBudget,
-                offloaded: int) -> PlanError:  # fmt: skip
-    """Offloaded weights the host RAM cannot hold: the largest figure that fits."""
-    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
-    largest = math.floor(gpu.ram_room_bytes / GIB * 10) / 10
-    per = f" per GPU x {world} GPUs" if world > 1 else ""
-    return PlanError(
-        "weights_offload.cpu_gib",
-        f"{gib(offloaded)}{per} of offloaded weights do not fit the host RAM: it holds "
-        f"{gib(gpu.ram_room_bytes)}{per} ({ram_words(host, world)}); set it <= {largest:g}, "
-        "or 'auto'",
-    )
-
-
-def ram_would_reach(gpu: GpuBudget, room: int, world: int) -> str:
-    """How much host RAM would hold the weights a pool of ``room`` needs offloaded."""
-    need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
-    need += gpu.prefetch_buffer_bytes
-    if need > min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers):
-        return "more host RAM"  # even every layer offloaded would not reach it
-    held = need * world + server_ram_bytes(world)
-    # the reserve is the larger of a floor and a share of the total: solve for the total
-    total = max(held + RAM_RESERVE_BYTES, held / (1 - RAM_RESERVE_FRACTION))
-    return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
 
 
 def reachable_tokens(
@@ -305,12 +283,17 @@ def unreachable(
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     offloaded_words = (
         f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
-        f"{math.floor(gpu.ram_room_bytes / GIB * 10) / 10:g}: {ram_words(host, world)})"
+        f"{tenths(gpu.ram_room_bytes):g}: {ram_words(host, world)})"
         if gpu.ram_bound
         else f"even with every decoder layer's weights in host RAM "
         f"({gib(gpu.offloadable_bytes)} per GPU)"
     )
-    helps = [ram_would_reach(gpu, room, world)] if gpu.ram_bound else []
+    need = (gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+            + gpu.prefetch_buffer_bytes)  # fmt: skip
+    layers_reach = need <= min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers)
+    helps = []
+    if gpu.ram_bound:
+        helps.append(ram_that_holds(need, world) if layers_reach else "more host RAM")
     if dtype_b > 1:
         fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
