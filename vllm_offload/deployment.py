@@ -8,6 +8,7 @@ exactly what the command line refuses, with the same words.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
 from vllm_offload.patch_journal import PatchError
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
-from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
+from vllm_offload.vllm_version import API_KEY_ENV, SUPPORTED, InstalledVllm
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,12 @@ def machine_checks(
     except PreflightError as exc:
         problems.append(exc)
         api_key = None
+    if api_key is None and not environ.get(API_KEY_ENV) and not is_loopback(config.server.host):
+        notes.append(
+            f"warning: server.host {config.server.host} listens beyond this machine and no "
+            "API key is set: anyone who reaches the port can use the models; write one to "
+            "a file and set server.api_key_file (or server.host = '127.0.0.1')"
+        )
     if config.kv_offload.disk_path and (tier := tier_link(config.kv_offload.disk_path)):
         problems.append(PreflightError("kv_offload.disk_path", tier))
     if vllm is not None and lmcache and (missing := lmcache_problem(environ)) is not None:
@@ -153,6 +160,16 @@ def machine_checks(
                 "--allow-unpatched",
             ))  # fmt: skip
     return api_key, problems, notes
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this machine reaches."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def tier_link(disk_path: str) -> str | None:

@@ -19,6 +19,7 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
+from vllm_offload.plan.lengths import ALLOW_LONG_LEN_ENV
 from vllm_offload.safe_files import open_regular
 from vllm_offload.vllm_ext import SLEEP_ARENA_ENV, forwarded_routes
 from vllm_offload.vllm_version import (
@@ -217,6 +218,8 @@ def build(
             env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
     options.add("--block-size", plan.kv.block_tokens)
     options.add("--max-model-len", int(max_model_len_arg(plan)))
+    if plan.length.max_model_len > plan.length.model_max_tokens:  # allowed on purpose
+        env[ALLOW_LONG_LEN_ENV] = "1"
     if config.model.dtype != "auto":
         options.add("--dtype", config.model.dtype)
     if plan.kv.cache_dtype != "auto":  # as resolved: 'fit' may have chosen fp8

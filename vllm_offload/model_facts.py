@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from vllm_offload import model_limit, weight_estimate
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import open_regular, parse_json, read_regular
 
@@ -47,10 +48,14 @@ _SAFETENSORS_BYTES: dict[str, float] = {
     "U16": 2,
     "F8_E4M3": 1,
     "F8_E5M2": 1,
+    "F8_E8M0": 1,  # MXFP4's block scales
     "I8": 1,
     "U8": 1,
     "BOOL": 1,
+    "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
     "F4": 0.5,
+    "C64": 8,
 }
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
@@ -92,7 +97,8 @@ class ModelFacts:
     num_attention_heads: int
     num_kv_heads: int
     head_dim: int
-    max_position_embeddings: int
+    # the longest max_model_len vLLM accepts (0: config.json names none), and from where
+    max_len_limit: int
     torch_dtype: str
     quantization: str | None
     layers: tuple[LayerKind, ...]
@@ -100,6 +106,7 @@ class ModelFacts:
     weight_bytes_source: Literal["safetensors", "parameter count"]
     vocab_size: int = 0
     tie_word_embeddings: bool = False
+    max_len_key: str = "max_position_embeddings"
     unknown: tuple[str, ...] = ()  # what could not be read, in words
     # config.json's bytes and every weight file's name, size and mtime, hashed: the disk
     # tier keeps a model's KV under it, so changed weights at the same path find none.
@@ -251,21 +258,17 @@ def read_safetensors_bytes(model_dir: Path) -> int | None:
     return int(total)
 
 
-def _estimate_weight_bytes(cfg: dict[str, Any], shape: tuple[int, int, int, int, int]) -> int:
-    """Parameter count times bytes per element, from the (already checked) ``shape``:
-    layers, hidden size, heads, KV heads, head size."""
-    layers, hidden, heads, kv_heads, head_dim = shape
-    vocab = _optional_int(cfg, "vocab_size", 32000, MAX_VOCAB)
+def _shape(cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int,
+           head_dim: int) -> weight_estimate.Shape:  # fmt: skip
+    """The parameter counts of config.json, each checked against its range."""
     inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    experts = _optional_int(cfg, "num_experts", 0) or _optional_int(cfg, "n_routed_experts", 0)
-    if experts:
-        moe_inter = _optional_int(cfg, "moe_intermediate_size", inter)
-        mlp = experts * 3 * hidden * moe_inter + hidden * experts
-    else:
-        mlp = 3 * hidden * inter
-    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return layers * (attn + mlp) + embeddings
+    return weight_estimate.Shape(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        vocab=_optional_int(cfg, "vocab_size", 32000, MAX_VOCAB), intermediate=inter,
+        experts=_optional_int(cfg, "num_experts", 0) or _optional_int(cfg, "n_routed_experts", 0),
+        moe_intermediate=_optional_int(cfg, "moe_intermediate_size", inter),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings")),
+    )  # fmt: skip
 
 
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -321,11 +324,17 @@ def read(model_dir: Path) -> ModelFacts:
     dtype = _text(cfg, "torch_dtype", "") or _text(cfg, "dtype", "") or "bfloat16"
     quant = cfg.get("quantization_config")
     layers, unknown = _layer_kinds(cfg, num_layers)
+    limit, limit_key = model_limit.max_len_limit(cfg)
+    _optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
     weight_bytes = read_safetensors_bytes(model_dir)
     source: Literal["safetensors", "parameter count"] = "safetensors"
     if weight_bytes is None:
-        shape = (num_layers, hidden, heads, kv_heads, head_dim)
-        weight_bytes = _estimate_weight_bytes(cfg, shape) * DTYPE_BYTES.get(dtype, 2)
+        scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
+        if isinstance(quant, dict) and scheme is None:
+            method = _text(quant, "quant_method", "unknown")
+            unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
+        shape = _shape(cfg, num_layers, hidden, heads, kv_heads, head_dim)
+        weight_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
         source = "parameter count"
     return ModelFacts(
         path=str(model_dir),
@@ -336,7 +345,8 @@ def read(model_dir: Path) -> ModelFacts:
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=_optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS),
+        max_len_limit=min(limit, MAX_TOKENS),
+        max_len_key=limit_key,
         torch_dtype=dtype,
         quantization=_text(quant, "quant_method", "unknown") if isinstance(quant, dict) else None,
         layers=layers,

@@ -142,7 +142,7 @@ async def put_config(client: httpx.AsyncClient, **changes: object) -> httpx.Resp
     [
         ({"gpu__memory_utilization": 2}, 422, "gpu.memory_utilization", "less than or equal to 1"),
         ({"server__port": "http"}, 422, "server.port", "valid integer"),
-        ({"model__max_model_len": 10**8}, 422, "model.max_model_len", "do not fit the GPU KV pool"),
+        ({"model__max_model_len": 10**8}, 422, "model.max_model_len", "past the model's limit"),
         ({"model__path": "/etc"}, 422, "model.path", "outside the model roots"),
         ({"kv_offload__swap_space": 4}, 422, "kv_offload", "kv_offload.cpu_tier_gib"),
         ({"kv_offload__backend": "native"}, 409, "kv_offload.backend", "needs an NVIDIA GPU"),

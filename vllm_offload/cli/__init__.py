@@ -7,6 +7,7 @@ import sys
 
 from vllm_offload import __version__
 from vllm_offload.cli import (
+    _common,
     bench_cmd,
     cache_cmd,
     config_cmd,
@@ -43,14 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    chosen: argparse.ArgumentParser = commands.choices[command]
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
     try:
+        if unknown:
+            raise _common.unknown_arguments(args.command, command_parser(parser, args.command),
+                                            unknown)  # fmt: skip
         return int(args.handler(args, extra))
     except VllmOffloadError as exc:
         print(f"vllm-offload: error: {exc}", file=sys.stderr)

@@ -4,6 +4,8 @@ facts (probed, or a declared machine)."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import socket
 import sys
 import typing
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 from vllm_offload import compat, hardware
 from vllm_offload import config as config_mod
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.config.flags import flag_name, key_flag, owning_key
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
 
@@ -39,7 +42,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(f"[{section}] overrides")
         for key, info in model.model_fields.items():
             dotted = f"{section}.{key}"
-            flags = [f"--{section}-{key}".replace("_", "-")]
+            flags = [key_flag(dotted)]
             if dotted in ALIASES:
                 flags.insert(0, ALIASES[dotted])
             group.add_argument(
@@ -51,6 +54,40 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 help=f"{(info.description or '').replace('%', '%%')} (config: {dotted})",
             )
     parser.add_argument(compat.SWAP_SPACE_FLAG, dest="swap_space", help=argparse.SUPPRESS)
+
+
+# Subcommands that pass what follows `--` to vLLM as it is.
+PASSES_TO_VLLM = ("serve", "plan")
+
+
+def unknown_arguments(command: str, parser: argparse.ArgumentParser,
+                      unknown: list[str]) -> UsageError:  # fmt: skip
+    """What a token the command does not take was likely meant to be: a vLLM flag the
+    launcher writes (its config key's flag), a misspelt option, or vLLM's own flag (which
+    goes after `--`)."""
+    token = next((t for t in unknown if t.startswith("-")), unknown[0])
+    after = unknown[unknown.index(token) + 1 :]
+    value = token.split("=", 1)[1] if "=" in token else (
+        after[0] if after and not after[0].startswith("-") else "")  # fmt: skip
+    name = flag_name(token) or token
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    if command in PASSES_TO_VLLM and (key := owning_key(token)) is not None:
+        flag = key_flag(key)
+        fix = (f"did you mean `{flag}{' ' + value if value else ''}`?" if flag in options
+               else f"set the [{key}] keys in the config")  # fmt: skip
+        return UsageError(f"{name}: vLLM's flag; vllm-offload writes it from {key} (so the "
+                          f"planner checks it): {fix}")  # fmt: skip
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.8)
+    if close:
+        return UsageError(f"{name}: no such option of `{command}`; did you mean `{close[0]}`?")
+    if command in PASSES_TO_VLLM and token.startswith("--"):
+        shown = token + (f" {value}" if value and "=" not in token else "")
+        return UsageError(
+            f"{name}: no such option of `{command}`; vLLM's own flags go after `--`: "
+            f"`vllm-offload {command} -- {shown}` (or the config's extra_args)"
+        )
+    return UsageError(f"unrecognized arguments: {' '.join(unknown)} (see `vllm-offload "
+                      f"{command} --help`)")  # fmt: skip
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,6 +153,20 @@ def installed_vllm(required: bool) -> InstalledVllm | None:
         if required:
             raise
         return None
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, said before anything slow starts (vLLM
+    found it after ~15 s of imports, uvicorn with a traceback), or None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (f"{host}:{port} is taken ({exc.strerror}); stop what listens there "
+                    "(`ss -ltnp`) or choose another port")  # fmt: skip
+    return None
 
 
 def say(message: str) -> None:

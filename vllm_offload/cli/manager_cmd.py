@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import secrets
 import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload.cli._common import UsageError
+from vllm_offload import deployment
+from vllm_offload.cli._common import UsageError, port_taken
 from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import Systemd, validate_unit
 
@@ -37,15 +37,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="units live under this root (docker-systemctl-replacement)",
     )
     parser.set_defaults(handler=run)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(path: Path) -> str:
@@ -76,12 +67,14 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be 1-65535")
     validate_unit(args.unit)
-    if args.token_file is None and not _is_loopback(args.host):
+    if args.token_file is None and not deployment.is_loopback(args.host):
         raise UsageError(
             f"--host {args.host}: refusing to listen beyond loopback without a token; pass "
             "--token-file (install-service writes one)"
         )
     config_mod.load(args.config)  # a missing or invalid config is an error now, not later
+    if (busy := port_taken(args.host, args.port)) is not None:
+        raise UsageError(f"--port: {busy}")
     if args.token_file is not None:
         token = read_token(args.token_file)
     else:

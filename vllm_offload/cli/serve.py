@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -107,25 +106,10 @@ def _checked(
         return 0
     # Here, not in deployment.prepare: the manager prepares a restart while the running
     # server still holds the port.
-    if (busy := _port_taken(config.server.host, config.server.port)) is not None:
-        print(f"vllm-offload: error: {busy}", file=sys.stderr)
-        return busy.exit_code
-    return None
-
-
-def _port_taken(host: str, port: int) -> launch.PreflightError | None:
-    """vLLM would find it after ~15 s of imports ("Address already in use"): say it now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return launch.PreflightError(
-                "server.port",
-                f"{host}:{port} is taken ({exc.strerror}); stop what listens there "
-                "(`ss -ltnp`) or choose another port",
-            )
+    if (busy := _common.port_taken(config.server.host, config.server.port)) is not None:
+        error = launch.PreflightError("server.port", busy)
+        print(f"vllm-offload: error: {error}", file=sys.stderr)
+        return error.exit_code
     return None
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vllm_offload import config as config_mod
 from vllm_offload.systemd import install
-from vllm_offload.systemd.control import Systemd
+from vllm_offload.systemd.control import ServiceError, Systemd
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,10 +85,23 @@ def run_uninstall(args: argparse.Namespace, extra_args: list[str]) -> int:
     return 0
 
 
+def not_installed(unit: str, systemd: Systemd) -> str:
+    """Why a unit's status means nothing: it is not installed (and, where no systemd runs,
+    which service manager was asked)."""
+    where = (" (no systemd runs on this machine; docker-systemctl-replacement's systemctl3 "
+             "answered for it)" if systemd.replacement else "")  # fmt: skip
+    return (
+        f"{unit}.service is not installed{where}; `vllm-offload install-service` "
+        "installs it, or pass --unit NAME for another unit"
+    )
+
+
 def run_service(args: argparse.Namespace, extra_args: list[str]) -> int:
     systemd = Systemd.detect(args.root)
     if args.action == "status":
         status = systemd.status(args.unit)
+        if status.load_state == "not-found":
+            raise ServiceError(not_installed(args.unit, systemd))
         print(f"{status.unit}.service: {status.active_state} ({status.sub_state}), "
               f"pid {status.main_pid or '-'}")  # fmt: skip
     elif args.action == "logs":

@@ -78,14 +78,26 @@ def _matches(name: str, flags: dict[str, str]) -> str | None:
     return None
 
 
+def owning_key(token: str) -> str | None:
+    """The config key that owns the vLLM flag ``token`` names (as vLLM's parser reads it),
+    or None."""
+    name = flag_name(token)
+    owned = _matches(name, LAUNCHER_FLAGS) if name is not None else None
+    return LAUNCHER_FLAGS[owned] if owned is not None else None
+
+
+def key_flag(key: str) -> str:
+    """The command-line flag of a config key (`model.max_model_len` -> --model-max-model-len)."""
+    return "--" + key.replace(".", "-").replace("_", "-")
+
+
 def refused_flag(token: str) -> str | None:
     """Why ``token`` may not be passed to vLLM by hand, or None if it may."""
     name = flag_name(token)
     if name is None:
         return None
-    if (owned := _matches(name, LAUNCHER_FLAGS)) is not None:
-        key = LAUNCHER_FLAGS[owned]
-        flag = "--" + key.replace(".", "-").replace("_", "-")
+    if (key := owning_key(token)) is not None:
+        flag = key_flag(key)
         where = f"[{key}]" if "." not in key else f"{key} (`serve {flag}`)"
         return (
             f"{token} is written by vllm-offload from {where}; set that instead, so the "

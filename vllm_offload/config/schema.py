@@ -3,10 +3,13 @@ first bad key named, and (several models) each model's own single-model config."
 
 from __future__ import annotations
 
+import difflib
+import json
+import typing
 from pathlib import PurePath
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from vllm_offload.config.flags import refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
@@ -66,13 +69,76 @@ SECTIONS: dict[str, type[_Section]] = {
 }
 
 
+def _model_at(parts: list[str | int]) -> type[BaseModel] | None:
+    """The config record holding the key at ``parts`` (its last part); None past a table
+    that is not a record."""
+    model: type[BaseModel] = DeploymentConfig
+    for part in parts[:-1]:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        annotation = info.annotation if info is not None else None
+        if typing.get_origin(annotation) is list:
+            annotation = typing.get_args(annotation)[0]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_key_fix(parts: list[str | int]) -> str:
+    """What an unknown key was likely meant to be: the same key in another section, the
+    closest key of its own, or the list of them."""
+    name, model = str(parts[-1]), _model_at(parts)
+    if model is None:
+        return "remove it (see `vllm-offload config show` for the valid keys)"
+    if model is DeploymentConfig or len(parts) < 2:
+        close = difflib.get_close_matches(name, list(SECTIONS), n=1, cutoff=0.6)
+        return f"did you mean [{close[0]}]?" if close else (
+            f"the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")  # fmt: skip
+    homes = [s for s, section in SECTIONS.items() if name in section.model_fields]
+    if homes and parts[0] == "models" and homes[0] in MODEL_TABLES:
+        return f"it belongs in the entry's [models.{homes[0]}] table"
+    if homes:
+        return f"it belongs in [{homes[0]}] ({homes[0]}.{name})"
+    close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}?"
+    return f"its keys are {', '.join(model.model_fields)}"
+
+
+# pydantic's errors for a value that is no number at all (not one out of range).
+NOT_A_NUMBER = ("int_parsing", "float_parsing", "int_type", "float_type", "int_from_float",
+                "literal_error")  # fmt: skip
+
+
+def _neither_auto_nor_number(errors: list[Any]) -> str | None:
+    """``int | 'auto'`` (or float) given something else: pydantic reports each branch;
+    say both in one sentence, with the unit the key's name carries."""
+    if len(errors[0]["loc"]) < 2:
+        return None
+    same = [e for e in errors if e["loc"][:-1] == errors[0]["loc"][:-1]]
+    tags = {str(e["loc"][-1]) for e in same}
+    if "literal['auto']" not in tags or not tags & {"int", "float"}:
+        return None
+    if any(e["type"] not in NOT_A_NUMBER for e in same):  # a number out of range says so
+        return None
+    key = str(errors[0]["loc"][-2])
+    number = "a whole number" if "int" in tags else "a number"
+    unit = (" of tokens (e.g. 4096)" if key.endswith(("_len", "_tokens", "block_size"))
+            else " of bytes" if key.endswith("_bytes")
+            else " of GiB" if key.endswith("_gib") else "")  # fmt: skip
+    return f'{json.dumps(errors[0]["input"], default=str)} is neither "auto" nor {number}{unit}'
+
+
 def _first_error(exc: ValidationError) -> ConfigError:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
     parts = [p for p in err["loc"] if not str(p).startswith(("int", "float", "literal"))]
     loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts).replace(".[", "[")
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = _neither_auto_nor_number(list(errors)) or err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown key; remove it (see `vllm-offload config show` for the valid keys)"
+        msg = f"unknown key; {_unknown_key_fix(parts)}"
     return ConfigError(loc or "config", msg)
 
 

@@ -78,6 +78,14 @@ class ModelSection(_Section):
         description="Longest request (prompt + output) in tokens. 'auto': the largest that "
         "one request can hold in the GPU KV pool, capped at the model's limit.",
     )
+    allow_long_max_model_len: bool = Field(
+        False,
+        description="Pass a max_model_len past the model's own limit (its config.json's "
+        "max_position_embeddings and RoPE scaling, as vLLM derives it) on purpose, for a "
+        "model trained or scaled past what its config says: sets vLLM's "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. Otherwise such a length is refused, as vLLM "
+        "refuses it.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight and activation dtype."
     )

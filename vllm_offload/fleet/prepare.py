@@ -17,6 +17,7 @@ from vllm_offload.deployment import confined_model_dir, machine_checks
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec
+from vllm_offload.model_facts import ModelFacts, ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import PlanError
@@ -75,13 +76,14 @@ def prepare_fleet(
     the model's entry), lists in ``problems`` what forbids a start here and now."""
     engines = engine_configs(config)
     dirs: dict[str, Path] = {}
+    facts: dict[str, ModelFacts] = {}
     for i, (name, config_i) in enumerate(engines.items()):
-        try:
+        try:  # errors name the entry (models[1].path, 'coder'), not the one-model key
             dirs[name] = confined_model_dir(config_i, roots)
-        except ConfigError as exc:
-            raise ConfigError(entry_field(i, exc.field), exc.message) from None
+            facts[name] = model_facts.read(dirs[name])
+        except (ConfigError, ModelFactsError) as exc:
+            raise ConfigError(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
-    facts = {name: model_facts.read(directory) for name, directory in dirs.items()}
     disks = {name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path
              else None for name, e in engines.items()}  # fmt: skip
     fleet = plan_fleet(config, engines, facts, host, platform, dict(environ), disks)

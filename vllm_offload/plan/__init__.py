@@ -25,7 +25,12 @@ from vllm_offload.plan.gpu import place_weights, served_weight_bytes
 from vllm_offload.plan.host import extension_bytes, size_cpu_tier
 from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token, request_kv_bytes
 from vllm_offload.plan.layout import choose_layout, planned_model
-from vllm_offload.plan.lengths import capacity_warnings, fit_lengths, target
+from vllm_offload.plan.lengths import (
+    capacity_warnings,
+    fit_lengths,
+    past_the_model_limit,
+    target,
+)
 from vllm_offload.plan.records import (
     GpuPool,
     HostExtension,
@@ -64,6 +69,7 @@ def make_plan(
     tp = config.parallel.tensor_parallel_size
     notes = Notes(warnings=tuple(f"could not read {what}" for what in model.unknown),
                   unplanned=model.unknown)  # fmt: skip
+    notes += past_the_model_limit(config, model, env)
     layout, step = choose_layout(config, model, host, platform, env)
     notes += step
     planned = planned_model(model, layout.backend)

@@ -10,6 +10,13 @@ from dataclasses import dataclass, replace
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.host import (
+    ram_that_holds,
+    ram_words,
+    tenths,
+    weights_ram_refusal,
+    weights_room_bytes,
+)
 from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
 from vllm_offload.plan.records import Notes, PlanError, Platform, gib
 
@@ -53,10 +60,16 @@ class GpuBudget:
     layer_bytes: int
     layers: int  # decoder layers on this rank
     prefetch_buffer_bytes: int  # the prefetch backend's GPU buffers, when it offloads
+    ram_room_bytes: int  # the most offloaded weights host RAM holds for this rank
 
     @property
     def offloadable_bytes(self) -> int:
-        return min(self.weights_bytes, self.layer_bytes * self.layers)
+        return min(self.weights_bytes, self.layer_bytes * self.layers, self.ram_room_bytes)
+
+    @property
+    def ram_bound(self) -> bool:
+        """Whether host RAM, not the decoder layers, bounds the weights offloaded."""
+        return self.ram_room_bytes < min(self.weights_bytes, self.layer_bytes * self.layers)
 
     def largest_pool_bytes(self) -> int:
         """The KV pool left with every decoder layer's weights in host RAM."""
@@ -118,6 +131,7 @@ def gpu_budget(config: DeploymentConfig, model: ModelFacts, host: HostFacts,
         layers=max(1, model.num_layers // pp),
         # the GPU buffers offloaded layers are copied into
         prefetch_buffer_bytes=config.weights_offload.prefetch_step * layer if prefetch else 0,
+        ram_room_bytes=weights_room_bytes(host, tp * pp),
     )
 
 
@@ -172,12 +186,20 @@ def place_weights(
         offloaded = max(0, offloaded)
     else:
         offloaded = min(int(offload * GIB), gpu.weights_bytes)
+        if offloaded > gpu.ram_room_bytes:
+            raise weights_ram_refusal(
+                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
+            )
     overhead = gpu.overhead_bytes + (gpu.prefetch_buffer_bytes if offloaded else 0)
     group_size = num_in_group = offloaded_layers = 0
     if gpu.prefetch_buffer_bytes and offloaded > 0:
         needed = min(model.num_layers, math.ceil(offloaded / gpu.layer_bytes))
         group_size, num_in_group, offloaded_layers = prefetch_layout(model.num_layers, needed)
         offloaded = offloaded_layers * gpu.layer_bytes
+        if offloaded > gpu.ram_room_bytes:  # whole layers rounded past the room
+            raise weights_ram_refusal(
+                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
+            )
     notes = Notes()
     if offload == "auto":
         what = f"{gib(offloaded)} per GPU" + (
@@ -231,7 +253,7 @@ def reachable_tokens(
     """The longest request of which ``requests`` fit the GPU pool left with every decoder
     layer's weights offloaded (capped at the model's limit)."""
     gpu = gpu_budget(config, model, host, weight_bytes)
-    cap = model.max_position_embeddings or 1 << 24
+    cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
     return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
 
@@ -258,7 +280,20 @@ def unreachable(
             f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
         )
     best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
+    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    offloaded_words = (
+        f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
+        f"{tenths(gpu.ram_room_bytes):g}: {ram_words(host, world)})"
+        if gpu.ram_bound
+        else f"even with every decoder layer's weights in host RAM "
+        f"({gib(gpu.offloadable_bytes)} per GPU)"
+    )
+    need = (gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+            + gpu.prefetch_buffer_bytes)  # fmt: skip
+    layers_reach = need <= min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers)
     helps = []
+    if gpu.ram_bound:
+        helps.append(ram_that_holds(need, world) if layers_reach else "more host RAM")
     if dtype_b > 1:
         fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
@@ -279,8 +314,7 @@ def unreachable(
     return PlanError(
         field_name,
         f"{requests} request(s) of {tokens:,} tokens need a {gib(room)} GPU KV pool, but "
-        f"even with every decoder layer's weights in host RAM "
-        f"({gib(gpu.offloadable_bytes)} per GPU) the pool is "
+        f"{offloaded_words} the pool is "
         f"{gib(max(0, gpu.largest_pool_bytes()))}: {limit}"
         + (f" (gpu.min_concurrent_requests = {requests})" if requests > 1 else "")
         + ". What else would reach further: "

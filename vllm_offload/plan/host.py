@@ -4,6 +4,7 @@ the launcher hands the planner's reserve to patched vLLM's own check of the tier
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vllm_offload import compat
@@ -35,6 +36,42 @@ def ram_reserve(host: HostFacts) -> int:
 def server_ram_bytes(world_size: int) -> int:
     """Host RAM vLLM's own processes hold when its CPU-tier check runs."""
     return SERVER_RAM_BYTES + (world_size - 1) * SERVER_RAM_PER_EXTRA_RANK_BYTES
+
+
+def weights_room_bytes(host: HostFacts, world_size: int) -> int:
+    """The most offloaded weights host RAM holds per rank: the RAM available less the
+    reserve and vLLM's own processes, shared by the ranks (each offloads its own part)."""
+    room = host.ram_available_bytes - ram_reserve(host) - server_ram_bytes(world_size)
+    return max(0, room) // world_size
+
+
+def ram_words(host: HostFacts, world_size: int) -> str:
+    """Where the host RAM goes before any weights, in the plan's words."""
+    return (f"{gib(host.ram_available_bytes)} available less the {gib(ram_reserve(host))} "
+            f"reserve and ~{gib(server_ram_bytes(world_size))} for vLLM itself")  # fmt: skip
+
+
+def tenths(n: int) -> float:
+    """Bytes as GiB rounded down to 0.1: a figure that fits, as a config value."""
+    return math.floor(n / GIB * 10) / 10
+
+
+def weights_ram_refusal(host: HostFacts, room: int, offloaded: int, world: int) -> PlanError:
+    """Offloaded weights (per rank) the host RAM cannot hold: the largest figure that fits."""
+    per = f" per GPU x {world} GPUs" if world > 1 else ""
+    return PlanError(
+        "weights_offload.cpu_gib",
+        f"{gib(offloaded)}{per} of offloaded weights do not fit the host RAM: it holds "
+        f"{gib(room)}{per} ({ram_words(host, world)}); set it <= {tenths(room):g}, or 'auto'",
+    )
+
+
+def ram_that_holds(offloaded: int, world: int) -> str:
+    """The host RAM that would hold ``offloaded`` weights per rank, in the plan's words."""
+    held = offloaded * world + server_ram_bytes(world)
+    # the reserve is the larger of a floor and a share of the total: solve for the total
+    total = max(held + RAM_RESERVE_BYTES, held / (1 - RAM_RESERVE_FRACTION))
+    return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
 
 
 @dataclass(frozen=True)

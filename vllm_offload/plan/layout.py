@@ -137,7 +137,7 @@ def fit_kv_cache_dtype(
         return "fp8", f"at the model's dtype {asked} do not fit the GPU"
     if config.weights_offload.cpu_gib != "auto":
         return "auto", f"{asked} fit at the model's dtype"
-    limit = model.max_position_embeddings
+    limit = model.max_len_limit
     one_request = (min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS), 1)
     try:
         base = place_weights(config, model, host, platform, env, dtype_b, block,

@@ -21,6 +21,8 @@ from vllm_offload.plan.records import (
     Platform,
 )
 
+# vLLM's switch for a max_model_len past the model's limit (its envs.py).
+ALLOW_LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # Patch 0006 maps the host extension in 2 MiB granules (vllm/v1/core/kv_host_extension.py).
 HOST_MAP_GRANULE = 2 << 20
 
@@ -40,7 +42,7 @@ class PoolShape:
 def target(config: DeploymentConfig, model: ModelFacts) -> Target:
     """(tokens, requests) the GPU pool must hold at once: the configured length, or (auto)
     room for one ordinary request."""
-    limit = model.max_position_embeddings
+    limit = model.max_len_limit
     tokens = (config.model.max_model_len if config.model.max_model_len != "auto"
               else min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS))  # fmt: skip
     return tokens, config.gpu.min_concurrent_requests
@@ -77,7 +79,7 @@ def fit_lengths(
     usable_blocks = max(0, shape.gpu_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
     # a full-attention model could give it (up to the model's limit).
-    model_limit = model.max_position_embeddings
+    model_limit = model.max_len_limit
     configured = config.model.max_model_len
     extended_tokens = (usable_blocks + shape.extension_blocks) * block
     cap = max(extended_tokens, model_limit or 0, configured if configured != "auto" else 0)
@@ -146,7 +148,7 @@ def _check_configured(
     extended: bool,
 ) -> Notes:
     """A configured max_model_len: refused (naming the field) where one request, or
-    gpu.min_concurrent_requests of them, do not fit; warned past the model's limit."""
+    gpu.min_concurrent_requests of them, do not fit."""
     max_len = int(config.model.max_model_len)
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp, requests = config.parallel.tensor_parallel_size, config.gpu.min_concurrent_requests
@@ -182,12 +184,36 @@ def _check_configured(
             f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
             f"to {reach}{offload_hint}",
         )
-    if model.max_position_embeddings and max_len > model.max_position_embeddings:
-        return Notes(warnings=(
-            f"max_model_len {max_len} exceeds the model's limit "
-            f"({model.max_position_embeddings}); vLLM will refuse it",
-        ))  # fmt: skip
     return Notes()
+
+
+def long_len_allowed(config: DeploymentConfig, env: dict[str, str]) -> bool:
+    """Whether vLLM takes a max_model_len past the model's limit: asked for in the config,
+    or already in the server's environment (vLLM's envs.py reads it so)."""
+    allowed = env.get(ALLOW_LONG_LEN_ENV, "0").strip().lower() in ("1", "true")
+    return config.model.allow_long_max_model_len or allowed
+
+
+def past_the_model_limit(config: DeploymentConfig, model: ModelFacts,
+                         env: dict[str, str]) -> Notes:  # fmt: skip
+    """A configured max_model_len past the model's limit: vLLM refuses to start with it
+    (config/model.py _get_and_verify_max_len) unless told it is on purpose."""
+    max_len, limit = config.model.max_model_len, model.max_len_limit
+    if max_len == "auto" or not limit or max_len <= limit:
+        return Notes()
+    if long_len_allowed(config, env):
+        return Notes(warnings=(
+            f"max_model_len {max_len} is past the model's limit of {limit:,} "
+            f"({model.max_len_key}), allowed on purpose: with RoPE, positions past it give "
+            "NaN; with absolute positions, out-of-bounds errors",
+        ))  # fmt: skip
+    raise PlanError(
+        "model.max_model_len",
+        f"{max_len} tokens are past the model's limit of {limit:,} ({model.max_len_key} in "
+        f"its config.json, as vLLM derives it), and vLLM refuses to start with that: set "
+        f"model.max_model_len <= {limit} or 'auto'; or, if the model was trained or scaled "
+        f"past it, model.allow_long_max_model_len = true (vLLM's {ALLOW_LONG_LEN_ENV})",
+    )
 
 
 def capacity_warnings(layout: KvLayout, tier: CpuTier, lengths: Lengths, shape: PoolShape,

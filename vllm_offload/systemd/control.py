@@ -44,6 +44,7 @@ class ServiceStatus:
     sub_state: str
     main_pid: int | None
     result: str = ""  # systemd's Result (success, exit-code, start-limit-hit, ...); "" if none
+    load_state: str = ""  # loaded, not-found (no such unit installed), ...; "" if not said
 
     @property
     def running(self) -> bool:
@@ -90,6 +91,11 @@ class Systemd:
                 "no systemctl found; install systemd or docker-systemctl-replacement"
             )
         return cls((ctl,), (journal,), root)
+
+    @property
+    def replacement(self) -> bool:
+        """Whether docker-systemctl-replacement stands in for systemd (no systemd runs)."""
+        return self.systemctl[-1].endswith("systemctl3")
 
     def _root_args(self) -> list[str]:
         return [f"--root={self.root}"] if self.root is not None else []
@@ -138,8 +144,11 @@ class Systemd:
         unit = validate_unit(unit)
         done = self._run([*self.systemctl, *self._root_args(), "show", f"{unit}.service",
                           "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
-                          "-p", "Result"])  # fmt: skip
+                          "-p", "Result", "-p", "LoadState"])  # fmt: skip
         props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+        if done.returncode != 0 and not props:
+            raise ServiceError(f"{self.systemctl[-1]} show {unit}.service failed "
+                               f"({done.returncode}): {done.stderr.strip()[-500:]}")  # fmt: skip
         pid = int(props.get("MainPID") or 0)
         return ServiceStatus(
             unit=unit,
@@ -147,6 +156,7 @@ class Systemd:
             sub_state=props.get("SubState", "unknown"),
             main_pid=pid or None,
             result=props.get("Result", ""),
+            load_state=props.get("LoadState", ""),
         )
 
     def logs(self, unit: str, lines: int = 200) -> list[str]:
