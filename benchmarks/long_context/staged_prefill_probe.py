@@ -26,7 +26,10 @@ one contiguous K/V range as if it were all on the GPU.
    chunk's output bit-identical to the all-GPU arm's, and a control (one spilled token of
    the prompt changed) that must change it.
 
-Needs torch and cuda-bindings (both on the GPU host). Writes $OUT/staged_prefill_probe.json.
+Needs torch and cuda-bindings (both on the GPU host). Writes
+$OUT/staged_prefill_probe_<context>.json. PROBE_CONTEXT (65536), PROBE_CHUNKS
+(8192,16384,2048), PROBE_REPEATS, PROBE_ONE_LAYER=0 (skip section 1) and PROBE_BUDGET_S
+(no new chunk size after it) change the run.
 
     python3 benchmarks/long_context/staged_prefill_probe.py
 """
@@ -46,12 +49,14 @@ from cuda.bindings import driver as cu
 Q_HEADS, KV_HEADS, DIM, HIDDEN, MLP = 32, 8, 128, 4096, 14336
 LAYERS = 32
 DTYPE = torch.bfloat16
-CONTEXT = 65536
+CONTEXT = int(os.environ.get("PROBE_CONTEXT", "65536"))
 GPU_TOKENS = 16384  # 2 GiB of KV for 32 layers: the GPU pool's part of the request
 SPILLED = CONTEXT - GPU_TOKENS
 TOKEN_BYTES = KV_HEADS * DIM * 2  # K or V, one token, one layer
-CHUNKS = (8192, 16384, 2048)
-REPEATS = {8192: 3, 16384: 2, 2048: 2}
+CHUNKS = tuple(int(c) for c in os.environ.get("PROBE_CHUNKS", "8192,16384,2048").split(","))
+REPEATS = {8192: 3, 16384: 2, 2048: 2} | {  # PROBE_REPEATS: the same count for every size
+    c: int(os.environ["PROBE_REPEATS"]) for c in CHUNKS if "PROBE_REPEATS" in os.environ
+}
 TIME_BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "300"))
 STARTED = time.perf_counter()
 
@@ -375,7 +380,7 @@ def main() -> None:
     target = os.environ.get("OUT", ".")
 
     def save() -> None:
-        with open(f"{target}/staged_prefill_probe.json", "w") as f:
+        with open(f"{target}/staged_prefill_probe_{CONTEXT}.json", "w") as f:
             json.dump(out, f, indent=1)
 
     out["attend_max_abs_diff_vs_float32"] = attend_check()  # bf16: ~1e-2 at most
@@ -383,6 +388,8 @@ def main() -> None:
     out["copy"] = copy_rate(SPILLED * TOKEN_BYTES)
     print("copy", out["copy"], flush=True)
     try:
+        if os.environ.get("PROBE_ONE_LAYER", "1") == "0":
+            raise RuntimeError("skipped (PROBE_ONE_LAYER=0)")
         out["one_layer"] = one_layer(8192)
     except Exception as exc:  # say what failed, go on to the stack
         out["one_layer"] = {"error": repr(exc)[:400]}
@@ -434,8 +441,8 @@ def main() -> None:
     if time.perf_counter() - STARTED < TIME_BUDGET_S + 60:  # the control: one spilled token
         changed = prompt.clone()
         changed[CONTEXT * 3 // 4] += 1.0
-        _, base = prefill(arms[0], weights, prompt, 16384)
-        _, moved = prefill(arms[0], weights, changed, 16384)
+        _, base = prefill(arms[0], weights, prompt, CHUNKS[0])
+        _, moved = prefill(arms[0], weights, changed, CHUNKS[0])
         out["control_changed_last_output"] = not torch.equal(base[-1], moved[-1])
     out["elapsed_s"] = time.perf_counter() - STARTED
     save()
