@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -197,3 +198,44 @@ def test_scratch_for_the_8b_shape_at_65536_tokens_on_a_2_gib_pool() -> None:
     assert staged_prefill.scratch_blocks(spill_tokens=49153, block_size=16,
                                          page_bytes=page)[0] == 3072 + 32  # fmt: skip
     assert staged_prefill.scratch_blocks(spill_tokens=0, block_size=16, page_bytes=page) == (0, 0)
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
+def test_the_scratch_ranges_are_the_scratch_blocks_of_each_layer_in_turn(
+    demo_dir: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """The pool patch 0006 sizes for the demo model (2 layers, 16 KiB pages: 128 blocks a
+    granule), 128 scratch IDs before its host blocks: marked through vLLM's own views of
+    the pool (the tensors the kernels get), layer i's scratch pages must be exactly the
+    range the worker maps onto buffer i % 2. A block-outermost layout is refused."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_cache_interface import create_kv_cache_views
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from tests.vllm_patches.test_host_extension import GPU_BYTES, HOST_BYTES, config
+    from tests.vllm_patches.test_kv_offload_capacity import kv_configs
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+    (kv_config,) = kv_configs(config(demo_dir, 4096, HOST_BYTES, layout), GPU_BYTES)
+    scratch = staged_prefill.scratch_ids(num_blocks=kv_config.num_blocks,
+                                         num_host_blocks=kv_config.num_host_blocks,
+                                         scratch_blocks=128)  # fmt: skip
+    assert scratch == range(128, 256)  # 256 GPU blocks, then 256 host blocks
+    if layout == "BLHNC":
+        with pytest.raises(ValueError, match="layer-outermost KV cache layout"):
+            staged_prefill.scratch_ranges(kv_config, scratch)
+        return
+    (tensor,) = kv_config.kv_cache_tensors
+    spec = kv_config.kv_cache_groups[0].kv_cache_spec
+    buf = torch.zeros(tensor.size, dtype=torch.int8)
+    views = create_kv_cache_views(buf, spec, kv_config.num_blocks, KVCacheLayout[layout], tensor)
+    for index, view in enumerate(views):
+        view[scratch.start : scratch.stop].view(torch.int8).fill_(index % 2 + 1)
+    expected = torch.zeros_like(buf)
+    ranges = staged_prefill.scratch_ranges(kv_config, scratch)
+    for start, end, buffer in ranges:
+        expected[start:end] = buffer + 1
+    assert [b for *_, b in ranges] == [0, 1]
+    assert torch.equal(buf, expected)

@@ -13,7 +13,8 @@ reuse), and layer l+1's copy overlaps layer l's work.
 
 Pure functions of block IDs and token counts, no vLLM or torch: the metadata builder
 calls ``stage_chunk`` per prefilling request and step, the scheduler side
-``chunk_tokens_that_fit``, the engine core and the planner ``scratch_blocks``.
+``chunk_tokens_that_fit``, the engine core and the planner ``scratch_blocks`` and
+``scratch_ids``, the worker's mapping ``scratch_ranges``.
 docs/design/long-context.md ("Staged prefill") has the schedule and the measurements.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Two buffers let layer l+1's copy run during all of layer l (one waits for layer l's
 # attention to end): at 2,048-token chunks one buffer cost 7.5 % of TTFT, two 0.9 %
@@ -196,3 +198,41 @@ def scratch_blocks(
     blocks = -(-spill_tokens // block_size)
     blocks = -(-blocks // step) * step
     return blocks, blocks * page_bytes * buffers
+
+
+def scratch_ids(*, num_blocks: int, num_host_blocks: int, scratch_blocks: int) -> range:
+    """The scratch block IDs: the last ``scratch_blocks`` of the GPU part, right before
+    the host blocks (the block pool must never hand them out)."""
+    first_host = num_blocks - num_host_blocks
+    if not 0 < scratch_blocks < first_host:
+        raise ValueError(f"{scratch_blocks} scratch blocks do not fit the {first_host} GPU "
+                         "blocks of the pool (the null block needs one)")  # fmt: skip
+    return range(first_host - scratch_blocks, first_host)
+
+
+def scratch_ranges(
+    kv_cache_config: Any, scratch: range, buffers: int = SCRATCH_BUFFERS
+) -> list[tuple[int, int, int]]:
+    """(start, end, buffer) byte ranges of the pool's backing allocation that hold the
+    scratch blocks, one per layer, layer i (counted over all of the config's tensors) on
+    physical buffer i % ``buffers``: the worker maps each range onto that buffer's
+    allocation, so all layers share ``buffers`` buffers of one layer's scratch. Only
+    layouts with each layer's blocks together (layer outermost) can alias per layer."""
+    ranges: list[tuple[int, int, int]] = []
+    for tensor in kv_cache_config.kv_cache_tensors:
+        if tensor.block_stride > tensor.layer_stride:
+            raise ValueError("staged prefill needs a layer-outermost KV cache layout (a "
+                             "block-outermost one interleaves the layers of each block); "
+                             "unset VLLM_KV_CACHE_LAYOUT or choose LBHNC")  # fmt: skip
+        for layer in range(len(tensor.layers)):
+            start = (
+                tensor.offset + layer * tensor.layer_stride + scratch.start * tensor.block_stride
+            )
+            ranges.append(
+                (start, start + len(scratch) * tensor.block_stride, len(ranges) % buffers)
+            )
+    for start, end, _ in ranges:
+        if start % MAP_GRANULE or end % MAP_GRANULE:
+            raise ValueError(f"a scratch range [{start}, {end}) is off the {MAP_GRANULE}-byte "
+                             "mapping granule")  # fmt: skip
+    return ranges
