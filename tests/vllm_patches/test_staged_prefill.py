@@ -239,3 +239,59 @@ def test_the_scratch_ranges_are_the_scratch_blocks_of_each_layer_in_turn(
         expected[start:end] = buffer + 1
     assert [b for *_, b in ranges] == [0, 1]
     assert torch.equal(buf, expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(cases(), min_size=1, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_the_device_rewrite_is_stage_chunks_one_pass_row_by_row(
+    batch: list[Case], staged_rows: list[bool]
+) -> None:
+    """Several requests in one step, some prefilling (staged), some not: the tensor
+    version's rows and pairs are what stage_chunk gives each staged row with the scratch
+    blocks that follow the previous rows' (rows of one table share one first host block;
+    each case's is made the same by offsetting its IDs)."""
+    import torch
+
+    from vllm_offload.vllm_ext.staged_device import rewrite_rows
+
+    bs, first_host, scratch = 4, 1000, range(100, 200)
+    rows, expected_rows, expected_pairs, at = [], [], [], scratch.start
+    for case, staged in zip(batch, staged_rows, strict=False):
+        shift = first_host - case.first_host_block  # host IDs >= 1000, GPU IDs below
+        table = [b + shift if b >= case.first_host_block else b for b in case.table]
+        end = case.start + case.new_tokens
+        end = min(end, len(table) * bs)
+        used = -(-end // bs)
+        rows.append((table, used))
+        host = sum(b >= first_host for b in table[:used])
+        if not staged or not host:
+            expected_rows.append(table)
+            continue
+        start = min(case.start, end - 1)
+        (one,) = stage_chunk(block_table=table, start=start, new_tokens=end - start,
+                             block_size=bs, first_host_block=first_host,
+                             scratch=range(at, at + host))  # fmt: skip
+        expected_rows.append([*one.block_table, *table[used:]])
+        expected_pairs += sorted({*one.copies, *one.mirrors}, key=lambda p: p[1])
+        at += host
+    width = max(len(t) for t, _ in rows)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.int32)
+    got, src, dst, needed = rewrite_rows(
+        padded, torch.tensor([u for _, u in rows]),
+        torch.tensor(staged_rows[: len(rows)]), first_host, scratch)  # fmt: skip
+    assert int(needed) == at - scratch.start
+    assert [r[: len(e)] for r, e in zip(got.tolist(), expected_rows, strict=True)] == expected_rows
+    assert list(zip(src.tolist(), dst.tolist(), strict=True)) == expected_pairs
+
+
+def test_the_device_rewrite_says_when_the_scratch_is_short() -> None:
+    import torch
+
+    from vllm_offload.vllm_ext.staged_device import rewrite_rows
+
+    table = torch.tensor([[1, 2, 50, 51, 52]], dtype=torch.int32)
+    got, src, dst, needed = rewrite_rows(table, torch.tensor([5]), torch.tensor([True]), 50,
+                                         range(10, 12))  # fmt: skip
+    assert int(needed) == 3  # more than the 2 scratch blocks: the caller splits passes
+    assert (src.tolist(), dst.tolist()) == ([50, 51], [10, 11])
+    assert got.tolist() == [[1, 2, 10, 11, 52]]  # not valid as a table: too few slots
