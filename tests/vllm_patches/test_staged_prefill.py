@@ -295,3 +295,68 @@ def test_the_device_rewrite_says_when_the_scratch_is_short() -> None:
     assert int(needed) == 3  # more than the 2 scratch blocks: the caller splits passes
     assert (src.tolist(), dst.tolist()) == ([50, 51], [10, 11])
     assert got.tolist() == [[1, 2, 10, 11, 52]]  # not valid as a table: too few slots
+
+
+def test_a_long_request_through_vllms_scheduler_stages_every_chunk_in_one_pass(
+    demo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own Scheduler, chunked prefill of 1,024 tokens, on a pool patch 0006 sizes
+    (512 GPU blocks, then 256 host blocks) of which the scratch for the request's spill
+    (``scratch_blocks``: 256 IDs, two granules) is held back, as the engine core will:
+    every chunk's row stages in one pass (the bit-identical path), decode rows are never
+    touched, and the blocks copied add up to the floor formula's sum over the chunks of
+    their past host context."""
+    from vllm import SamplingParams
+    from vllm.platforms import current_platform
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from tests.vllm_patches.test_host_extension import HOST_BYTES, config
+    from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+    bs, prompt_tokens, chunk = 16, 8000, 1024
+    vllm_config = config(demo_dir, 8176, HOST_BYTES)
+    vllm_config.scheduler_config.max_num_batched_tokens = chunk
+    (kv_config,) = kv_configs(vllm_config, 512 * BYTES_PER_BLOCK)
+    first_host = kv_config.num_blocks - kv_config.num_host_blocks
+    assert (first_host, kv_config.num_host_blocks) == (512, 256)
+    vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    scheduler = Scheduler(vllm_config, kv_config, StructuredOutputManager(vllm_config),
+                          block_size=bs)  # fmt: skip
+    pool = scheduler.kv_cache_manager.block_pool
+    gpu_left = first_host - 1  # the null block
+    spill = prompt_tokens - (gpu_left - 256) * bs  # 3,920 tokens past the GPU part
+    count, _ = staged_prefill.scratch_blocks(spill_tokens=spill, block_size=bs,
+                                             page_bytes=BYTES_PER_BLOCK // 2)  # fmt: skip
+    scratch = [b.block_id for b in pool.get_new_blocks(count)]  # held back
+    assert count == 256
+    kv_cache_utils.init_none_hash(sha256)
+    request = Request("r", list(range(1, prompt_tokens + 1)),
+                      SamplingParams(max_tokens=2, ignore_eos=True), None,
+                      block_hasher=kv_cache_utils.get_request_block_hasher(bs, sha256))  # fmt: skip
+    scheduler.add_request(request)
+    gpu_tokens = (gpu_left - count) * bs
+    copied, expected, steps = 0, 0, 0
+    while request.num_computed_tokens < prompt_tokens:
+        start = request.num_computed_tokens
+        output = scheduler.schedule()
+        new = output.num_scheduled_tokens["r"]
+        (table,) = scheduler.kv_cache_manager.get_block_ids("r")
+        passes = stage_chunk(block_table=table, start=start, new_tokens=new, block_size=bs,
+                             first_host_block=first_host, scratch=scratch)  # fmt: skip
+        assert len(passes) == 1
+        copied += len(passes[0].copies)
+        expected += -(-max(0, start - gpu_tokens) // bs)
+        steps += 1
+        done = start + new >= prompt_tokens
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=["r"], req_id_to_index={"r": 0},
+            sampled_token_ids=[[7] if done else []]))  # fmt: skip
+    assert steps == -(-prompt_tokens // chunk)
+    assert copied == expected > 0
