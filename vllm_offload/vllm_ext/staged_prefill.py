@@ -78,8 +78,8 @@ def stage_chunk(
     an all-GPU pool) when the scratch holds every host block of the context; else the
     host blocks of the past context are split over passes of at most ``len(scratch)``
     blocks each, whose outputs the caller merges by their log-sum-exp (exact in
-    arithmetic, not bit-identical). No pass at all is needed without host blocks: the
-    row is returned unchanged. ValueError when the chunk's own host blocks alone exceed
+    arithmetic, not bit-identical). Without host blocks: one pass over the row unchanged,
+    nothing to copy. ValueError when the chunk's own host blocks alone exceed
     the scratch (``chunk_tokens_that_fit`` says how many tokens would fit)."""
     if new_tokens <= 0 or start < 0 or block_size <= 0:
         raise ValueError(f"a chunk needs new tokens after >= 0 computed ones: {start=}, "
