@@ -13,6 +13,8 @@ from vllm_offload.hardware import GIB
 from vllm_offload.plan import PlanError, kv_bytes_per_token, make_plan, render
 from vllm_offload.plan.gpu import prefetch_layout
 
+MIB = 1 << 20
+
 
 def config_for(model_dir: Path, **overrides: Any) -> DeploymentConfig:
     return with_overrides(DeploymentConfig(), {"model.path": str(model_dir), **overrides})
@@ -138,10 +140,14 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     plan = make_plan(config_for(model, **extended, **{"model.max_model_len": 65536}), facts,
                      make_host(24), "cuda")  # fmt: skip
     assert (plan.extension.bytes, plan.extension.tokens) == (8 * GIB, 65536)
-    assert plan.length.longest_request_tokens == 16368 + 65536
-    # 64k tokens = 8 GiB of KV, 2 GiB of it on the GPU: 6 GiB read every decode step
+    # the staging scratch (two buffers of one layer's spill, 64 KiB a block and layer)
+    # comes out of the 2 GiB: 800 GPU blocks (whole 32-block granules) are left
+    scratch = plan.extension.staging_scratch_bytes
+    assert plan.gpu.kv_pool_bytes == 2 * GIB - scratch and plan.gpu.kv_pool_blocks == 800
+    assert plan.length.longest_request_tokens == 799 * 16 + 65536
+    # 64k tokens = 8 GiB of KV, 800 blocks of it on the GPU: the rest read every decode step
     assert plan.extension.spilled_decode_steps_per_s_ceiling == round(
-        plan.costs.h2d_bytes_per_s / (6 * GIB), 2
+        plan.costs.h2d_bytes_per_s / (8 * GIB - 800 * 2 * MIB), 2
     )
     assert any(
         "host extension: 8.00 GiB per GPU = 65,536 tokens" in d for d in plan.notes.decisions
@@ -149,11 +155,55 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)
     assert "(GPU pool + host extension)" in render(plan)
     auto = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
-    assert auto.length.max_model_len == 16368 + 65536
+    assert auto.length.max_model_len == (768 - 1) * 16 + 65536  # 512 MiB for the scratch
     # the RAM it takes is the CPU tier's no more
     assert auto.host_ram.tier_room_ram_bytes == plan.host_ram.tier_room_ram_bytes
     plain = make_plan(config_for(model, **capped), facts, make_host(24), "cuda")
     assert plain.host_ram.tier_room_ram_bytes - auto.host_ram.tier_room_ram_bytes == 8 * GIB
+
+
+def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
+    tmp_path: Path, demo_dir: Path
+) -> None:
+    """Issue #41: with a host extension, the GPU scratch of staged prefill (two buffers of
+    the spilled part of one layer of a max_model_len request) comes out of the GPU pool,
+    the plan shows it, and the request still fits in one staged pass; none without an
+    extension, none when max_model_len fits the GPU part; at most a quarter of the pool."""
+    model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
+    facts = model_facts.read(model)
+    pool = {"gpu.kv_cache_memory_bytes": 2 * GIB, "kv_offload.block_size": 16}
+    extended = {**pool, "kv_offload.host_extension_gib": 8.0, "model.max_model_len": 65536}
+    plan = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
+    page = 16 * 4096  # one 16-token block of one layer: K and V, 8 heads x 128, bf16
+    ext = plan.extension
+    assert ext.staging_scratch_bytes == 2 * ext.staging_scratch_tokens // 16 * page
+    assert plan.gpu.kv_pool_bytes == 2 * GIB - ext.staging_scratch_bytes
+    gpu_tokens = (plan.gpu.kv_pool_blocks - 1) * 16  # the null block
+    assert 0 <= ext.staging_scratch_tokens - (65536 - gpu_tokens) < 32 * 16  # one granule
+    assert "staging_scratch_bytes" in plan.to_json()
+    assert (f"  staging scratch     {ext.staging_scratch_bytes / GIB:.2f} GiB of GPU memory, "
+            "taken from the pool") in render(plan)  # fmt: skip
+    assert any("staging scratch:" in d for d in plan.notes.decisions)
+    plain = make_plan(config_for(model, **pool), facts, make_host(24), "cuda")
+    short = make_plan(config_for(model, **{**extended, "model.max_model_len": 12000}), facts,
+                      make_host(24), "cuda")  # fmt: skip
+    for none in (plain, short):
+        assert none.extension.staging_scratch_bytes == 0 and none.gpu.kv_pool_bytes == 2 * GIB
+        assert "staging scratch" not in render(none)
+    # a pool that cannot give a whole spill's scratch gives a quarter of itself: 64 MiB =
+    # 512 blocks of 16 tokens in each of two buffers, and the chunks split their passes
+    small = {**extended, "gpu.kv_cache_memory_bytes": 256 * MIB}
+    capped = make_plan(config_for(model, **small), facts, make_host(24), "cuda")
+    assert (capped.extension.staging_scratch_bytes, capped.extension.staging_scratch_tokens) == (
+        64 * MIB, 8192)  # fmt: skip
+    assert any("stages in several passes" in d for d in capped.notes.decisions)
+    # two layers (the demo model): a quarter of an 8 MiB pool holds no granule's pair
+    demo = make_plan(config_for(demo_dir, **{"gpu.kv_cache_memory_bytes": 8 * MIB,
+                                             "kv_offload.block_size": 16,
+                                             "kv_offload.host_extension_gib": 8 / 1024}),
+                     model_facts.read(demo_dir), make_host(24), "cuda")  # fmt: skip
+    assert demo.extension.staging_scratch_bytes == 0 and demo.gpu.kv_pool_bytes == 8 * MIB
+    assert any("reads its host blocks in place" in d for d in demo.notes.decisions)
 
 
 def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> None:
@@ -222,7 +272,7 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
         "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
         "min_concurrent_requests", "h2d_bytes_per_s", "h2d_source", "decode_steps_per_s_ceiling",
         "decisions", "host_extension_bytes", "host_extension_tokens",
-        "spilled_decode_steps_per_s_ceiling",
+        "spilled_decode_steps_per_s_ceiling", "staging_scratch_bytes", "staging_scratch_tokens",
         "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
         "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "server_ram_bytes",
         "cpu_tier_room_ram_bytes", "cpu_tier_room_shm_bytes", "tensor_parallel_size",

@@ -9,11 +9,14 @@ One module a topic, each step returning its part and its notes: ``layout`` (the 
 backend, blocks, chunks, KV dtype), ``gpu`` (the GPU budget and the weights), ``lengths``
 (the pool in blocks, max_model_len, concurrency), ``host`` (RAM, the host extension, the
 CPU tier), ``disk`` (the disk tier), ``checks`` (combinations vLLM refuses or runs badly),
-``costs`` (what offload costs in decode speed); ``records`` says what a plan is and
+``costs`` (what offload costs in decode speed), ``staging`` (the GPU scratch a spilled
+request's prefill stages its host blocks in); ``records`` says what a plan is and
 ``render`` prints it. A new tier is a module here with a step called from ``make_plan``.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import DiskFacts, HostFacts
@@ -42,6 +45,7 @@ from vllm_offload.plan.records import (
     plan_json,
 )
 from vllm_offload.plan.render import render
+from vllm_offload.plan.staging import staging_scratch
 
 __all__ = [
     "Plan",
@@ -78,6 +82,11 @@ def make_plan(
     notes += step
     extension, step = extension_bytes(config, planned, platform)
     notes += step
+    # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
+    staged = extension if platform == "cuda" else 0
+    scratch, step = staging_scratch(config, planned, layout, memory.kv_pool_bytes, staged)
+    notes += step
+    memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
     shape, length, step = fit_lengths(config, planned, layout, memory.kv_pool_bytes, extension,
                                       platform)  # fmt: skip
     notes += step
@@ -119,7 +128,11 @@ def make_plan(
         ),
         length=length,
         extension=HostExtension(
-            extension, shape.extension_blocks * layout.block_tokens, spilled_ceiling
+            extension,
+            shape.extension_blocks * layout.block_tokens,
+            spilled_ceiling,
+            scratch.bytes,
+            scratch.tokens,
         ),
         cpu_tier=tier,
         host_ram=ram,

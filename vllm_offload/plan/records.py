@@ -116,6 +116,10 @@ class HostExtension:
     spilled_decode_steps_per_s_ceiling: float | None = field(
         metadata=_key("spilled_decode_steps_per_s_ceiling")
     )
+    # GPU memory the staged prefill of spilled requests takes from the pool (issue #41),
+    # and the spilled tokens of context it stages at once; 0 without an extension.
+    staging_scratch_bytes: int = field(metadata=_key("staging_scratch_bytes"))
+    staging_scratch_tokens: int = field(metadata=_key("staging_scratch_tokens"))
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def render(plan: Plan) -> str:
             if ext.bytes
             else "none (kv_offload.host_extension_gib = 0)",
         ),
+        *_staging_rows(plan),
         ("CPU KV tier", f"{kv.backend} ({kv.backend_reason})"),
         (
             "  size",
@@ -84,3 +85,16 @@ def render(plan: Plan) -> str:
     lines += [f"warning: {w}" for w in plan.notes.warnings]
     lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.notes.problems]
     return "\n".join(lines)
+
+
+def _staging_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The staged prefill's scratch, under the host extension it serves (issue #41)."""
+    ext = plan.extension
+    if not ext.staging_scratch_bytes:
+        return []
+    return [(
+        "  staging scratch",
+        f"{gib(ext.staging_scratch_bytes)} of GPU memory, taken from the pool, for the "
+        f"prefill of requests that spill ({ext.staging_scratch_tokens:,} tokens of one layer "
+        "at a time)",
+    )]  # fmt: skip
