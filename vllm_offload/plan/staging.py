@@ -45,7 +45,7 @@ def staging_scratch(
     block = layout.block_tokens
     page = per_block // len(model.layers)
     configured = config.model.max_model_len
-    longest = int(configured) if configured != "auto" else model.max_position_embeddings
+    longest = int(configured) if configured != "auto" else model.max_len_limit
     cap = int(pool_bytes * SCRATCH_MAX_POOL_SHARE)
     # The most one request spills: every host block, or what the longest request leaves
     # past the GPU part, which the scratch itself shrinks (a few rounds settle it).
