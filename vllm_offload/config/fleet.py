@@ -75,9 +75,10 @@ class ResidencySection(_Section):
         5.0,
         ge=0.0,
         le=3600.0,
-        description="Seconds a model in use stays on the GPU before another may take its "
-        "place: requests for a model that is away wait, then run together. Against "
-        "switching back and forth for every request; an idle model goes at once.",
+        description="A model's turn on the GPU, in seconds: once used, it stays this long "
+        "(between its users' requests too) before another model's waiting requests may take "
+        "its place, and those then run together: at most one switch per turn. A model "
+        "nothing was asked of since it came in goes at once.",
     )
     keep_alive_s: float | Literal["forever"] = Field(
         "forever",
