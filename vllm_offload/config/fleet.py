@@ -51,12 +51,13 @@ class ResidencySection(_Section):
         description="Served name of the model on the GPU at start (several models). Empty: "
         "the first [[models]] entry.",
     )
-    max_resident: int = Field(
-        1,
-        ge=1,
-        le=8,
-        description="Models on the GPU at once. Above 1, each model's gpu.memory_utilization "
-        "is its share, and the shares of any max_resident of them must fit together.",
+    max_resident: int | Literal["auto"] = Field(
+        "auto",
+        description="Models on the GPU at once. 'auto': as many as fit together with KV "
+        "pools that hold their max_model_len (the planner decides, sets each model's "
+        "gpu.memory_utilization to its share and says so in `plan`; 1 without an NVIDIA "
+        "GPU). A number above 1: each model's gpu.memory_utilization is its share, and the "
+        "shares of any max_resident of them must fit together.",
     )
     idle: Literal["auto", "sleep", "stop"] = Field(
         "auto",
@@ -113,6 +114,13 @@ class ResidencySection(_Section):
         "Empty: $RUNTIME_DIRECTORY (the unit's /run/<unit>-offload), else "
         "$XDG_RUNTIME_DIR/vllm-offload, else ~/.cache/vllm-offload/run.",
     )
+
+    @field_validator("max_resident")
+    @classmethod
+    def _resident_count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 8:
+            raise ValueError("must be 1 to 8, or 'auto'")
+        return value
 
     @field_validator("keep_alive_s")
     @classmethod

@@ -39,10 +39,11 @@ def say(text: str) -> None:
     print(f"vllm-offload: {text}", file=sys.stderr, flush=True)
 
 
-def settings(config: DeploymentConfig) -> ResidencySettings:
+def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
+    """The switcher's settings: ``max_resident`` as the plan resolved it."""
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
-    return ResidencySettings(residency.max_resident, residency.min_resident_s, keep,
+    return ResidencySettings(max_resident, residency.min_resident_s, keep,
                              residency.queue_limit, residency.drain_timeout_s)  # fmt: skip
 
 
@@ -104,7 +105,8 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
         say(f"{event.text}{took}")
 
-    residency = Residency(engines, settings(config), on_event=record)
+    resident = prepared.fleet.max_resident
+    residency = Residency(engines, settings(config, resident), on_event=record)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
     front = FrontDoor(engines, residency, lengths, prepared.api_key)
     control_socket = prepared.runtime_dir / CONTROL_SOCKET

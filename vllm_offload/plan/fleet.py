@@ -23,6 +23,7 @@ from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
+from vllm_offload.plan.together import resident_models
 
 Idle = Literal["sleep", "stop"]
 # GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
@@ -52,6 +53,7 @@ class ModelPlan:
 class FleetPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
+    max_resident: int  # models on the GPU at once ('auto' resolved)
     notes: Notes
 
 
@@ -109,13 +111,14 @@ def plan_fleet(
     setting makes fit, lists in the notes' problems what forbids a start."""
     idle, notes = idle_mode(config, platform)
     level = config.residency.sleep_level
-    resident = min(config.residency.max_resident, len(engines))
+    resident, shares, step = _resident(config, engines, facts, host, platform, env, disks)
+    notes += step
     sleepers = len(engines) - resident if idle == "sleep" else 0
-    shares: dict[str, DeploymentConfig] = {}
-    for name, engine in engines.items():
-        shares[name], step = _gpu_share(name, engine, host, sleepers)
-        notes += step
-    notes += _resident_shares_fit(config, shares, host, sleepers)
+    if not shares:  # as configured: each model's share less what the sleepers keep
+        for name, engine in engines.items():
+            shares[name], step = _gpu_share(name, engine, host, sleepers)
+            notes += step
+    notes += _resident_shares_fit(resident, shares, host, sleepers)
     alone = {name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
              for i, name in enumerate(engines)}  # fmt: skip
     # Engines alive at once: every one when they sleep; else max_resident of them (counted
@@ -137,7 +140,32 @@ def plan_fleet(
         away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
         planned[name] = ModelPlan(name, engine, facts[name], plan, idle, away)
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(planned, default, notes)
+    return FleetPlan(planned, default, resident, notes)
+
+
+def _resident(
+    config: DeploymentConfig,
+    engines: Mapping[str, DeploymentConfig],
+    facts: Mapping[str, ModelFacts],
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    disks: Mapping[str, DiskFacts | None],
+) -> tuple[int, dict[str, DeploymentConfig], Notes]:
+    """max_resident as configured (no shares set here), or 'auto' (plan.together): the
+    count, and each model's config with its share when several stay together."""
+    asked = config.residency.max_resident
+    if asked != "auto":
+        return min(asked, len(engines)), {}, Notes()
+    alone = {name: _plan(i, name, engine, facts[name], host, platform, env, disks[name])
+             for i, (name, engine) in enumerate(engines.items())}  # fmt: skip
+    count, shares, notes = resident_models(config, engines, facts, alone, host, platform,
+                                           ASLEEP_GPU_BYTES)  # fmt: skip
+    configs = {}
+    for name, share in shares.items():
+        gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})
+        configs[name] = engines[name].model_copy(update={"gpu": gpu})
+    return count, configs, notes
 
 
 def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, host: HostFacts,
@@ -148,10 +176,9 @@ def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, ho
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
 
-def _resident_shares_fit(config: DeploymentConfig, shares: Mapping[str, DeploymentConfig],
+def _resident_shares_fit(resident: int, shares: Mapping[str, DeploymentConfig],
                          host: HostFacts, sleepers: int) -> Notes:  # fmt: skip
     """Above one resident model, the largest shares of the GPU must fit it together."""
-    resident = config.residency.max_resident
     if resident == 1 or len(shares) == 1 or not host.gpus:
         return Notes()
     total = min(g.total_bytes for g in host.gpus)
@@ -268,6 +295,6 @@ def render_fleet(fleet: FleetPlan) -> str:
 def fleet_json(fleet: FleetPlan) -> dict[str, object]:
     models = {name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
               for name, m in fleet.models.items()}  # fmt: skip
-    return {"models": models, "default": fleet.default,
+    return {"models": models, "default": fleet.default, "max_resident": fleet.max_resident,
             "decisions": list(fleet.notes.decisions), "warnings": list(fleet.notes.warnings),
             "problems": list(fleet.notes.problems)}  # fmt: skip
