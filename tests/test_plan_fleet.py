@@ -17,7 +17,7 @@ from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
 from vllm_offload.plan.fleet import (
     ASLEEP_GPU_BYTES,
-    SLEEP_BACKUP_FACTOR,
+    SLEEP_POOLS_BYTES,
     FleetPlan,
     plan_fleet,
 )
@@ -55,7 +55,7 @@ def test_two_models_asleep_beside_each_other(tmp_path: Path) -> None:
         assert model.plan.gpu.budget_bytes == int(80 * GIB * round(share, 4))
     # host RAM: each engine's own processes and its slept weights, then equal tiers
     plan = fleet.models["chat"].plan
-    holds = server_ram_bytes(1) + int(plan.weights.gpu_bytes * SLEEP_BACKUP_FACTOR)
+    holds = server_ram_bytes(1) + plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
     host = big_host()
     ram = host.ram_available_bytes - ram_reserve(host) - 2 * holds
     shm = host.shm_free_bytes - 2 * SERVER_SHM_BYTES
@@ -79,8 +79,8 @@ def test_on_a_cpu_host_models_stop_and_each_is_planned_alone(tmp_path: Path) -> 
 
 
 def test_a_set_the_host_cannot_hold_is_refused_with_the_numbers(tmp_path: Path) -> None:
-    small = declared(make_host(None), gpu_mem_gib=80, ram_gib=48)
-    fleet = fleet_of(two_models(tmp_path), small)
+    small = declared(make_host(None), gpu_mem_gib=80, ram_gib=40)
+    fleet = fleet_of(two_models(tmp_path, max_resident=1), small)
     (problem,) = fleet.notes.problems
     assert problem["field"] == "models"
     assert (
@@ -93,13 +93,13 @@ def test_a_set_the_host_cannot_hold_is_refused_with_the_numbers(tmp_path: Path) 
 
 
 def test_sleeping_refuses_the_host_extension_and_shared_disk_tiers(tmp_path: Path) -> None:
-    data = two_models(tmp_path)
+    data = two_models(tmp_path, max_resident=1)
     data["models"][1]["kv_offload"] = {"host_extension_gib": 4}
     fleet = fleet_of(data, big_host())
     assert [p["field"] for p in fleet.notes.problems] == ["models[1].kv_offload.host_extension_gib"]
     disk = tmp_path / "nvme"
     disk.mkdir()
-    shared = two_models(tmp_path)
+    shared = two_models(tmp_path, max_resident=1)
     shared["kv_offload"] = {"disk_path": str(disk)}
     fleet = fleet_of(shared, big_host())
     assert "kv_offload.disk_path" in [p["field"] for p in fleet.notes.problems]
@@ -162,6 +162,11 @@ def test_auto_keeps_two_models_that_fit_together_on_the_gpu(tmp_path: Path) -> N
         assert model.plan.gpu.budget_bytes >= need  # its share holds what it needs
         assert model.plan.length.max_model_len == 8192 <= model.plan.length.longest_request_tokens
         assert model.plan.weights.offloaded_bytes == 0
+    # nobody sleeps: no engine keeps a host copy of its weights (one put away by hand stops)
+    assert {m.idle for m in fleet.models.values()} == {"stop"}
+    assert all(m.away_ram_bytes == 0 for m in fleet.models.values())
+    assert any(d.startswith("residency.idle auto -> stop: every model stays on the GPU")
+               for d in fleet.notes.decisions)  # fmt: skip
 
 
 def test_auto_takes_as_many_as_fit_and_the_rest_sleep(tmp_path: Path) -> None:

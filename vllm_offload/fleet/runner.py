@@ -1,7 +1,8 @@
 """`vllm-offload serve` with several models: the front door in this process (the one systemd
-started), the engines as its children. Start-up brings every model in once and puts it
-away (with sleep, the slow first sleep is paid here, not by a user's first switch), then
-brings the default in; SIGTERM stops the engines, then the front door."""
+started), the engines as its children. Start-up brings each model that will sleep in once
+and puts it away (the slow first sleep is paid here, not by a user's first switch), then
+brings in the default and the others that stay on the GPU beside it; SIGTERM stops the
+engines, then the front door."""
 
 from __future__ import annotations
 
@@ -66,20 +67,28 @@ def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
 
 
 async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> None:
-    """Every model in and away once (preload: a model's first sleep makes its host buffer,
-    ~7-11 s for 16 GB on the H200; later ones take 0.35 s), then the default in."""
+    """The models that stay on the GPU in, the default first (then the front door is
+    ready); before them (preload), every model that will sleep in and away once: its first
+    sleep makes its host buffer, ~7-11 s for 16 GB on the H200, later ones take 0.35 s. A
+    model that stays resident never sleeps, so it keeps no host copy of its weights."""
     fleet = prepared.fleet
-    if preload:
-        for name, model in fleet.models.items():
-            if model.idle == "sleep":
-                try:
-                    await front.residency.bring_in(name)
-                    await front.residency.put_away(name)
-                except Unavailable as exc:
-                    say(f"'{name}' did not start ({exc}); it starts again when asked for")
+    names = [fleet.default, *(n for n in fleet.models if n != fleet.default)]
+    resident, away = names[: fleet.max_resident], names[fleet.max_resident :]
+    for name in away if preload else ():
+        if fleet.models[name].idle == "sleep":
+            try:
+                await front.residency.bring_in(name)
+                await front.residency.put_away(name)
+            except Unavailable as exc:
+                say(f"'{name}' did not start ({exc}); it starts again when asked for")
     await front.residency.bring_in(fleet.default)
     front.ready = True
     say(f"serving {', '.join(fleet.models)}; '{fleet.default}' on the GPU")
+    for name in resident[1:] if preload else ():
+        try:
+            await front.residency.bring_in(name)
+        except Unavailable as exc:
+            say(f"'{name}' did not start ({exc}); it starts again when asked for")
 
 
 async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:

@@ -30,11 +30,13 @@ Idle = Literal["sleep", "stop"]
 # 1.53 GiB at levels 1 and 2 in the final runs, 2.48 GiB in the first try
 # (benchmarks/results/h200-vllm-0.32.0/switch/); planned with room to spare.
 ASLEEP_GPU_BYTES = 3 * GIB
-# Host RAM a level-1 sleep keeps for the weights (and the runtime and graph pools vLLM keeps
-# at every level), in vllm_ext.sleep's arena, made at the first sleep and kept: +15.55 GiB
-# for 14.96 GiB of weights on the H200 (1.04x; vLLM's own backend: 1.18x, issue #31;
-# benchmarks/results/h200-vllm-0.32.0/switch/). Planned with room to spare.
-SLEEP_BACKUP_FACTOR = 1.1
+# Host RAM a level-1 sleep keeps, in vllm_ext.sleep's arena (made at the first sleep and
+# kept): the weights, byte for byte, and vLLM's runtime and CUDA-graph pools, which it keeps
+# at every level and which do not grow with the model: +15.55 GiB for 14.96 GiB of weights
+# on the H200 (8B shape; docs/benchmarks.md, raw benchmarks/results/h200-vllm-0.32.0/switch/),
+# 2.88 GiB for a 1B shape's ~2.30 GiB on an H100 (issue #43): ~0.58-0.59 GiB of pools
+# either way. A factor of the weights (1.1x before) under-counted the small model.
+SLEEP_POOLS_BYTES = int(0.6 * GIB)
 # The model on the GPU must keep at least this share of it.
 MIN_GPU_SHARE = 0.05
 
@@ -57,8 +59,13 @@ class FleetPlan:
     notes: Notes
 
 
-def idle_mode(config: DeploymentConfig, platform: Platform) -> tuple[Idle, Notes]:
+def idle_mode(config: DeploymentConfig, platform: Platform, all_resident: bool = False
+              ) -> tuple[Idle, Notes]:  # fmt: skip
     idle = config.residency.idle
+    if idle == "auto" and all_resident:
+        return "stop", Notes(decisions=(
+            "residency.idle auto -> stop: every model stays on the GPU, so none sleeps (no "
+            "engine keeps a host copy of its weights); one put away by hand stops",))  # fmt: skip
     if idle == "auto":
         chosen: Idle = "sleep" if platform == "cuda" else "stop"
         why = "vLLM's sleep mode on an NVIDIA GPU" if chosen == "sleep" else "no NVIDIA GPU"
@@ -94,7 +101,7 @@ def holds(plan: Plan, idle: Idle, level: int) -> int:
     """Host RAM one engine holds while alive and away (besides its CPU tier)."""
     tp = plan.tensor_parallel_size
     engine = server_ram_bytes(tp) + (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
-    backup = int(plan.weights.gpu_bytes * tp * SLEEP_BACKUP_FACTOR) if level == 1 else 0
+    backup = (plan.weights.gpu_bytes + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
     return engine + (backup if idle == "sleep" else 0)
 
 
@@ -109,10 +116,10 @@ def plan_fleet(
 ) -> FleetPlan:
     """Plan every model of the set; raises PlanError naming the model's entry for what no
     setting makes fit, lists in the notes' problems what forbids a start."""
-    idle, notes = idle_mode(config, platform)
+    resident, shares, notes = _resident(config, engines, facts, host, platform, env, disks)
+    idle, step = idle_mode(config, platform, resident >= len(engines))
+    notes = step + notes
     level = config.residency.sleep_level
-    resident, shares, step = _resident(config, engines, facts, host, platform, env, disks)
-    notes += step
     sleepers = len(engines) - resident if idle == "sleep" else 0
     if not shares:  # as configured: each model's share less what the sleepers keep
         for name, engine in engines.items():

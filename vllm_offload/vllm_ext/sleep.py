@@ -102,3 +102,4 @@ def register() -> None:
     from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
 
     SleepModeBackendFactory._registry["cumem"] = lambda: ArenaBackend
+    logger.info("vllm-offload: sleep mode runs vllm_offload.vllm_ext.sleep's arena backend")
