@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import time
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -69,5 +71,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--uds", required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--stuck-starting", action="store_true",
+                        help="never serve, and ignore SIGTERM (a start that hangs)")  # fmt: skip
     args = parser.parse_args()
+    if args.stuck_starting:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("stuck starting", flush=True)
+        while True:
+            time.sleep(60)
     uvicorn.run(make_app(args.name), uds=args.uds, log_level="warning")

@@ -12,11 +12,12 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
-from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.engines import STARTING_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.fleet.front import FrontDoor, create_front_app
 from vllm_offload.fleet.residency import Residency, ResidencySettings
 from vllm_offload.vllm_client import sum_samples
@@ -76,6 +77,9 @@ def test_requests_go_to_their_model_and_a_switch_happens(tmp_path: Path) -> None
             listed = (await client.get("/v1/models")).json()["data"]
             states = {m["id"]: (m["state"], m["max_model_len"]) for m in listed}
             assert states == {"chat": ("asleep", 2048), "coder": ("serving", 4096)}
+            waits = {m["id"]: m["expected_wait_s"] for m in listed}
+            # coder serves; chat's wait needs coder's put-away, never seen yet: unknown
+            assert waits == {"chat": None, "coder": 0.0}
 
     run(test)
 
@@ -151,5 +155,27 @@ def test_the_api_key_and_the_merged_metrics(tmp_path: Path) -> None:
             assert text.count("# TYPE vllm:prompt_tokens counter") == 1
             assert 'model_name="chat"' in text and 'model_name="coder"' in text
             assert sum_samples(text, {"vllm:prompt_tokens"}) == {"vllm:prompt_tokens": 2.0}
+
+    run(test)
+
+
+def test_an_engine_stuck_starting_is_stopped_within_its_grace(tmp_path: Path) -> None:
+    """An engine whose start hangs and which ignores SIGTERM (as vLLM's could, issue #43)
+    is killed with its process group after engines.STARTING_GRACE_S (the runner's stop
+    bound counts on it), not after minutes."""
+
+    async def test() -> None:
+        engine = standin(tmp_path, "chat", lambda _name, _code: None)
+        engine.spec = replace(engine.spec, command=(*engine.spec.command, "--stuck-starting"))
+        starting = asyncio.create_task(engine.start())
+        deadline = time.monotonic() + 60
+        while "stuck starting" not in engine.tail:  # its SIGTERM is ignored from here
+            assert time.monotonic() < deadline, "the stand-in did not start"
+            await asyncio.sleep(0.05)
+        starting.cancel()
+        began = time.monotonic()
+        await asyncio.wait_for(engine.stop(), STARTING_GRACE_S + 30)
+        assert not engine.alive and engine.state == "stopped"
+        assert time.monotonic() - began >= STARTING_GRACE_S - 1  # SIGTERM was ignored
 
     run(test)

@@ -30,7 +30,11 @@ import httpx
 # one ~8 s (measured on the H200: issue #31).
 START_TIMEOUT_S = 900.0
 SLEEP_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 120.0
+# SIGTERM, then SIGKILL to the engine's whole process group after this long: vLLM's own
+# shutdown of a serving engine took 8.5 s with two 8B engines up (H100, issue #43); one still
+# starting has nothing to finish, and its shutdown could hang past 45 s there.
+STOP_GRACE_S = 20.0
+STARTING_GRACE_S = 5.0
 LOG_TAIL_LINES = 40
 
 Idle = Literal["sleep", "stop"]
@@ -130,20 +134,21 @@ class EngineProcess:
         raise EngineError(f"not healthy within {START_TIMEOUT_S:.0f} s: {self.last_error()}")
 
     async def stop(self) -> None:
-        """SIGTERM (vLLM's own shutdown: it finishes what it serves, its processes follow),
-        SIGKILL to its whole process group after STOP_TIMEOUT_S."""
+        """SIGTERM (vLLM's own shutdown: its processes follow), SIGKILL to its whole process
+        group after STARTING_GRACE_S while it starts, STOP_GRACE_S once it served; then
+        SIGKILL to what is left of the group (a child that outlived its parent)."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             self.state = "stopped"
             return
+        grace = STARTING_GRACE_S if self.state == "starting" else STOP_GRACE_S
         self._stopping, self.state = True, "stopping"
         proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+        with contextlib.suppress(ProcessLookupError):  # none left: the usual case
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
         self.state = "stopped"
 
     async def _call(self, method: str, path: str, what: str,

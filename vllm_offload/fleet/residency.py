@@ -166,10 +166,13 @@ class Residency:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="switcher")
 
     async def stop(self) -> None:
+        """No more switches; the requests waiting for one fail (the server is stopping)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for slot in self.slots.values():
+            self._release(slot, Unavailable("the server is stopping"))
 
     async def bring_in(self, name: str) -> None:
         """Make ``name`` resident now (start-up, or by hand), putting another away first

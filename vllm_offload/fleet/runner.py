@@ -1,8 +1,13 @@
 """`vllm-offload serve` with several models: the front door in this process (the one systemd
 started), the engines as its children. Start-up brings each model that will sleep in once
 and puts it away (the slow first sleep is paid here, not by a user's first switch), then
-brings in the default and the others that stay on the GPU beside it; SIGTERM stops the
-engines, then the front door."""
+brings in the default and the others that stay on the GPU beside it.
+
+SIGTERM, SIGINT or SIGHUP, at any moment (an engine still starting included), ends
+everything within STOP_BOUND_S: the switches stop and the requests waiting for one fail at
+once; the two servers stop taking requests and give those in flight SERVER_GRACE_S; each
+engine gets SIGTERM, then SIGKILL to its whole process group after its grace
+(engines.STARTING_GRACE_S while it starts, STOP_GRACE_S once it served), all at once."""
 
 from __future__ import annotations
 
@@ -20,12 +25,16 @@ import uvicorn
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.fleet.control import EVENTS_KEPT, create_control_app
-from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.fleet.front import FrontDoor, create_front_app
 from vllm_offload.fleet.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
 from vllm_offload.fleet.residency import Event, Residency, ResidencySettings, Unavailable
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan, holds
 
 ENGINE_MODULE = "vllm_offload.fleet.engine"
+SERVER_GRACE_S = 5  # uvicorn takes whole seconds
+STOP_BOUND_S = max(SERVER_GRACE_S, STOP_GRACE_S) + 10.0  # and reaping what was killed
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class _Server(uvicorn.Server):
@@ -46,6 +55,21 @@ def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
     return ResidencySettings(max_resident, residency.min_resident_s, keep,
                              residency.queue_limit, residency.drain_timeout_s)  # fmt: skip
+
+
+def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
+    """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
+    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing)."""
+    plan = model.plan
+    host = holds(plan, "stop", level) + plan.cpu_tier.bytes
+    if plan.platform == "cuda":
+        gpu = plan.gpu.budget_bytes
+    else:  # vLLM's CPU backend: the weights and the pool are in host RAM
+        gpu, host = 0, host + plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes
+    asleep = model.idle == "sleep" and plan.platform == "cuda"
+    return {"gpu_bytes_serving": gpu, "host_bytes_serving": host,
+            "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
+            "host_bytes_away": model.away_ram_bytes}  # fmt: skip
 
 
 def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
@@ -122,12 +146,16 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
     control_socket.unlink(missing_ok=True)
     public = _Server(uvicorn.Config(create_front_app(front), host=config.server.host,
                                     port=config.server.port, log_level="warning",
-                                    timeout_keep_alive=30))  # fmt: skip
-    control = _Server(uvicorn.Config(create_control_app(front, events), uds=str(control_socket),
-                                     log_level="warning"))  # fmt: skip
+                                    timeout_keep_alive=30,
+                                    timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
+    level = config.residency.sleep_level
+    memory = {n: planned_memory(m, level) for n, m in prepared.fleet.models.items()}
+    control = _Server(uvicorn.Config(create_control_app(front, events, memory),
+                                     uds=str(control_socket), log_level="warning",
+                                     timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     servers = [asyncio.create_task(s.serve()) for s in (public, control)]
     code = 0
@@ -147,11 +175,12 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
             await stopping
         warm.cancel()
     finally:
+        say("stopping")
         public.should_exit = control.should_exit = True
-        await asyncio.gather(*servers, return_exceptions=True)
+        stops = [asyncio.create_task(engine.stop()) for engine in engines.values()]
         await residency.stop()
+        await asyncio.gather(*servers, *stops, return_exceptions=True)
         await front.aclose()
-        await asyncio.gather(*(engine.stop() for engine in engines.values()))
         control_socket.unlink(missing_ok=True)
     return code
 

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import httpx
 from fastapi import APIRouter, Depends
 
-from vllm_offload.errors import Refused
-from vllm_offload.fleet.control import move
-from vllm_offload.fleet.prepare import several
+from vllm_offload.fleet.control import move_by_hand
 from vllm_offload.manager.state import Manager, manager_of
-from vllm_offload.systemd.control import ServiceError
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]
@@ -23,17 +19,8 @@ MOVE_TIMEOUT_S = 900.0  # a stopped model is started: minutes
 def move_model(manager: Shared, name: str,
                action: Literal["bring-in", "put-away"]) -> dict[str, str]:  # fmt: skip
     config = manager.load()
-    if not several(config):
-        raise Refused("models", "one model is configured: it is always on the GPU")
-    socket = manager.control_socket(config)
     try:
-        answer = move(socket, name, action, MOVE_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise ServiceError(f"the front door did not answer on {socket}: {exc}") from None
+        return {"status": move_by_hand(config, manager.control_socket(config), name, action,
+                                       MOVE_TIMEOUT_S)}  # fmt: skip
     finally:
         manager.monitor.changed()
-    if answer.status_code == 404:
-        raise Refused("model", answer.json().get("detail", f"no model '{name}'"))
-    if answer.status_code != 200:
-        raise ServiceError(f"{action} '{name}': {answer.text[:300]}")
-    return {"status": answer.json()["status"]}
