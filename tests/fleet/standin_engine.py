@@ -1,6 +1,7 @@
 """A stand-in for one model's vLLM engine, on a unix socket: /health, /metrics, a streamed
-/v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up. Lets
-the front door's tests run in seconds; the real engines run in tests/e2e/."""
+/v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up; it says
+our sleep backend runs, as our plugin makes vLLM's processes say (unless --vllm-own-sleep).
+Lets the front door's tests run in seconds; the real engines run in tests/e2e/."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import argparse
 import asyncio
 import json
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 
 def make_app(name: str) -> FastAPI:
@@ -73,7 +77,12 @@ if __name__ == "__main__":
     parser.add_argument("--name", required=True)
     parser.add_argument("--stuck-starting", action="store_true",
                         help="never serve, and ignore SIGTERM (a start that hangs)")  # fmt: skip
+    parser.add_argument("--vllm-own-sleep", action="store_true",
+                        help="do not say our sleep backend runs (as an engine whose vLLM "
+                        "did not load our plugin)")  # fmt: skip
     args = parser.parse_args()
+    if not args.vllm_own_sleep:
+        print(SLEEP_BACKEND_LINE, file=sys.stderr, flush=True)
     if args.stuck_starting:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("stuck starting", flush=True)

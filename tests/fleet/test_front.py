@@ -179,3 +179,30 @@ def test_an_engine_stuck_starting_is_stopped_within_its_grace(tmp_path: Path) ->
         assert time.monotonic() - began >= STARTING_GRACE_S - 1  # SIGTERM was ignored
 
     run(test)
+
+
+def test_an_engine_that_never_said_our_sleep_backend_runs_is_stopped_not_slept(
+    tmp_path: Path,
+) -> None:
+    """Issue #43: an engine whose vLLM did not load our plugin would sleep with vLLM's own
+    backend and keep more host RAM than planned: the front door stops it instead."""
+
+    async def test() -> None:
+        ours, theirs = standin(tmp_path, "chat", lambda *_: None), standin(
+            tmp_path, "coder", lambda *_: None)  # fmt: skip
+        theirs.spec = replace(theirs.spec, command=(*theirs.spec.command, "--vllm-own-sleep"))
+        for engine in (ours, theirs):
+            await engine.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not ours.ours_sleep:  # its line may come just after it serves
+                assert time.monotonic() < deadline, "the stand-in never said it"
+                await asyncio.sleep(0.05)
+            assert await ours.put_away() == "slept" and ours.alive
+            assert (await theirs.put_away()).startswith("stopped (its output never said")
+            assert not theirs.alive and theirs.state == "stopped"
+        finally:
+            for engine in (ours, theirs):
+                await engine.stop()
+
+    run(test)

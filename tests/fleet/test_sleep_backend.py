@@ -77,3 +77,40 @@ def test_the_engine_process_refuses_to_start_without_it(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "this engine sleeps" in done.stderr and "VLLM_PLUGINS" in done.stderr
+
+
+def test_engines_that_sleep_are_launched_for_the_arena(tmp_path: Path) -> None:
+    """Each engine of a set that sleeps gets vLLM's sleep mode and the arena's variable;
+    a set whose models all stay on the GPU gets neither (nothing sleeps)."""
+    host = declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
+    sleeping = prepare_fleet(parse(two_models(tmp_path, max_resident=1)), host, {}, None)
+    for spec in sleeping.specs.values():
+        assert "--enable-sleep-mode" in spec.args and spec.env[SLEEP_ARENA_ENV] == "1"
+    data = two_models(tmp_path)
+    for entry in data["models"]:
+        entry["max_model_len"] = 8192
+    together = prepare_fleet(parse(data), host, {}, None)
+    assert together.fleet.max_resident == 2
+    for spec in together.specs.values():
+        assert "--enable-sleep-mode" not in spec.args and SLEEP_ARENA_ENV not in spec.env
+
+
+def test_the_plugin_makes_the_arena_vllms_sleep_backend_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What the front door waits for before it sleeps an engine (engines.SLEEP_BACKEND_LINE)
+    comes from the registration itself, in each vLLM process the plugin loads in."""
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+
+    from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE, plugin, sleep
+
+    registry = SleepModeBackendFactory._registry
+    monkeypatch.setitem(registry, "cumem", registry["cumem"])  # restored after the test
+    monkeypatch.delenv(SLEEP_ARENA_ENV, raising=False)
+    plugin.register()
+    assert registry["cumem"]() is not sleep.ArenaBackend
+    assert SLEEP_BACKEND_LINE not in capfd.readouterr().err
+    monkeypatch.setenv(SLEEP_ARENA_ENV, "1")
+    plugin.register()
+    assert registry["cumem"]() is sleep.ArenaBackend
+    assert SLEEP_BACKEND_LINE in capfd.readouterr().err

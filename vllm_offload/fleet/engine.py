@@ -46,8 +46,12 @@ def main(argv: list[str]) -> int:
         if missing:
             print(f"vllm-offload: error: this engine sleeps, and {missing}", file=sys.stderr)
             return 2
-        print("vllm-offload: sleep backend: vllm_offload.vllm_ext.sleep (the plugin's "
-              "entry point is registered)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "vllm-offload: the plugin's entry point is registered: vLLM will load it (and "
+            "with it the arena as its sleep backend)",
+            file=sys.stderr,
+            flush=True,
+        )
     exit_with_parent()
     try:
         run_vllm.run(spec)

@@ -6,7 +6,9 @@ development routes (``/sleep``, ``/wake_up``, ``/collective_rpc``...: vLLM opens
 ``VLLM_SERVER_DEV_MODE=1``, which sleep mode needs) are reachable by the front door alone;
 the front door forwards OpenAI routes only. Each engine's output goes to the front door's
 stderr (the journal), each line prefixed with its model's name; its last lines are kept to
-say why it failed.
+say why it failed. An engine is put to sleep only once its output said our sleep backend
+runs (vllm_ext.SLEEP_BACKEND_LINE, which our plugin prints in each vLLM process): with
+vLLM's own it would keep more host RAM than planned, so it is stopped instead (issue #43).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 # A large model's start (weights read, CUDA graphs captured, the CPU tier allocated) takes
 # minutes; a level-1 sleep of a 16 GB model ~0.35 s once its host buffers exist, the first
@@ -69,6 +73,7 @@ class EngineProcess:
     state: State = "stopped"
     pid: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    ours_sleep: bool = False  # its output said our sleep backend runs (SLEEP_BACKEND_LINE)
     _proc: asyncio.subprocess.Process | None = None
     _stopping: bool = False
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -96,6 +101,10 @@ class EngineProcess:
         return "started"
 
     async def put_away(self) -> str:
+        if self.spec.idle == "sleep" and self.alive and not self.ours_sleep:
+            # vLLM's own backend would keep more host RAM than planned: stop it instead
+            await self.stop()
+            return "stopped (its output never said our sleep backend runs)"
         if self.spec.idle == "sleep" and self.alive:
             level = self.spec.sleep_level
             await self._call("POST", f"/sleep?level={level}&mode=abort", "sleep")
@@ -108,7 +117,7 @@ class EngineProcess:
         if self.alive:
             await self.stop()
         self.spec.socket.unlink(missing_ok=True)
-        self.state, self._stopping = "starting", False
+        self.state, self._stopping, self.ours_sleep = "starting", False, False
         self._proc = await asyncio.create_subprocess_exec(
             *self.spec.command, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -177,6 +186,7 @@ class EngineProcess:
         prefix = f"[{self.spec.name}] "
         async for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
+            self.ours_sleep = self.ours_sleep or SLEEP_BACKEND_LINE in line
             self.tail.append(line)
             sys.stderr.write(prefix + line + "\n")
 

@@ -10,6 +10,9 @@ from collections.abc import Iterable, Mapping
 # With it set to 1 (the launcher does for engines that sleep), the plugin makes
 # vllm_ext.sleep's backend the one vLLM's sleep mode uses.
 SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
+# What each vLLM process of an engine prints (stderr, whatever the log level) once the plugin
+# made the arena its sleep backend: the front door sleeps an engine only after seeing it.
+SLEEP_BACKEND_LINE = "vllm-offload: sleep backend: vllm_offload.vllm_ext.sleep's arena"
 # vLLM loads general plugins from this entry-point group (vllm.plugins), as pyproject.toml
 # registers ours; VLLM_PLUGINS, when set, is the comma-separated list of names it loads.
 PLUGIN_GROUP = "vllm.general_plugins"
