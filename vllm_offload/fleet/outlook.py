@@ -6,8 +6,8 @@ stays until the turn ends (``since + min_resident_s``), then until another model
 for (or ``keep_alive_s`` after its last use); one nothing was asked of may go at once. A
 request for a model away waits for the turn of the resident model that goes first (when
 the GPU is full), that model's put-away, one more turn and switch for each model already
-waiting ahead of it, and its own bring-in, each switch step as long as it last took
-(unknown before its first: then None).
+waiting ahead of it, and its own bring-in, each switch step as long as it last took (or
+the longest such step of any model; unknown before the first: then None).
 """
 
 from __future__ import annotations
@@ -48,19 +48,37 @@ def outlook(residency: Residency) -> dict[str, Outlook]:
     return rows
 
 
+def _asked(slot: Slot) -> float | None:
+    """When its oldest waiting request came (None: none waits). The routes that read this
+    may run in a worker thread while the loop changes the queue: one atomic read."""
+    try:
+        return slot.queue[0][0]
+    except IndexError:
+        return None
+
+
 def _wait(residency: Residency, slot: Slot, now: float) -> float | None:
     resident = [s for s in residency.slots.values() if s.status in ("serving", "draining")]
-    waiting = [s for s in residency.slots.values() if s.queue and s is not slot
-               and s.status in ("away", "failed")]  # fmt: skip
-    mine = slot.queue[0][0] if slot.queue else now
-    ahead = sum(1 for s in waiting if s.queue[0][0] < mine)
-    steps: list[float | None] = [slot.bring_in_s]
+    mine = _asked(slot)
+    mine = now if mine is None else mine
+    asked = [_asked(s) for s in residency.slots.values()
+             if s is not slot and s.status in ("away", "failed")]  # fmt: skip
+    ahead = sum(1 for t in asked if t is not None and t < mine)
+    slots = residency.slots.values()
+    steps = [_step(slot.bring_in_s, [s.bring_in_s for s in slots])]
     turn = 0.0
     if len(resident) >= residency.settings.max_resident:
         first = min(resident, key=lambda s: turn_end(residency, s))
         turn = max(0.0, turn_end(residency, first) - now)
-        steps.append(first.put_away_s)
+        steps.append(_step(first.put_away_s, [s.put_away_s for s in slots]))
     if any(step is None for step in steps):
         return None
     switch = sum(step for step in steps if step is not None)
     return round(turn + switch + ahead * (residency.settings.min_resident_s + switch), 1)
+
+
+def _step(own: float | None, anyones: list[float | None]) -> float | None:
+    """A switch step's length: as it last took for this model, else the longest any model's
+    took (the set's engines are alike enough to guess by), else unknown."""
+    known = [t for t in anyones if t is not None]
+    return own if own is not None else max(known, default=None)
