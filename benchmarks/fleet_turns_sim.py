@@ -53,7 +53,8 @@ async def simulate(min_resident_s: float) -> dict[str, Any]:
                            "switches": log.count("in a") + log.count("in b") - 1}  # fmt: skip
     for model, seen in waits.items():
         seen.sort()
-        row[model] = {"requests": len(seen), "wait_p50_s": round(statistics.median(seen), 2),
+        row[model] = {"requests": len(seen), "waited_over_1s": sum(w > 1.0 for w in seen),
+                      "wait_p50_s": round(statistics.median(seen), 2),
                       "wait_p95_s": round(seen[int(0.95 * (len(seen) - 1))], 2),
                       "wait_mean_s": round(statistics.fmean(seen), 2),
                       "wait_max_s": round(seen[-1], 2)}  # fmt: skip
