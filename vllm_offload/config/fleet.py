@@ -104,9 +104,10 @@ class ResidencySection(_Section):
     )
     preload: bool = Field(
         True,
-        description="Start every model at start-up (and put all but the default away), so "
-        "the first switch to each costs what later ones do; false: start each on its first "
-        "request.",
+        description="At start-up, start each model that sleeps when away and put it to sleep "
+        "once (the first switch to it then costs what later ones do), and start the models "
+        "that stay on the GPU beside the default (never slept); false: each starts on its "
+        "first request. A model that stops when away starts on its first request either way.",
     )
     runtime_dir: str = Field(
         "",
