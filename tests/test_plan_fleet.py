@@ -17,12 +17,13 @@ from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
 from vllm_offload.plan.fleet import (
     ASLEEP_GPU_BYTES,
-    SLEEP_BACKUP_FACTOR,
+    SLEEP_POOLS_BYTES,
     FleetPlan,
     plan_fleet,
 )
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import PlanError
+from vllm_offload.plan.together import gpu_need
 
 
 def two_models(tmp_path: Path, **residency: Any) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def big_host() -> HostFacts:
 
 
 def test_two_models_asleep_beside_each_other(tmp_path: Path) -> None:
-    fleet = fleet_of(two_models(tmp_path), big_host())
+    fleet = fleet_of(two_models(tmp_path, max_resident=1), big_host())
     assert list(fleet.models) == ["chat", "coder"] and fleet.default == "chat"
     assert {m.idle for m in fleet.models.values()} == {"sleep"}
     # the GPU less the other model asleep
@@ -54,7 +55,7 @@ def test_two_models_asleep_beside_each_other(tmp_path: Path) -> None:
         assert model.plan.gpu.budget_bytes == int(80 * GIB * round(share, 4))
     # host RAM: each engine's own processes and its slept weights, then equal tiers
     plan = fleet.models["chat"].plan
-    holds = server_ram_bytes(1) + int(plan.weights.gpu_bytes * SLEEP_BACKUP_FACTOR)
+    holds = server_ram_bytes(1) + plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
     host = big_host()
     ram = host.ram_available_bytes - ram_reserve(host) - 2 * holds
     shm = host.shm_free_bytes - 2 * SERVER_SHM_BYTES
@@ -78,8 +79,8 @@ def test_on_a_cpu_host_models_stop_and_each_is_planned_alone(tmp_path: Path) -> 
 
 
 def test_a_set_the_host_cannot_hold_is_refused_with_the_numbers(tmp_path: Path) -> None:
-    small = declared(make_host(None), gpu_mem_gib=80, ram_gib=48)
-    fleet = fleet_of(two_models(tmp_path), small)
+    small = declared(make_host(None), gpu_mem_gib=80, ram_gib=40)
+    fleet = fleet_of(two_models(tmp_path, max_resident=1), small)
     (problem,) = fleet.notes.problems
     assert problem["field"] == "models"
     assert (
@@ -92,13 +93,13 @@ def test_a_set_the_host_cannot_hold_is_refused_with_the_numbers(tmp_path: Path) 
 
 
 def test_sleeping_refuses_the_host_extension_and_shared_disk_tiers(tmp_path: Path) -> None:
-    data = two_models(tmp_path)
+    data = two_models(tmp_path, max_resident=1)
     data["models"][1]["kv_offload"] = {"host_extension_gib": 4}
     fleet = fleet_of(data, big_host())
     assert [p["field"] for p in fleet.notes.problems] == ["models[1].kv_offload.host_extension_gib"]
     disk = tmp_path / "nvme"
     disk.mkdir()
-    shared = two_models(tmp_path)
+    shared = two_models(tmp_path, max_resident=1)
     shared["kv_offload"] = {"disk_path": str(disk)}
     fleet = fleet_of(shared, big_host())
     assert "kv_offload.disk_path" in [p["field"] for p in fleet.notes.problems]
@@ -141,3 +142,58 @@ def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     chat, coder = prepared.fleet.models["chat"], prepared.fleet.models["coder"]
     assert chat.idle == "sleep" and coder.plan.cpu_tier.bytes == 16 * GIB
     assert coder.plan.length.max_model_len == 16384 <= chat.plan.length.max_model_len
+
+
+def test_auto_keeps_two_models_that_fit_together_on_the_gpu(tmp_path: Path) -> None:
+    """Issue #43 (1c): two 8B models of 8,192 tokens on an 80 GB card fit together: both
+    resident (never a switch), no sleeper's reserve, each share its need and half the
+    slack, each pool holding its max_model_len; `plan` says so."""
+    data = two_models(tmp_path)
+    for entry in data["models"]:
+        entry["max_model_len"] = 8192
+    fleet = fleet_of(data, big_host())
+    assert fleet.max_resident == 2 and fleet.notes.problems == ()
+    (decision,) = [d for d in fleet.notes.decisions if d.startswith("residency.max_resident")]
+    assert "auto -> 2" in decision and "asleep" not in decision
+    shares = [m.config.gpu.memory_utilization for m in fleet.models.values()]
+    assert sum(shares) <= 0.9 and shares[0] == shares[1]  # equal models, equal shares
+    for model in fleet.models.values():
+        need = gpu_need(model.config, model.model, model.plan)
+        assert model.plan.gpu.budget_bytes >= need  # its share holds what it needs
+        assert model.plan.length.max_model_len == 8192 <= model.plan.length.longest_request_tokens
+        assert model.plan.weights.offloaded_bytes == 0
+    # nobody sleeps: no engine keeps a host copy of its weights (one put away by hand stops)
+    assert {m.idle for m in fleet.models.values()} == {"stop"}
+    assert all(m.away_ram_bytes == 0 for m in fleet.models.values())
+    assert any(d.startswith("residency.idle auto -> stop: every model stays on the GPU")
+               for d in fleet.notes.decisions)  # fmt: skip
+
+
+def test_auto_takes_as_many_as_fit_and_the_rest_sleep(tmp_path: Path) -> None:
+    """Three 8B models on a 48 GB card: two fit beside one asleep, three do not."""
+    data = two_models(tmp_path)
+    third = write_shape(tmp_path / "third", dict(LLAMA3_8B, max_position_embeddings=131072))
+    data["models"].append({"path": str(third)})
+    for entry in data["models"]:
+        entry["max_model_len"] = 8192
+    host = declared(make_host(None), gpu_mem_gib=48, ram_gib=256)
+    fleet = fleet_of(data, host)
+    assert fleet.max_resident == 2 and fleet.notes.problems == ()
+    (decision,) = [d for d in fleet.notes.decisions if d.startswith("residency.max_resident")]
+    assert "auto -> 2" in decision and "1 asleep beside them" in decision
+    shares = sorted(m.config.gpu.memory_utilization for m in fleet.models.values())
+    assert sum(shares[-2:]) + ASLEEP_GPU_BYTES / (48 * GIB) <= 0.9  # any two, and a sleeper
+
+
+def test_auto_is_one_when_no_two_fit_and_on_a_cpu_host(tmp_path: Path) -> None:
+    small_card = declared(make_host(None), gpu_mem_gib=24, ram_gib=256)
+    fleet = fleet_of(two_models(tmp_path), small_card)
+    assert fleet.max_resident == 1
+    assert any(d.startswith("residency.max_resident auto -> 1: no two models fit")
+               for d in fleet.notes.decisions)  # fmt: skip
+    assert {m.idle for m in fleet.models.values()} == {"sleep"}  # one on the GPU, one asleep
+    data = two_models(tmp_path)
+    data["kv_offload"] = {"backend": "none"}
+    on_cpu = fleet_of(data, make_host(None), "cpu")
+    assert on_cpu.max_resident == 1
+    assert any("auto -> 1: no NVIDIA GPU" in d for d in on_cpu.notes.decisions)

@@ -1,6 +1,7 @@
 """A stand-in for one model's vLLM engine, on a unix socket: /health, /metrics, a streamed
-/v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up. Lets
-the front door's tests run in seconds; the real engines run in tests/e2e/. With
+/v1/chat/completions and /v1/completions that name the model, /sleep and /wake_up; it says
+our sleep backend runs, as our plugin makes vLLM's processes say (unless --vllm-own-sleep).
+Lets the front door's tests run in seconds; the real engines run in tests/e2e/. With
 ``--record FILE`` it appends every request it gets (method, raw path, query, headers) to
 FILE as a JSON line, before anything else reads it."""
 
@@ -9,12 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 
 def make_app(name: str, record: Path | None = None) -> FastAPI:
@@ -90,7 +96,24 @@ if __name__ == "__main__":
     parser.add_argument("--name", required=True)
     parser.add_argument("--record", type=Path)
     parser.add_argument("--noisy", action="store_true", help="print 1 MB in two lines first")
+    parser.add_argument(
+        "--stuck-starting",
+        action="store_true",
+        help="never serve, and ignore SIGTERM (a start that hangs)",
+    )
+    parser.add_argument(
+        "--vllm-own-sleep",
+        action="store_true",
+        help="do not say our sleep backend runs (as an engine whose vLLM did not load our plugin)",
+    )
     args = parser.parse_args()
+    if not args.vllm_own_sleep:
+        print(SLEEP_BACKEND_LINE, file=sys.stderr, flush=True)
     if args.noisy:  # what an engine's traceback or config dump can look like
         print("x" * 300_000 + "\n" + "y" * 700_000, flush=True)
+    if args.stuck_starting:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("stuck starting", flush=True)
+        while True:
+            time.sleep(60)
     uvicorn.run(make_app(args.name, args.record), uds=args.uds, log_level="warning")

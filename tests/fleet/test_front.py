@@ -12,12 +12,13 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import uvicorn
 
-from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.engines import STARTING_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.fleet.front import FrontDoor, create_front_app
 from vllm_offload.fleet.residency import Residency, ResidencySettings
 from vllm_offload.vllm_client import sum_samples
@@ -87,6 +88,9 @@ def test_requests_go_to_their_model_and_a_switch_happens(tmp_path: Path) -> None
             listed = (await client.get("/v1/models")).json()["data"]
             states = {m["id"]: (m["state"], m["max_model_len"]) for m in listed}
             assert states == {"chat": ("asleep", 2048), "coder": ("serving", 4096)}
+            waits = {m["id"]: m["expected_wait_s"] for m in listed}
+            # coder serves; chat waits for coder's turn and a switch (as chat's took)
+            assert waits["coder"] == 0.0 and 0 < waits["chat"] <= 0.2 + 60
 
     run(test)
 
@@ -184,5 +188,54 @@ def test_an_engine_s_long_lines_do_not_stop_its_output(tmp_path: Path) -> None:
             assert {len(line) for line in engine.tail} >= {8192}  # cut, kept
         finally:
             await engine.stop()
+
+    run(test)
+
+
+def test_an_engine_stuck_starting_is_stopped_within_its_grace(tmp_path: Path) -> None:
+    """An engine whose start hangs and which ignores SIGTERM (as vLLM's could, issue #43)
+    is killed with its process group after engines.STARTING_GRACE_S (the runner's stop
+    bound counts on it), not after minutes."""
+
+    async def test() -> None:
+        engine = standin(tmp_path, "chat", lambda _name, _code: None)
+        engine.spec = replace(engine.spec, command=(*engine.spec.command, "--stuck-starting"))
+        starting = asyncio.create_task(engine.start())
+        deadline = time.monotonic() + 60
+        while "stuck starting" not in engine.tail:  # its SIGTERM is ignored from here
+            assert time.monotonic() < deadline, "the stand-in did not start"
+            await asyncio.sleep(0.05)
+        starting.cancel()
+        began = time.monotonic()
+        await asyncio.wait_for(engine.stop(), STARTING_GRACE_S + 30)
+        assert not engine.alive and engine.state == "stopped"
+        assert time.monotonic() - began >= STARTING_GRACE_S - 1  # SIGTERM was ignored
+
+    run(test)
+
+
+def test_an_engine_that_never_said_our_sleep_backend_runs_is_stopped_not_slept(
+    tmp_path: Path,
+) -> None:
+    """Issue #43: an engine whose vLLM did not load our plugin would sleep with vLLM's own
+    backend and keep more host RAM than planned: the front door stops it instead."""
+
+    async def test() -> None:
+        ours, theirs = standin(tmp_path, "chat", lambda *_: None), standin(
+            tmp_path, "coder", lambda *_: None)  # fmt: skip
+        theirs.spec = replace(theirs.spec, command=(*theirs.spec.command, "--vllm-own-sleep"))
+        for engine in (ours, theirs):
+            await engine.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not ours.ours_sleep:  # its line may come just after it serves
+                assert time.monotonic() < deadline, "the stand-in never said it"
+                await asyncio.sleep(0.05)
+            assert await ours.put_away() == "slept" and ours.alive
+            assert (await theirs.put_away()).startswith("stopped (its output never said")
+            assert not theirs.alive and theirs.state == "stopped"
+        finally:
+            for engine in (ours, theirs):
+                await engine.stop()
 
     run(test)

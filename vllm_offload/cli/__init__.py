@@ -12,9 +12,11 @@ from vllm_offload.cli import (
     cache_cmd,
     config_cmd,
     demo_model_cmd,
+    load_cmd,
     manager_cmd,
     patch_cmd,
     plan_cmd,
+    ps_cmd,
     serve,
     service_cmd,
 )
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
         serve,
+        ps_cmd,
+        load_cmd,
         plan_cmd,
         config_cmd,
         manager_cmd,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import socket
 import sys
 import typing
@@ -171,3 +172,32 @@ def port_taken(host: str, port: int) -> str | None:
 
 def say(message: str) -> None:
     print(f"vllm-offload: {message}", file=sys.stderr)
+
+
+def add_control_options(parser: argparse.ArgumentParser) -> None:
+    """Where a running front door of several models keeps its control socket."""
+    default = config_mod.DEFAULT_CONFIG_PATH
+    parser.add_argument("--config", type=Path, help=f"deployment config (TOML); default {default}")
+    parser.add_argument("--socket", type=Path, help="the front door's control socket (default: "
+                        "residency.runtime_dir's, else $RUNTIME_DIRECTORY's or "
+                        "$XDG_RUNTIME_DIR's, else the unit's /run/UNIT-offload)")  # fmt: skip
+    parser.add_argument("--unit", default="vllm", help="the server's systemd unit (default vllm)")
+
+
+def control_socket(args: argparse.Namespace) -> tuple[DeploymentConfig, Path]:
+    """The config and the control socket of its running front door; ServiceError where none
+    is found."""
+    from vllm_offload.fleet.prepare import control_socket as socket_of
+    from vllm_offload.systemd.control import ServiceError
+
+    config, _path = config_mod.load_default(args.config)
+    if args.socket is not None:
+        return config, args.socket
+    here = socket_of(config, os.environ)
+    unit = socket_of(config, {"RUNTIME_DIRECTORY": f"/run/{args.unit}-offload"})
+    for candidate in (here, unit):
+        if candidate.exists():
+            return config, candidate
+    raise ServiceError(f"no front door's control socket at {here} or {unit}: is `vllm-offload "
+                       "serve` running with this config (several [[models]])? --socket names "
+                       "it")  # fmt: skip

@@ -51,12 +51,13 @@ class ResidencySection(_Section):
         description="Served name of the model on the GPU at start (several models). Empty: "
         "the first [[models]] entry.",
     )
-    max_resident: int = Field(
-        1,
-        ge=1,
-        le=8,
-        description="Models on the GPU at once. Above 1, each model's gpu.memory_utilization "
-        "is its share, and the shares of any max_resident of them must fit together.",
+    max_resident: int | Literal["auto"] = Field(
+        "auto",
+        description="Models on the GPU at once. 'auto': as many as fit together with KV "
+        "pools that hold their max_model_len (the planner decides, sets each model's "
+        "gpu.memory_utilization to its share and says so in `plan`; 1 without an NVIDIA "
+        "GPU). A number above 1: each model's gpu.memory_utilization is its share, and the "
+        "shares of any max_resident of them must fit together.",
     )
     idle: Literal["auto", "sleep", "stop"] = Field(
         "auto",
@@ -75,9 +76,10 @@ class ResidencySection(_Section):
         5.0,
         ge=0.0,
         le=3600.0,
-        description="Seconds a model in use stays on the GPU before another may take its "
-        "place: requests for a model that is away wait, then run together. Against "
-        "switching back and forth for every request; an idle model goes at once.",
+        description="A model's turn on the GPU, in seconds: once used, it stays this long "
+        "(between its users' requests too) before another model's waiting requests may take "
+        "its place, and those then run together: at most one switch per turn. A model "
+        "nothing was asked of since it came in goes at once.",
     )
     keep_alive_s: float | Literal["forever"] = Field(
         "forever",
@@ -102,9 +104,10 @@ class ResidencySection(_Section):
     )
     preload: bool = Field(
         True,
-        description="Start every model at start-up (and put all but the default away), so "
-        "the first switch to each costs what later ones do; false: start each on its first "
-        "request.",
+        description="At start-up, start each model that sleeps when away and put it to sleep "
+        "once (the first switch to it then costs what later ones do), and start the models "
+        "that stay on the GPU beside the default (never slept); false: each starts on its "
+        "first request. A model that stops when away starts on its first request either way.",
     )
     runtime_dir: str = Field(
         "",
@@ -112,6 +115,13 @@ class ResidencySection(_Section):
         "Empty: $RUNTIME_DIRECTORY (the unit's /run/<unit>-offload), else "
         "$XDG_RUNTIME_DIR/vllm-offload, else ~/.cache/vllm-offload/run.",
     )
+
+    @field_validator("max_resident")
+    @classmethod
+    def _resident_count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 8:
+            raise ValueError("must be 1 to 8, or 'auto'")
+        return value
 
     @field_validator("keep_alive_s")
     @classmethod

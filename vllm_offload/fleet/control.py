@@ -1,7 +1,8 @@
 """The front door's control routes, on a unix socket in its runtime directory (mode 0660,
 the directory 0750: the server's user and its group, which the manager's unit joins):
-the models' states and the switches made, and bringing a model in or putting it away by
-hand. Never on the OpenAI port."""
+the models' states (with since when, until when, the expected wait and the planned
+memory) and the switches made, and bringing a model in or putting it away by hand, for
+the manager's page and `vllm-offload ps`/`load`/`unload` alike. Never on the OpenAI port."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from urllib.parse import quote
 import httpx
 from fastapi import FastAPI, HTTPException
 
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.errors import Refused
 from vllm_offload.fleet.front import FrontDoor
+from vllm_offload.fleet.outlook import outlook
+from vllm_offload.fleet.prepare import several
 from vllm_offload.fleet.residency import Event, Unavailable
+from vllm_offload.systemd.control import ServiceError
 
 EVENTS_KEPT = 200
 # The manager's reads: a front door answers /models in milliseconds (200 events is ~40 KB);
@@ -31,7 +37,10 @@ _readers = threading.BoundedSemaphore(READERS)
 _movers = threading.BoundedSemaphore(1)
 
 
-def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
+def create_control_app(front: FrontDoor, events: deque[Event],
+                       planned: dict[str, dict[str, int]] | None = None) -> FastAPI:  # fmt: skip
+    """``planned``: each model's planned memory (``gpu_bytes``/``host_bytes`` by state:
+    runner.planned_memory)."""
     app = FastAPI(title="vllm-offload front door control", docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
 
@@ -43,10 +52,11 @@ def create_control_app(front: FrontDoor, events: deque[Event]) -> FastAPI:
 
     @app.get("/models")
     def models() -> dict[str, Any]:
-        books = front.residency.state()
-        rows = {name: {**books[name], "state": front.state_of(name),
+        books, times = front.residency.state(), outlook(front.residency)
+        rows = {name: {**books[name], **times[name], "state": front.state_of(name),
                        "pid": front.engines[name].pid,
-                       "max_model_len": front.max_model_len[name]}
+                       "max_model_len": front.max_model_len[name],
+                       "planned": (planned or {}).get(name, {})}
                 for name in front.engines}  # fmt: skip
         return {"models": rows, "ready": front.ready, "events": [asdict(e) for e in events]}
 
@@ -130,3 +140,23 @@ def move(
         return _call(socket, "POST", f"/models/{quote(name, safe='')}/{action}", deadline_s)
     finally:
         _movers.release()
+
+
+def move_by_hand(config: DeploymentConfig, socket: Path, name: str, action: str) -> str:
+    """Bring ``name`` in or put it away for a person (the manager's page, `vllm-offload
+    load`/`unload`): the front door's words, or Refused (one model; no such model) or
+    ServiceError (no front door there; the move failed or the answer was not one)."""
+    if not several(config):
+        raise Refused("models", "one model is configured: it is always on the GPU")
+    try:
+        status, answer = move(socket, name, action)
+    except httpx.HTTPError as exc:
+        raise ServiceError(f"the front door did not answer on {socket}: {exc}") from None
+    except ControlError as exc:
+        raise ServiceError(f"{action} '{name}': {socket}: {exc}") from None
+    said = answer.get("detail") or answer.get("status") if isinstance(answer, dict) else None
+    if status == 404:
+        raise Refused("model", str(said or f"no model '{name}'")[:300])
+    if status != 200 or not isinstance(said, str):
+        raise ServiceError(f"{action} '{name}': HTTP {status}: {str(said)[:300]}")
+    return said[:300]

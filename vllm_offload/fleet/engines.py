@@ -6,7 +6,9 @@ development routes (``/sleep``, ``/wake_up``, ``/collective_rpc``...: vLLM opens
 ``VLLM_SERVER_DEV_MODE=1``, which sleep mode needs) are reachable by the front door alone;
 the front door forwards OpenAI routes only. Each engine's output goes to the front door's
 stderr (the journal), each line prefixed with its model's name; its last lines are kept to
-say why it failed.
+say why it failed. An engine is put to sleep only once its output said our sleep backend
+runs (vllm_ext.SLEEP_BACKEND_LINE, which our plugin prints in each vLLM process): with
+vLLM's own it would keep more host RAM than planned, so it is stopped instead (issue #43).
 """
 
 from __future__ import annotations
@@ -25,12 +27,18 @@ from typing import Any, Literal
 
 import httpx
 
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
+
 # A large model's start (weights read, CUDA graphs captured, the CPU tier allocated) takes
 # minutes; a level-1 sleep of a 16 GB model ~0.35 s once its host buffers exist, the first
 # one ~8 s (measured on the H200: issue #31).
 START_TIMEOUT_S = 900.0
 SLEEP_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 120.0
+# SIGTERM, then SIGKILL to the engine's whole process group after this long: vLLM's own
+# shutdown of a serving engine took 8.5 s with two 8B engines up (H100, issue #43); one still
+# starting has nothing to finish, and its shutdown could hang past 45 s there.
+STOP_GRACE_S = 20.0
+STARTING_GRACE_S = 5.0
 LOG_TAIL_LINES = 40
 MAX_LINE_CHARS = 8192
 
@@ -66,6 +74,7 @@ class EngineProcess:
     state: State = "stopped"
     pid: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    ours_sleep: bool = False  # its output said our sleep backend runs (SLEEP_BACKEND_LINE)
     _proc: asyncio.subprocess.Process | None = None
     _stopping: bool = False
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -93,6 +102,10 @@ class EngineProcess:
         return "started"
 
     async def put_away(self) -> str:
+        if self.spec.idle == "sleep" and self.alive and not self.ours_sleep:
+            # vLLM's own backend would keep more host RAM than planned: stop it instead
+            await self.stop()
+            return "stopped (its output never said our sleep backend runs)"
         if self.spec.idle == "sleep" and self.alive:
             level = self.spec.sleep_level
             await self._call("POST", f"/sleep?level={level}&mode=abort", "sleep")
@@ -105,7 +118,7 @@ class EngineProcess:
         if self.alive:
             await self.stop()
         self.spec.socket.unlink(missing_ok=True)
-        self.state, self._stopping = "starting", False
+        self.state, self._stopping, self.ours_sleep = "starting", False, False
         self._proc = await asyncio.create_subprocess_exec(
             *self.spec.command, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -131,20 +144,21 @@ class EngineProcess:
         raise EngineError(f"not healthy within {START_TIMEOUT_S:.0f} s: {self.last_error()}")
 
     async def stop(self) -> None:
-        """SIGTERM (vLLM's own shutdown: it finishes what it serves, its processes follow),
-        SIGKILL to its whole process group after STOP_TIMEOUT_S."""
+        """SIGTERM (vLLM's own shutdown: its processes follow), SIGKILL to its whole process
+        group after STARTING_GRACE_S while it starts, STOP_GRACE_S once it served; then
+        SIGKILL to what is left of the group (a child that outlived its parent)."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             self.state = "stopped"
             return
+        grace = STARTING_GRACE_S if self.state == "starting" else STOP_GRACE_S
         self._stopping, self.state = True, "stopping"
         proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+        with contextlib.suppress(ProcessLookupError):  # none left: the usual case
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
         self.state = "stopped"
 
     async def _call(self, method: str, path: str, what: str,
@@ -180,12 +194,14 @@ class EngineProcess:
             if len(pending) > MAX_LINE_CHARS:
                 lines, pending = [*lines, pending], b""
             for raw in lines:
-                line = raw[:MAX_LINE_CHARS].decode(errors="replace")
-                self.tail.append(line)
-                sys.stderr.write(prefix + line + "\n")
+                self._said(prefix, raw[:MAX_LINE_CHARS].decode(errors="replace"))
         if pending:
-            self.tail.append(pending[:MAX_LINE_CHARS].decode(errors="replace"))
-            sys.stderr.write(prefix + self.tail[-1] + "\n")
+            self._said(prefix, pending[:MAX_LINE_CHARS].decode(errors="replace"))
+
+    def _said(self, prefix: str, line: str) -> None:
+        self.ours_sleep = self.ours_sleep or SLEEP_BACKEND_LINE in line
+        self.tail.append(line)
+        sys.stderr.write(prefix + line + "\n")
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()

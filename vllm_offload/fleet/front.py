@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from vllm_offload.fleet.engines import EngineProcess, uds_client
+from vllm_offload.fleet.outlook import outlook
 from vllm_offload.fleet.prometheus import merge_expositions
 from vllm_offload.fleet.residency import Busy, Residency, Unavailable
 from vllm_offload.vllm_ext.forwarded_routes import (
@@ -149,6 +150,7 @@ def create_front_app(front: FrontDoor) -> FastAPI:
     def models(request: Request) -> JSONResponse | dict[str, Any]:
         if not authorised(request):
             return openai_error(401, "a valid API key is required", "AuthenticationError")
+        waits = outlook(front.residency)  # a client's readable signal while a model is away
         data = [
             {
                 "id": name,
@@ -157,6 +159,7 @@ def create_front_app(front: FrontDoor) -> FastAPI:
                 "owned_by": "vllm-offload",
                 "max_model_len": front.max_model_len[name],
                 "state": front.state_of(name),
+                "expected_wait_s": waits[name]["expected_wait_s"],
             }
             for name in front.engines
         ]

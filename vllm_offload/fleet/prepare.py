@@ -21,6 +21,7 @@ from vllm_offload.model_facts import ModelFacts, ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import PlanError
+from vllm_offload.vllm_ext import plugin_missing
 from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
 
 ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alone
@@ -94,6 +95,11 @@ def prepare_fleet(
         for problem in model.plan.notes.problems:
             problems.append(PlanError(entry_field(i, problem["field"]),
                                       f"'{name}': {problem['message']}"))  # fmt: skip
+    sleeps = any(m.idle == "sleep" for m in fleet.models.values())
+    missing = plugin_missing(environ) if sleeps else None
+    if missing:  # vLLM's own sleep backend would run: more host RAM than planned
+        why = f"models that sleep need our sleep backend, and {missing}"
+        problems.append(PlanError("residency.idle", f"{why}; or set residency.idle = 'stop'"))
     lmcache = any(m.plan.kv.backend == "lmcache" for m in fleet.models.values())
     api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
     problems += found

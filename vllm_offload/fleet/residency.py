@@ -7,12 +7,16 @@ it picks a resident model to put away (the least recently used of those that may
 lets that model's requests in flight finish (new ones for it wait), puts it away (sleep or
 stop), then brings the asked-for model in (wake or start) and lets its queue run.
 
-Against thrashing (requests for A and B alternating): a resident model in use goes only
-after it has been resident for ``min_resident_s``, so each switch is paid for with that
-much serving, and the requests that queued meanwhile run together. An idle model (nothing
-in flight for IDLE_S, or nothing asked of it since it came in) may go at once. A queue
-over ``queue_limit`` requests answers Busy (a 503 with Retry-After); a model that fails to
-come in fails its queue with the reason.
+Against thrashing (two people on two models, each asking, reading, asking again): a model
+brought in gets a turn of ``min_resident_s``. While its turn lasts it stays, in use or
+between its users' requests; once the turn is over and another model's requests wait, it
+goes (its requests in flight finish first). So busy models take turns: at most one switch
+per ``min_resident_s``, the requests that queued during a turn run together in the next,
+and a request waits at most about one turn and two switches. A model nothing was asked of
+since it came in (brought in by hand, or at start-up) may go at once. A queue over
+``queue_limit`` requests answers Busy (a 503 with Retry-After); a model that fails to come
+in fails its queue with the reason. (Before issue #43 a model with nothing in flight for
+1 s could go at once: users with a second's think time switched on every request.)
 
 Engines are injected (``EngineOps``): real vLLM processes in ``engines.py``, stand-ins in
 the tests. Everything runs on one asyncio loop, so the bookkeeping needs no locks.
@@ -24,15 +28,12 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 Status = Literal["serving", "draining", "away", "moving", "failed"]
-# A resident model with nothing in flight for this long is idle: it may go before its
-# min_resident_s. Clients that alternate models keep it busier than that (each request's
-# end counts as a use), a person switching models by hand does not.
-IDLE_S = 1.0
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class EngineOps(Protocol):
@@ -62,7 +63,7 @@ class Unavailable(Exception):
 @dataclass(frozen=True)
 class ResidencySettings:
     max_resident: int = 1  # models on the GPU at once
-    min_resident_s: float = 5.0  # a busy resident model stays at least this long
+    min_resident_s: float = 5.0  # a model's turn on the GPU once it is used
     keep_alive_s: float | None = None  # idle this long: put away; None: until needed
     queue_limit: int = 64  # requests waiting for switches, all models together
     drain_timeout_s: float = 300.0  # in-flight requests of a model being put away
@@ -77,6 +78,9 @@ class Slot:
     in_flight: int = 0
     since: float = 0.0  # when it last became resident
     last_used: float = 0.0
+    used: bool = False  # asked for since it became resident
+    bring_in_s: float | None = None  # how long its last bring-in took
+    put_away_s: float | None = None  # and its last put-away
     queue: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -96,10 +100,12 @@ class Residency:
         settings: ResidencySettings,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[Event], None] = lambda _event: None,
+        sleep: Sleep = asyncio.sleep,  # the clock's: a fake clock's test drives both
     ) -> None:
         self.engines = engines
         self.settings = settings
         self.clock = clock
+        self.sleep = sleep
         self.on_event = on_event
         self.slots = {name: Slot(name) for name in engines}
         self._kick = asyncio.Event()
@@ -116,7 +122,7 @@ class Residency:
             slot.in_flight += 1
         else:
             await self._wait_for(slot)  # returns holding a place the switch reserved
-        slot.last_used = self.clock()
+        slot.last_used, slot.used = self.clock(), True
         try:
             yield
         finally:
@@ -160,10 +166,13 @@ class Residency:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="switcher")
 
     async def stop(self) -> None:
+        """No more switches; the requests waiting for one fail (the server is stopping)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for slot in self.slots.values():
+            self._release(slot, Unavailable("the server is stopping"))
 
     async def bring_in(self, name: str) -> None:
         """Make ``name`` resident now (start-up, or by hand), putting another away first
@@ -204,8 +213,18 @@ class Residency:
                 wait_s = await self._step()
             if wait_s is not None and wait_s <= 0:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=wait_s)
+            await self._kicked_or(wait_s)
+
+    async def _kicked_or(self, wait_s: float | None) -> None:
+        """Until a kick, or ``wait_s`` on the injected clock (None: a kick only)."""
+        waits: set[asyncio.Future[object]] = {asyncio.ensure_future(self._kick.wait())}
+        if wait_s is not None:
+            waits.add(asyncio.ensure_future(self.sleep(wait_s)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     async def _step(self) -> float | None:
         """Make the next switch, if one is due; seconds until something may change by
@@ -218,11 +237,9 @@ class Residency:
             return 0
         now = self.clock()
         ready = [s for s in self._resident() if s.status == "serving" and self._may_go(s, now)]
-        if not ready:
-            idle_s = min(IDLE_S, self.settings.min_resident_s)
-            waits = [min(s.since + self.settings.min_resident_s, s.last_used + idle_s) - now
-                     for s in self._resident()]  # fmt: skip
-            return max(0.01, min(waits))
+        if not ready:  # every resident model's turn lasts: until the first ends
+            ends = [s.since + self.settings.min_resident_s - now for s in self._resident()]
+            return max(0.01, min(ends))
         await self._put_away(min(ready, key=lambda s: s.last_used))
         await self._bring_in(target)
         return 0
@@ -233,11 +250,9 @@ class Residency:
         return min(asked, key=lambda s: s.queue[0][0], default=None)
 
     def _may_go(self, slot: Slot, now: float) -> bool:
-        if now - slot.since >= self.settings.min_resident_s:
-            return True
-        unused = slot.last_used == slot.since  # nothing asked of it since it came in
-        idle_s = min(IDLE_S, self.settings.min_resident_s)
-        return slot.in_flight == 0 and (unused or now - slot.last_used >= idle_s)
+        """Its turn is over, or it was never used in it."""
+        over = now - slot.since >= self.settings.min_resident_s
+        return over or (slot.in_flight == 0 and not slot.used)
 
     async def _expire_idle(self) -> float | None:
         keep = self.settings.keep_alive_s
@@ -264,9 +279,9 @@ class Residency:
             slot.status = "failed"
             self._event(slot.name, f"putting '{slot.name}' away failed: {exc}")
             return
-        slot.status = "away"
+        slot.status, slot.put_away_s = "away", self.clock() - began
         self._event(slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""),
-                    self.clock() - began)  # fmt: skip
+                    slot.put_away_s)  # fmt: skip
 
     async def _bring_in(self, slot: Slot) -> None:
         slot.status = "moving"
@@ -278,9 +293,10 @@ class Residency:
             self._event(slot.name, f"'{slot.name}' could not be brought in: {exc}")
             self._release(slot, Unavailable(f"model '{slot.name}' could not be brought in: {exc}"))
             return
-        slot.status = "serving"
+        slot.status, slot.used = "serving", bool(slot.queue)
         slot.since = slot.last_used = self.clock()
-        self._event(slot.name, f"{how} '{slot.name}'", slot.since - began)
+        slot.bring_in_s = slot.since - began
+        self._event(slot.name, f"{how} '{slot.name}'", slot.bring_in_s)
         self._release(slot, None)
 
     def _release(self, slot: Slot, error: Exception | None) -> None:

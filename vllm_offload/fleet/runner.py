@@ -1,7 +1,13 @@
 """`vllm-offload serve` with several models: the front door in this process (the one systemd
-started), the engines as its children. Start-up brings every model in once and puts it
-away (with sleep, the slow first sleep is paid here, not by a user's first switch), then
-brings the default in; SIGTERM stops the engines, then the front door."""
+started), the engines as its children. Start-up brings each model that will sleep in once
+and puts it away (the slow first sleep is paid here, not by a user's first switch), then
+brings in the default and the others that stay on the GPU beside it.
+
+SIGTERM, SIGINT or SIGHUP, at any moment (an engine still starting included), ends
+everything within STOP_BOUND_S: the switches stop and the requests waiting for one fail at
+once; the two servers stop taking requests and give those in flight SERVER_GRACE_S; each
+engine gets SIGTERM, then SIGKILL to its whole process group after its grace
+(engines.STARTING_GRACE_S while it starts, STOP_GRACE_S once it served), all at once."""
 
 from __future__ import annotations
 
@@ -19,12 +25,16 @@ import uvicorn
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.fleet.control import EVENTS_KEPT, create_control_app
-from vllm_offload.fleet.engines import EngineProcess, EngineSpec
+from vllm_offload.fleet.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.fleet.front import FrontDoor, create_front_app
 from vllm_offload.fleet.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
 from vllm_offload.fleet.residency import Event, Residency, ResidencySettings, Unavailable
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan, holds
 
 ENGINE_MODULE = "vllm_offload.fleet.engine"
+SERVER_GRACE_S = 5  # uvicorn takes whole seconds
+STOP_BOUND_S = max(SERVER_GRACE_S, STOP_GRACE_S) + 10.0  # and reaping what was killed
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class _Server(uvicorn.Server):
@@ -39,11 +49,27 @@ def say(text: str) -> None:
     print(f"vllm-offload: {text}", file=sys.stderr, flush=True)
 
 
-def settings(config: DeploymentConfig) -> ResidencySettings:
+def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
+    """The switcher's settings: ``max_resident`` as the plan resolved it."""
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
-    return ResidencySettings(residency.max_resident, residency.min_resident_s, keep,
+    return ResidencySettings(max_resident, residency.min_resident_s, keep,
                              residency.queue_limit, residency.drain_timeout_s)  # fmt: skip
+
+
+def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
+    """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
+    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing)."""
+    plan = model.plan
+    host = holds(plan, "stop", level) + plan.cpu_tier.bytes
+    if plan.platform == "cuda":
+        gpu = plan.gpu.budget_bytes
+    else:  # vLLM's CPU backend: the weights and the pool are in host RAM
+        gpu, host = 0, host + plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes
+    asleep = model.idle == "sleep" and plan.platform == "cuda"
+    return {"gpu_bytes_serving": gpu, "host_bytes_serving": host,
+            "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
+            "host_bytes_away": model.away_ram_bytes}  # fmt: skip
 
 
 def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
@@ -65,20 +91,28 @@ def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
 
 
 async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> None:
-    """Every model in and away once (preload: a model's first sleep makes its host buffer,
-    ~7-11 s for 16 GB on the H200; later ones take 0.35 s), then the default in."""
+    """The models that stay on the GPU in, the default first (then the front door is
+    ready); before them (preload), every model that will sleep in and away once: its first
+    sleep makes its host buffer, ~7-11 s for 16 GB on the H200, later ones take 0.35 s. A
+    model that stays resident never sleeps, so it keeps no host copy of its weights."""
     fleet = prepared.fleet
-    if preload:
-        for name, model in fleet.models.items():
-            if model.idle == "sleep":
-                try:
-                    await front.residency.bring_in(name)
-                    await front.residency.put_away(name)
-                except Unavailable as exc:
-                    say(f"'{name}' did not start ({exc}); it starts again when asked for")
+    names = [fleet.default, *(n for n in fleet.models if n != fleet.default)]
+    resident, away = names[: fleet.max_resident], names[fleet.max_resident :]
+    for name in away if preload else ():
+        if fleet.models[name].idle == "sleep":
+            try:
+                await front.residency.bring_in(name)
+                await front.residency.put_away(name)
+            except Unavailable as exc:
+                say(f"'{name}' did not start ({exc}); it starts again when asked for")
     await front.residency.bring_in(fleet.default)
     front.ready = True
     say(f"serving {', '.join(fleet.models)}; '{fleet.default}' on the GPU")
+    for name in resident[1:] if preload else ():
+        try:
+            await front.residency.bring_in(name)
+        except Unavailable as exc:
+            say(f"'{name}' did not start ({exc}); it starts again when asked for")
 
 
 async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
@@ -104,19 +138,24 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
         say(f"{event.text}{took}")
 
-    residency = Residency(engines, settings(config), on_event=record)
+    resident = prepared.fleet.max_resident
+    residency = Residency(engines, settings(config, resident), on_event=record)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
     front = FrontDoor(engines, residency, lengths, prepared.api_key)
     control_socket = prepared.runtime_dir / CONTROL_SOCKET
     control_socket.unlink(missing_ok=True)
     public = _Server(uvicorn.Config(create_front_app(front), host=config.server.host,
                                     port=config.server.port, log_level="warning",
-                                    timeout_keep_alive=30))  # fmt: skip
-    control = _Server(uvicorn.Config(create_control_app(front, events), uds=str(control_socket),
-                                     log_level="warning"))  # fmt: skip
+                                    timeout_keep_alive=30,
+                                    timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
+    level = config.residency.sleep_level
+    memory = {n: planned_memory(m, level) for n, m in prepared.fleet.models.items()}
+    control = _Server(uvicorn.Config(create_control_app(front, events, memory),
+                                     uds=str(control_socket), log_level="warning",
+                                     timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     servers = [asyncio.create_task(s.serve()) for s in (public, control)]
     code = 0
@@ -136,11 +175,12 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
             await stopping
         warm.cancel()
     finally:
+        say("stopping")
         public.should_exit = control.should_exit = True
-        await asyncio.gather(*servers, return_exceptions=True)
+        stops = [asyncio.create_task(engine.stop()) for engine in engines.values()]
         await residency.stop()
+        await asyncio.gather(*servers, *stops, return_exceptions=True)
         await front.aclose()
-        await asyncio.gather(*(engine.stop() for engine in engines.values()))
         control_socket.unlink(missing_ok=True)
     return code
 

@@ -57,9 +57,9 @@ def dashboard(csrf: str, unit: str) -> str:
   <table id="disks"></table></div>
 </div>
 <div class="card" id="models-card" hidden><h2>Models</h2><p class="hint">Each model this
- server answers to, by its name. One is on the GPU at a time (residency.max_resident); a
- request for another waits while it is brought in (asleep: about a second; stopped: a
- start). Saving a change here restarts the server.</p>
+ server answers to, by its name. As many as fit are on the GPU at once
+ (residency.max_resident); a request for another waits while it is brought in (asleep:
+ about a second; stopped: a start). Saving a change here restarts the server.</p>
  <p id="control-error" class="error" hidden></p>
  <div class="model-cards" id="model-cards"></div>
  <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>

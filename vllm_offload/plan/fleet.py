@@ -23,17 +23,20 @@ from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
+from vllm_offload.plan.together import resident_models
 
 Idle = Literal["sleep", "stop"]
 # GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
 # 1.53 GiB at levels 1 and 2 in the final runs, 2.48 GiB in the first try
 # (benchmarks/results/h200-vllm-0.32.0/switch/); planned with room to spare.
 ASLEEP_GPU_BYTES = 3 * GIB
-# Host RAM a level-1 sleep keeps for the weights (and the runtime and graph pools vLLM keeps
-# at every level), in vllm_ext.sleep's arena, made at the first sleep and kept: +15.55 GiB
-# for 14.96 GiB of weights on the H200 (1.04x; vLLM's own backend: 1.18x, issue #31;
-# benchmarks/results/h200-vllm-0.32.0/switch/). Planned with room to spare.
-SLEEP_BACKUP_FACTOR = 1.1
+# Host RAM a level-1 sleep keeps, in vllm_ext.sleep's arena (made at the first sleep and
+# kept): the weights, byte for byte, and vLLM's runtime and CUDA-graph pools, which it keeps
+# at every level and which do not grow with the model: +15.55 GiB for 14.96 GiB of weights
+# on the H200 (8B shape; docs/benchmarks.md, raw benchmarks/results/h200-vllm-0.32.0/switch/),
+# 2.88 GiB for a 1B shape's ~2.30 GiB on an H100 (issue #43): ~0.58-0.59 GiB of pools
+# either way. A factor of the weights (1.1x before) under-counted the small model.
+SLEEP_POOLS_BYTES = int(0.6 * GIB)
 # The model on the GPU must keep at least this share of it.
 MIN_GPU_SHARE = 0.05
 
@@ -52,11 +55,17 @@ class ModelPlan:
 class FleetPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
+    max_resident: int  # models on the GPU at once ('auto' resolved)
     notes: Notes
 
 
-def idle_mode(config: DeploymentConfig, platform: Platform) -> tuple[Idle, Notes]:
+def idle_mode(config: DeploymentConfig, platform: Platform, all_resident: bool = False
+              ) -> tuple[Idle, Notes]:  # fmt: skip
     idle = config.residency.idle
+    if idle == "auto" and all_resident:
+        return "stop", Notes(decisions=(
+            "residency.idle auto -> stop: every model stays on the GPU, so none sleeps (no "
+            "engine keeps a host copy of its weights); one put away by hand stops",))  # fmt: skip
     if idle == "auto":
         chosen: Idle = "sleep" if platform == "cuda" else "stop"
         why = "vLLM's sleep mode on an NVIDIA GPU" if chosen == "sleep" else "no NVIDIA GPU"
@@ -92,7 +101,7 @@ def holds(plan: Plan, idle: Idle, level: int) -> int:
     """Host RAM one engine holds while alive and away (besides its CPU tier)."""
     tp = plan.tensor_parallel_size
     engine = server_ram_bytes(tp) + (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
-    backup = int(plan.weights.gpu_bytes * tp * SLEEP_BACKUP_FACTOR) if level == 1 else 0
+    backup = (plan.weights.gpu_bytes + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
     return engine + (backup if idle == "sleep" else 0)
 
 
@@ -107,15 +116,16 @@ def plan_fleet(
 ) -> FleetPlan:
     """Plan every model of the set; raises PlanError naming the model's entry for what no
     setting makes fit, lists in the notes' problems what forbids a start."""
-    idle, notes = idle_mode(config, platform)
+    resident, shares, notes = _resident(config, engines, facts, host, platform, env, disks)
+    idle, step = idle_mode(config, platform, resident >= len(engines))
+    notes = step + notes
     level = config.residency.sleep_level
-    resident = min(config.residency.max_resident, len(engines))
     sleepers = len(engines) - resident if idle == "sleep" else 0
-    shares: dict[str, DeploymentConfig] = {}
-    for name, engine in engines.items():
-        shares[name], step = _gpu_share(name, engine, host, sleepers)
-        notes += step
-    notes += _resident_shares_fit(config, shares, host, sleepers)
+    if not shares:  # as configured: each model's share less what the sleepers keep
+        for name, engine in engines.items():
+            shares[name], step = _gpu_share(name, engine, host, sleepers)
+            notes += step
+    notes += _resident_shares_fit(resident, shares, host, sleepers)
     alone = {name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
              for i, name in enumerate(engines)}  # fmt: skip
     # Engines alive at once: every one when they sleep; else max_resident of them (counted
@@ -137,7 +147,32 @@ def plan_fleet(
         away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
         planned[name] = ModelPlan(name, engine, facts[name], plan, idle, away)
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(planned, default, notes)
+    return FleetPlan(planned, default, resident, notes)
+
+
+def _resident(
+    config: DeploymentConfig,
+    engines: Mapping[str, DeploymentConfig],
+    facts: Mapping[str, ModelFacts],
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    disks: Mapping[str, DiskFacts | None],
+) -> tuple[int, dict[str, DeploymentConfig], Notes]:
+    """max_resident as configured (no shares set here), or 'auto' (plan.together): the
+    count, and each model's config with its share when several stay together."""
+    asked = config.residency.max_resident
+    if asked != "auto":
+        return min(asked, len(engines)), {}, Notes()
+    alone = {name: _plan(i, name, engine, facts[name], host, platform, env, disks[name])
+             for i, (name, engine) in enumerate(engines.items())}  # fmt: skip
+    count, shares, notes = resident_models(config, engines, facts, alone, host, platform,
+                                           ASLEEP_GPU_BYTES)  # fmt: skip
+    configs = {}
+    for name, share in shares.items():
+        gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})
+        configs[name] = engines[name].model_copy(update={"gpu": gpu})
+    return count, configs, notes
 
 
 def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, host: HostFacts,
@@ -148,10 +183,9 @@ def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, ho
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
 
-def _resident_shares_fit(config: DeploymentConfig, shares: Mapping[str, DeploymentConfig],
+def _resident_shares_fit(resident: int, shares: Mapping[str, DeploymentConfig],
                          host: HostFacts, sleepers: int) -> Notes:  # fmt: skip
     """Above one resident model, the largest shares of the GPU must fit it together."""
-    resident = config.residency.max_resident
     if resident == 1 or len(shares) == 1 or not host.gpus:
         return Notes()
     total = min(g.total_bytes for g in host.gpus)
@@ -268,6 +302,6 @@ def render_fleet(fleet: FleetPlan) -> str:
 def fleet_json(fleet: FleetPlan) -> dict[str, object]:
     models = {name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
               for name, m in fleet.models.items()}  # fmt: skip
-    return {"models": models, "default": fleet.default,
+    return {"models": models, "default": fleet.default, "max_resident": fleet.max_resident,
             "decisions": list(fleet.notes.decisions), "warnings": list(fleet.notes.warnings),
             "problems": list(fleet.notes.problems)}  # fmt: skip

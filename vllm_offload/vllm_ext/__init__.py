@@ -2,6 +2,39 @@
 the disk tier and the CPU tier's connector by module path, a sleep-mode backend): code
 that runs inside vLLM's processes, instead of hunks in vLLM's files."""
 
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterable, Mapping
+
 # With it set to 1 (the launcher does for engines that sleep), the plugin makes
 # vllm_ext.sleep's backend the one vLLM's sleep mode uses.
 SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
+# What each vLLM process of an engine prints (stderr, whatever the log level) once the plugin
+# made the arena its sleep backend: the front door sleeps an engine only after seeing it.
+SLEEP_BACKEND_LINE = "vllm-offload: sleep backend: vllm_offload.vllm_ext.sleep's arena"
+# vLLM loads general plugins from this entry-point group (vllm.plugins), as pyproject.toml
+# registers ours; VLLM_PLUGINS, when set, is the comma-separated list of names it loads.
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "vllm_offload"
+PLUGIN_TARGET = "vllm_offload.vllm_ext.plugin:register"
+EntryPoints = Iterable[importlib.metadata.EntryPoint]
+
+
+def plugin_missing(environ: Mapping[str, str], entry_points: EntryPoints | None = None
+                   ) -> str | None:  # fmt: skip
+    """Why vLLM would not load our plugin in a process with ``environ`` (None: it will).
+    Without it vLLM only warns about our environment variables: an engine that sleeps
+    would run vLLM's own sleep backend, not vllm_ext.sleep's arena, and hold more host RAM
+    than planned (issue #43: 25.15 GiB where 24.45 were planned)."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=PLUGIN_GROUP)
+    if not any(e.name == PLUGIN_NAME and e.value == PLUGIN_TARGET for e in entry_points):
+        return (f"vLLM would not load vllm-offload's plugin: no '{PLUGIN_NAME} = "
+                f"{PLUGIN_TARGET}' among the '{PLUGIN_GROUP}' entry points this Python "
+                "sees (a source tree on PYTHONPATH has none): install the package")  # fmt: skip
+    allowed = environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        return (f"vLLM would not load vllm-offload's plugin: VLLM_PLUGINS={allowed!r} leaves "
+                f"out '{PLUGIN_NAME}': add it, or unset VLLM_PLUGINS")  # fmt: skip
+    return None

@@ -18,6 +18,7 @@ that name, so vLLM's own worker picks it. Runs inside vLLM's worker; imports vLL
 from __future__ import annotations
 
 import mmap
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ import torch
 from vllm.device_allocator.cumem import CuMemAllocator, libcudart
 from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
+
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
 
@@ -102,3 +105,4 @@ def register() -> None:
     from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
 
     SleepModeBackendFactory._registry["cumem"] = lambda: ArenaBackend
+    print(SLEEP_BACKEND_LINE, file=sys.stderr, flush=True)  # the front door waits for it

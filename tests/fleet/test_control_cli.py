@@ -1,0 +1,129 @@
+"""`vllm-offload ps`, `load` and `unload` (issue #43), as a person runs them: the console
+script in its own process, against a front door's control socket served by uvicorn, over
+stand-in engine processes (tests/fleet/standin_engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import uvicorn
+
+from tests.fleet.test_front import run, standin
+from vllm_offload.cli.ps_cmd import COLUMNS
+from vllm_offload.config import parse, save
+from vllm_offload.fleet.control import create_control_app
+from vllm_offload.fleet.front import FrontDoor
+from vllm_offload.fleet.residency import Event, Residency, ResidencySettings
+from vllm_offload.hardware import GIB
+
+VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
+PLANNED = {"gpu_bytes_serving": 20 * GIB, "host_bytes_serving": 7 * GIB,
+           "gpu_bytes_away": 3 * GIB, "host_bytes_away": 23 * GIB}  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
+    """A front door (chat on the GPU, coder stopped) with its control socket; yields the
+    socket and a config of the same two models."""
+    residency_ref: list[Residency] = []
+    engines = {n: standin(tmp_path, n, lambda name, _c: residency_ref[0].engine_exited(name))
+               for n in ("chat", "coder")}  # fmt: skip
+    residency = Residency(engines, ResidencySettings(min_resident_s=60, keep_alive_s=600))
+    residency_ref.append(residency)
+    front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096})
+    events: deque[Event] = deque()
+    socket = tmp_path / "control.sock"
+    app = create_control_app(front, events, {n: PLANNED for n in engines})
+    server = uvicorn.Server(uvicorn.Config(app, uds=str(socket), log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    await residency.bring_in("chat")
+    residency.start()
+    config = tmp_path / "config.toml"
+    save(parse({"models": [{"served_name": "chat"}, {"served_name": "coder"}]}), config)
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        yield socket, config
+    finally:
+        server.should_exit = True
+        await serving
+        await residency.stop()
+        for engine in engines.values():
+            await engine.stop()
+
+
+async def cli(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(VLLM_OFFLOAD, *args, env=dict(os.environ),
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+def table(text: str) -> dict[str, list[str]]:
+    """ps's rows by model: the state, then the rest of the line."""
+    rows = {}
+    for line in text.splitlines()[1:]:
+        name, state, rest = line.split(None, 2)
+        rows[name] = [state, rest]
+    return rows
+
+
+def test_ps_load_and_unload(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with control_socket(tmp_path) as (socket, config):
+            where = ("--socket", str(socket), "--config", str(config))
+            code, out = await cli("ps", *where)
+            assert code == 0, out
+            assert tuple(out.splitlines()[0].split()) == COLUMNS
+            rows = table(out)
+            assert rows["chat"][0] == "serving" and "20.0 GiB" in rows["chat"][1]
+            assert "until" in rows["chat"][1] and "idle, or another model asks" in rows["chat"][1]
+            assert rows["coder"][0] == "stopped" and rows["coder"][1].split()[-1] == "?"
+
+            code, out = await cli("load", "coder", *where)
+            assert (code, out.strip()) == (0, "'coder' is on the GPU")
+            rows = table((await cli("ps", *where))[1])
+            assert rows["coder"][0] == "serving" and rows["chat"][0] == "asleep"
+            assert "3.0 GiB" in rows["chat"][1] and "23.0 GiB" in rows["chat"][1]
+
+            code, out = await cli("ps", "--json", *where)
+            listed = json.loads(out)["models"]
+            assert listed["coder"]["since"] is not None and listed["coder"]["turn_ends"]
+            assert listed["coder"]["expected_wait_s"] == 0.0
+            # chat's wait: coder's turn (60 s, unused: none) and a switch as chat's took
+            assert 0 <= listed["chat"]["expected_wait_s"] < 60
+
+            code, out = await cli("unload", "coder", *where)
+            assert (code, out.strip()) == (0, "'coder' is away")
+            rows = table((await cli("ps", *where))[1])
+            assert rows["coder"][0] == "asleep" and rows["coder"][1].split()[-1] == "s"
+            listed = json.loads((await cli("ps", "--json", *where))[1])["models"]
+            assert listed["coder"]["expected_wait_s"] >= 0  # nothing resident: its wake
+
+            code, out = await cli("load", "gpt-4", *where)
+            assert code == 2 and "no model 'gpt-4'" in out and "chat, coder" in out
+
+    run(test)
+
+
+def test_no_front_door_and_one_model_are_refused_clearly(tmp_path: Path) -> None:
+    async def test() -> None:
+        config = tmp_path / "one.toml"
+        save(parse({"residency": {"runtime_dir": str(tmp_path / "run")}}), config)
+        code, out = await cli("ps", "--config", str(config))
+        assert code == 1 and "no front door's control socket" in out and "--socket" in out
+        socket = tmp_path / "control.sock"
+        socket.touch()
+        code, out = await cli("load", "x", "--config", str(config), "--socket", str(socket))
+        assert code == 2 and "one model is configured" in out
+
+    run(test)
