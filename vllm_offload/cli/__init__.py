@@ -14,6 +14,7 @@ from vllm_offload.cli import (
     manager_cmd,
     patch_cmd,
     plan_cmd,
+    pull_cmd,
     serve,
     service_cmd,
 )
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (
         serve,
         plan_cmd,
+        pull_cmd,
         config_cmd,
         manager_cmd,
         service_cmd,

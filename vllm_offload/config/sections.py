@@ -62,11 +62,15 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     path: str = Field(
         "",
-        description="Local Hugging Face model directory (config.json + weights). "
-        "Empty: the built-in demo model.",
+        description="Local Hugging Face model directory (config.json + weights), or a "
+        "Hugging Face repo id ('org/name', 'org/name@revision') fetched into the HF cache "
+        "by `vllm-offload pull` (an existing folder of that name wins; write './org/name' "
+        "for a folder). Empty: the built-in demo model.",
     )
     served_name: str = Field(
-        "", description="Model name the API answers to. Empty: the directory's name."
+        "",
+        description="Model name the API answers to. Empty: the repo id (org/name), or the "
+        "directory's name.",
     )
     max_model_len: int | Auto = Field(
         "auto",

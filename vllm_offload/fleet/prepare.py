@@ -17,6 +17,7 @@ from vllm_offload.deployment import confined_model_dir, machine_checks
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec
+from vllm_offload.model_facts import ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import PlanError
@@ -78,7 +79,7 @@ def prepare_fleet(
     for i, (name, config_i) in enumerate(engines.items()):
         try:
             dirs[name] = confined_model_dir(config_i, roots)
-        except ConfigError as exc:
+        except (ConfigError, ModelFactsError) as exc:
             raise ConfigError(entry_field(i, exc.field), exc.message) from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     facts = {name: model_facts.read(directory) for name, directory in dirs.items()}

@@ -12,6 +12,7 @@ from collections.abc import Set as AbstractSet
 from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
 from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Forbidden
+from vllm_offload.hub import shaped_like_id
 
 # Config keys only the file may set. kv_offload.disk_path: the server writes there and
 # `cache clear` deletes there.
@@ -67,6 +68,10 @@ def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
 def _plain_path(field: str, path: str, saved: str) -> None:
     """The manager and the server resolve a path each, as different users: '~' or a
     relative one could name another folder for each."""
+    if path != saved and shaped_like_id(path):
+        raise Forbidden(field, f"{path}: a Hugging Face id through the API would download "
+                        "at a client's word; an administrator fetches it (`vllm-offload pull "
+                        f"{path}`) and names it in the config file")  # fmt: skip
     if path != saved and path and (path[0] != "/" or os.path.normpath(path) != path):
         raise ConfigError(field, "give an absolute path without '~', '.' or '..' parts (as "
                           "the model list shows)")  # fmt: skip
