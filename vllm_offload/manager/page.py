@@ -19,16 +19,26 @@ LOGIN = """<!doctype html><html><head><meta charset="utf-8"><title>vllm-offload 
 <link rel="stylesheet" href="/static/style.css"></head><body>
 <header><h1>vllm-offload manager</h1></header>
 <main><div class="card narrow">
-<h2>Log in</h2><p class="hint">Paste the manager token. It is in the token file
-(by default /etc/vllm-offload/manager-token, readable by the manager's user only).</p>
+<h2>Log in</h2>{failed}<p class="hint">Paste the manager token. {where}</p>
 <form method="post" action="/login"><label for="token">Token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" required>
 <p><button class="primary" type="submit">Log in</button></p></form></div></main></body></html>
 """
+FAILED = '<p class="error">That token is not right.</p>'
 
-LOGIN_FAILED = LOGIN.replace(
-    "<h2>Log in</h2>", '<h2>Log in</h2><p class="error">That token is not right.</p>'
-)
+
+def login(token_file: Path | None, failed: bool = False) -> str:
+    """The login page, saying where this manager's token is: its token file (the unit's,
+    install-service's), or the terminal it was started from (no --token-file: a token
+    for this run alone)."""
+    if token_file is not None:
+        where = (f"It is in the token file {token_file}, readable by the manager's user "
+                 "only.")  # fmt: skip
+    else:
+        where = ("This manager was started without --token-file: its token for this run is "
+                 "the one `vllm-offload manager` printed on the terminal it was started "
+                 "from.")  # fmt: skip
+    return LOGIN.format(failed=FAILED if failed else "", where=html.escape(where))
 
 
 def dashboard(csrf: str, unit: str) -> str:
