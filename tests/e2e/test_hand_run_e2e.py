@@ -36,17 +36,20 @@ def test_the_manager_shows_a_server_started_by_hand(
     tmp_path: Path, deployment: stack.Deployment
 ) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    with stack.manager(tmp_path, deployment, TOKEN) as url, httpx.Client(
-        base_url=url, headers=headers, timeout=30
-    ) as manager:
+    with (
+        stack.manager(tmp_path, deployment, TOKEN) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as manager,
+    ):
         status = manager.get("/api/status").json()
         assert status["health"] == "by-hand", status
         assert status["served_name"] == "by-hand"  # the server's own, not the config's
         assert status["hand_run"]["models"] == ["by-hand"]
         assert status["pid"] is not None and status["uptime_s"] is not None
         assert "started by hand" in status["reason"] and "vllm.service" in status["reason"]
-        assert manager.get("/api/logs").json()["lines"][0].startswith(
-            "(the server answering now was started by hand"
+        assert (
+            manager.get("/api/logs")
+            .json()["lines"][0]
+            .startswith("(the server answering now was started by hand")
         )
         ports = [s["port"] for s in manager.get("/api/detect").json()["servers"]]
         assert deployment.server_port not in ports  # not an "other" server
