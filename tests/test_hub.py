@@ -39,7 +39,7 @@ def _repo(**kwargs: bool) -> Repo:
 
 @pytest.fixture
 def hub() -> Hub:
-    return Hub(repos={"org/tiny": _repo(), "org/gated": _repo(gated=True)})
+    return Hub(repos={"org/tiny": _repo(), "org/gated": _repo(gated=True), "org/other": _repo()})
 
 
 @pytest.fixture
@@ -68,6 +68,20 @@ def test_plan_reads_the_hub_without_downloading(hub: Hub, env: dict[str, str]) -
     assert "`vllm-offload pull org/tiny` fetches 0.02 GiB" in problem["message"]
     assert hub.gets("model.safetensors") == ["bytes=0-100000"]  # the header alone
     assert not _snapshots(env, "org/tiny").exists()  # nothing half-made in the HF cache
+
+
+def test_several_hub_models_are_planned_from_the_hub(
+    hub: Hub, env: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\npath = "org/tiny"\n[[models]]\npath = "org/other"\n')
+    run = _cli(env, "plan", "--config", str(config), "--gpu-mem-gib", "24", "--json")
+    assert run.returncode == 2, run.stderr
+    plan = json.loads(run.stdout)
+    assert set(plan["models"]) == {"org/tiny", "org/other"}  # each answers to its repo id
+    fields = [p["field"] for p in plan["problems"]]
+    assert fields == ["models[0].path", "models[1].path"]
+    assert set(hub.gets("model.safetensors")) == {"bytes=0-100000"}
 
 
 def test_serve_does_not_download_on_start(hub: Hub, env: dict[str, str]) -> None:

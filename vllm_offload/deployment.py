@@ -98,7 +98,7 @@ def confined_model_dir(config: DeploymentConfig, roots: Sequence[Path] | None) -
     return directory
 
 
-def _hub_not_downloaded(config: DeploymentConfig) -> tuple[ModelFacts, str] | None:
+def hub_not_downloaded(config: DeploymentConfig) -> tuple[ModelFacts, str] | None:
     """A hub id not in the HF cache: its facts read from the hub (config.json and the
     safetensors headers, no weights) and why it cannot start yet; else None."""
     refs = hub_models(config)
@@ -142,7 +142,7 @@ def prepare(
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
     release and the patch state is not checked. ``from_hub``: a hub id not downloaded yet
     is planned from the hub (a problem: it cannot start before `pull`)."""
-    remote = _hub_not_downloaded(config) if from_hub else None
+    remote = hub_not_downloaded(config) if from_hub else None
     if remote is not None:
         directory = Path(str(hub_models(config)[0]))
         plan = plan_for(config, directory, host, environ, remote[0])

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     host = _common.host_facts(args)
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
     if several(config):
-        fleet = prepare_fleet(config, host, os.environ, vllm)
+        fleet = prepare_fleet(config, host, os.environ, vllm, from_hub=True)
         problems = [problem.detail() for problem in fleet.problems]
         if args.json:
             print(json.dumps({**fleet_json(fleet.fleet), "problems": problems}, indent=2))
