@@ -90,6 +90,10 @@ def test_serve_does_not_download_on_start(hub: Hub, env: dict[str, str]) -> None
     assert "org/tiny: not downloaded yet" in run.stderr
     assert "vllm-offload pull org/tiny" in run.stderr and "serve --pull" in run.stderr
     assert hub.requests == []
+    asked = _cli(env, "serve", "--model", "org/tiny", "--dry-run", "--pull")
+    assert f"pulled org/tiny into {_snapshots(env, 'org/tiny')}" in asked.stderr, asked.stderr
+    assert "not downloaded" not in asked.stderr
+    assert "--served-model-name=org/tiny" in asked.stdout, asked.stderr
 
 
 def test_an_interrupted_pull_resumes(hub: Hub, env: dict[str, str]) -> None:
