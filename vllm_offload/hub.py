@@ -72,14 +72,15 @@ def cache_dir() -> str:
     return str(constants.HF_HUB_CACHE)
 
 
-def cached(ref: HubRef) -> Path | None:
-    """The folder of ``ref``'s complete download in the HF cache, or None; no network."""
+def cached(ref: HubRef, cache: str | None = None) -> Path | None:
+    """The folder of ``ref``'s complete download in the HF cache (``cache``: another
+    user's, say), or None; no network."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         folder = snapshot_download(ref.repo_id, revision=ref.revision, local_files_only=True,
-                                   ignore_patterns=IGNORED)  # fmt: skip
+                                   ignore_patterns=IGNORED, cache_dir=cache)  # fmt: skip
     except LocalEntryNotFoundError:  # none, or an incomplete one
         return None
     return Path(str(folder))

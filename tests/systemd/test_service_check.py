@@ -156,3 +156,25 @@ def test_the_dry_run_works_before_the_user_exists_and_prints_no_token(
     assert token_file.splitlines()[1] == "(a new random token, kept if one exists; not shown)"
     assert not re.search(r"^[A-Za-z0-9_-]{43}$", out, re.MULTILINE)  # token_urlsafe(32)
     assert not root.exists()
+
+
+def test_a_hub_id_must_be_downloaded_where_the_server_looks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[model]\npath = "org/tiny"\n')
+    state = tmp_path / "state"
+    argv = ["install-service", "--user", "root", "--root", "/", "--config", str(config),
+            "--state-dir", str(state), "--dry-run"]  # fmt: skip
+    assert main(argv) == 2
+    cache = state / ".cache/huggingface/hub"  # the server's HOME is its state directory
+    assert f"would be refused: model.path org/tiny: not downloaded where the server looks " \
+        f"({cache})" in capsys.readouterr().out  # fmt: skip
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = cache / "models--org--tiny" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--org--tiny" / "refs").mkdir()
+    (cache / "models--org--tiny" / "refs" / "main").write_text(commit)
+    assert main(argv) == 0
+    assert "checked: root and root can run" in capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+from contextlib import suppress
 from pathlib import Path
 
 from vllm_offload import config as config_mod
@@ -54,17 +55,43 @@ def packages(python: str) -> list[Path]:
     return [Path(line) for line in found if line]
 
 
-def model_folders(config: config_mod.DeploymentConfig) -> list[Path]:
-    """The configured models' folders on this host (a hub id's download, where there is
-    one here; the demo model is written by the server itself)."""
+def service_hf_cache(options: InstallOptions) -> str:
+    """The HF cache the server unit reads hub ids from: HF_HUB_CACHE or HF_HOME as its
+    environment file sets them, else the default under its HOME (the state directory)."""
+    env: dict[str, str] = {}
+    env_file = options.root / f"etc/default/{options.unit}-offload"
+    with suppress(OSError):
+        for line in env_file.read_text().splitlines():
+            name, sep, value = line.strip().partition("=")
+            if sep and not name.startswith("#"):
+                env[name.strip()] = value.strip().strip("\"'")
+    if env.get("HF_HUB_CACHE"):
+        return env["HF_HUB_CACHE"]
+    return str(Path(env.get("HF_HOME") or options.state_dir / ".cache/huggingface") / "hub")
+
+
+def model_folders(
+    options: InstallOptions, config: config_mod.DeploymentConfig
+) -> tuple[list[Path], list[InstallError]]:
+    """The configured models' folders (a hub id's download in the server's HF cache; the
+    demo model is written by the server itself), and a refusal for each hub id the server
+    would not find downloaded (it never downloads on start)."""
     paths = [entry.path for entry in config.models] or [config.model.path]
-    folders = []
+    folders, missing = [], []
     for path in filter(None, paths):
         ref = hub.hub_ref(path)
-        folder = hub.cached(ref) if ref is not None else Path(os.path.expanduser(path))
-        if folder is not None:
+        if ref is None:
+            folders.append(Path(os.path.expanduser(path)))
+        elif (folder := hub.cached(ref, str(options.root / (cache := service_hf_cache(
+                options)).lstrip("/")))) is not None:  # fmt: skip
             folders.append(folder)
-    return folders
+        else:
+            missing.append(InstallError(
+                f"model.path {ref}: not downloaded where the server looks ({cache}); fetch it "
+                f"there as its user (sudo -u {options.user} HF_HUB_CACHE={cache} vllm-offload "
+                f"pull {ref}), or set HF_HOME in /etc/default/{options.unit}-offload"
+            ))  # fmt: skip
+    return folders, missing
 
 
 def refusals(options: InstallOptions) -> list[InstallError]:
@@ -78,11 +105,11 @@ def refusals(options: InstallOptions) -> list[InstallError]:
               for folder in packages(options.python)]  # fmt: skip
     if options.config.is_file():
         reads.append((options.config, READ, "the config (--config)"))
-    folders = [(folder, "model.path") for folder in model_folders(config)]
+    found_folders, found = model_folders(options, config)
+    folders = [(folder, "model.path") for folder in found_folders]
     if config.kv_offload.disk_path:  # the tier's own folder is granted; its parents not
         reads.append((Path(config.kv_offload.disk_path).parent, EXECUTE,
                       "kv_offload.disk_path's parent"))  # fmt: skip
-    found = []
     for name in dict.fromkeys((options.user, options.manager_user or options.user)):
         who = Who.of(name)
         for path, want, what in reads:
