@@ -3,7 +3,8 @@ huggingface_hub 2.x calls (read from its source: hf_api.model_info, list_repo_tr
 file_download.get_hf_file_metadata and http_get), answered as the hub answers them
 (X-Repo-Commit, ETag, X-Error-Code, Range/206), with each request recorded. A repo may be
 gated (401 GatedRepo without the right token), and the connection may drop partway
-through a file, once, so a test sees the download resume."""
+through a file, once, so a test sees the download resume, or pause there until the test
+lets it go on, so a test sees a download halfway."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class Hub:
     repos: dict[str, Repo]
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Range
     drop_after: int | None = None  # bytes of a file sent before the connection drops, once
+    pause_after: int | None = None  # bytes of a file sent before waiting for ``go``, once
+    paused: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
 
     def gets(self, suffix: str) -> list[str]:
         """The Range header of each GET of a path ending in ``suffix`` ('' for none)."""
@@ -81,6 +85,13 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            if hub.pause_after is not None and len(data) > hub.pause_after:
+                cut, hub.pause_after = hub.pause_after, None
+                self.wfile.write(data[:cut])  # a download caught halfway
+                self.wfile.flush()
+                hub.paused.set()
+                hub.go.wait(timeout=300)
+                data = data[cut:]
             self.wfile.write(data)
 
         def _json(self, value: object, body: bool) -> None:
@@ -131,6 +142,13 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            if hub.pause_after is not None and len(data) > hub.pause_after:
+                cut, hub.pause_after = hub.pause_after, None
+                self.wfile.write(data[:cut])  # a download caught halfway
+                self.wfile.flush()
+                hub.paused.set()
+                hub.go.wait(timeout=300)
+                data = data[cut:]
             self.wfile.write(data)
 
     return Handler

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +86,19 @@ def cached(ref: HubRef, cache: str | None = None) -> Path | None:
     return Path(str(folder))
 
 
+def cached_ids() -> list[str]:
+    """The repo ids of the models downloaded whole into the HF cache; no network."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = scan_cache_dir().repos
+    except (CacheNotFound, OSError):
+        return []
+    ids = sorted(r.repo_id for r in repos if r.repo_type == "model")
+    return [repo for repo in ids if cached(HubRef(repo_id=repo, revision=None)) is not None]
+
+
 def downloaded(ref: HubRef) -> Path:
     """``cached(ref)``, else ModelFactsError saying how to fetch it."""
     folder = cached(ref)
@@ -97,9 +110,13 @@ def downloaded(ref: HubRef) -> Path:
     return folder
 
 
-def pull(ref: HubRef) -> Path:
+Progress = Callable[[int, int], None]  # bytes fetched, bytes to fetch (grows as files start)
+
+
+def pull(ref: HubRef, progress: Progress | None = None) -> Path:
     """Fetch ``ref``'s config, tokenizer and safetensors weights into the HF cache (a
-    progress bar on stderr; an interrupted download resumes where it stopped)."""
+    dropped connection resumes where it stopped): a progress bar on stderr, or each step
+    told to ``progress``."""
     from huggingface_hub import HfApi, snapshot_download
 
     with _hub_errors(ref):
@@ -108,8 +125,32 @@ def pull(ref: HubRef) -> Path:
         if not any(name.endswith(".safetensors") for name in names):
             raise ModelFactsError(f"{ref}: the repo has no safetensors weights (files: "
                                   f"{', '.join(names[:8]) or 'none'})")  # fmt: skip
-        folder = snapshot_download(ref.repo_id, revision=ref.revision, ignore_patterns=IGNORED)
+        bars = _recorder(progress) if progress else None
+        folder = snapshot_download(ref.repo_id, revision=ref.revision, ignore_patterns=IGNORED,
+                                   tqdm_class=bars)  # fmt: skip
     return Path(str(folder))
+
+
+def _recorder(progress: Progress) -> Any:
+    """A tqdm class for snapshot_download that draws nothing and tells ``progress`` the
+    bytes of its whole-download bar (the one it names 'huggingface_hub.snapshot_download';
+    a disabled tqdm counts nothing itself)."""
+    from huggingface_hub.utils.tqdm import tqdm
+
+    class Recorder(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.whole = kwargs.get("name") == "huggingface_hub.snapshot_download"
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+            self.n = kwargs.get("initial", 0)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.whole:
+                self.n += int(n or 0)
+                progress(int(self.n), int(self.total or 0))
+            return None
+
+    return Recorder
 
 
 def remote_facts(ref: HubRef) -> tuple[ModelFacts, int]:

@@ -100,7 +100,11 @@ def dashboard(csrf: str, unit: str) -> str:
    <button type="button" class="primary" id="save">Save &amp; restart</button>
    <button type="button" id="clear-disk" title="Delete the disk KV tier's files (server
     stopped only)">Clear disk tier</button></p>
-  </form><div id="form-msg"></div></div>
+  </form><div id="form-msg"></div>
+  <form id="hub-pull"><label for="h-model">Fetch a Hugging Face model (org/name, as the
+   config file's manager.hub_models allows); then choose it above</label><input id="h-model">
+   <p><button type="submit" id="h-fetch">Fetch</button></p></form>
+  <table id="hub-pulls"></table></div>
  <div class="card"><h2>Other vLLM servers on this host</h2><p class="hint">Found by their
   listening ports and /v1/models, whoever started them.</p><table id="detect"></table></div>
 </div>

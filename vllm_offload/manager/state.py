@@ -27,6 +27,7 @@ from vllm_offload.hardware import HostFacts, probe
 from vllm_offload.manager import bounded
 from vllm_offload.manager.auth import Sessions
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.pulls import Pulls
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor
 from vllm_offload.patch_journal import STATE_FILE
@@ -61,6 +62,7 @@ class Manager:
                                settings.sample_interval_s)  # fmt: skip
         self.monitor = UnitMonitor(settings.systemd, settings.unit, self.sampler,
                                    limits=self.manager_section)  # fmt: skip
+        self.pulls = Pulls()  # hub models the API fetches (manager.hub_models)
         self._kept: tuple[tuple[Any, ...], float, AnyPrepared | VllmOffloadError] | None = None
         self._keeping = threading.Lock()
 

@@ -313,6 +313,26 @@ async function pollLogs() {
     if (atEnd) pre.scrollTop = pre.scrollHeight;
   } catch (e) {}
 }
+async function fetchHubModel(ev) {
+  ev.preventDefault();
+  try {
+    await api('/api/hub/pull', {method: 'POST',
+      body: JSON.stringify({model: document.getElementById('h-model').value})});
+    pollPulls();
+  } catch (e) { show('hub-pulls', row('Fetch', error(e.field ? `${e.field}: ${e.message}` : JSON.stringify(e)))); }
+}
+let pullsRunning = false;
+async function pollPulls() {
+  try {
+    const r = await api('/api/hub/pulls');
+    show('hub-pulls', ...r.pulls.map(p => row(p.model, p.state === 'fetching'
+      ? `fetching: ${fmt(p.fetched_bytes / GIB, 2)} of ${fmt(p.total_bytes / GIB, 2)} GiB`
+      : p.state === 'done' ? `fetched into ${p.message}` : error(`failed: ${p.message}`))));
+    const running = r.pulls.some(p => p.state === 'fetching');
+    if (pullsRunning && !running) loadConfig();  // a finished download joins the model list
+    pullsRunning = running;
+  } catch (e) {}
+}
 async function pollDetect() {
   try {
     const r = await api('/api/detect');
@@ -328,6 +348,8 @@ document.getElementById('settings').addEventListener('submit', previewPlan);
 document.getElementById('save').addEventListener('click', saveConfig);
 document.getElementById('clear-disk').addEventListener('click', clearDisk);
 document.getElementById('add-model').addEventListener('submit', addModel);
-setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
+document.getElementById('hub-pull').addEventListener('submit', fetchHubModel);
+setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect(); pollPulls();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
+setInterval(pollPulls, 2000);
 setInterval(pollDetect, 15000);
