@@ -131,3 +131,10 @@ def test_a_missing_repo_is_named(env: dict[str, str]) -> None:
         assert f"org/nope: no such model on {env['HF_ENDPOINT']}" in run.stderr
     revision = _cli(env, "pull", "org/tiny@v9")
     assert revision.returncode == 2 and "has no revision 'v9'" in revision.stderr
+
+
+def test_offline_mode_says_so(hub: Hub, env: dict[str, str]) -> None:
+    run = _cli({**env, "HF_HUB_OFFLINE": "1"}, "plan", "--model", "org/tiny")
+    assert run.returncode == 1  # the environment, not the input
+    assert "org/tiny: cannot reach" in run.stderr and "HF_HUB_OFFLINE" in run.stderr
+    assert hub.requests == []

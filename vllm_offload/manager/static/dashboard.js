@@ -192,7 +192,9 @@ function modelCard(m) {
     button('Save', () => changeModels(c => setModel(c, m.name, len.value, tier.value))),
     button('Remove', () => changeModels(c => { c.models = c.models.filter(e => nameOf(e) !== m.name); })));
 }
-const nameOf = e => e.served_name || e.path.split('/').pop();
+// As config.schema.model_name: a hub id (no leading '/') answers to its repo id.
+const nameOf = e => e.served_name || (e.path && !e.path.startsWith('/')
+  ? e.path.split('@')[0] : e.path.split('/').pop());
 function setModel(c, name, len, tier) {
   const num = v => (v === 'auto' || v === '' || isNaN(Number(v))) ? v : Number(v);
   const entry = c.models.find(e => nameOf(e) === name);
