@@ -55,13 +55,19 @@ def hub_models(config: DeploymentConfig) -> list[hub.HubRef]:
 
 
 def model_roots(config: DeploymentConfig) -> list[Path]:
-    """manager.model_roots resolved; empty: the configured model's parent directory (none
-    for a hub id: the HF cache is not a folder of models to list)."""
+    """manager.model_roots resolved; empty: each configured model's parent directory
+    ([model]'s, or every [[models]] entry's; none for a hub id: the HF cache is not a
+    folder of models to list)."""
     if config.manager.model_roots:
         return [Path(os.path.realpath(root)) for root in config.manager.model_roots]
-    if hub_models(config):
-        return []
-    return [model_dir(config).parent]
+    entries = [entry.path for entry in config.models] or [config.model.path]
+    parents: dict[Path, None] = {}
+    for path in entries:
+        if not (path and hub.hub_ref(path)):
+            one = config.model_copy(update={"model": config.model.model_copy(update={"path": path}),
+                                            "models": []})  # fmt: skip
+            parents[model_dir(one).parent] = None
+    return list(parents)
 
 
 def list_models(config: DeploymentConfig) -> list[dict[str, str]]:

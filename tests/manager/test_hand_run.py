@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.manager.conftest import TOKEN, Env
+from tests.manager.conftest import BEARER, TOKEN, Env
 from vllm_offload import config as config_mod
 from vllm_offload.fleet.prepare import control_socket
 from vllm_offload.manager import ManagerSettings, create_app
@@ -41,3 +41,17 @@ def test_the_control_socket_is_found_where_a_hand_run_serve_keeps_it(env: Env) -
     # The unit is down: a `serve` this user ran keeps it where runtime_dir finds it.
     assert manager.control_socket(config) == control_socket(config, os.environ)
     assert not str(manager.control_socket(config)).startswith("/run/vllm-offload")
+
+
+async def test_several_models_without_model_roots_keep_their_cards(
+    env: Env, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """Without manager.model_roots the roots are the models' own folders' parents, as for
+    one model (they were the demo model's, so every [[models]] entry was outside them and
+    the page hid the Models card behind a plan error)."""
+    config = config_mod.parse({"models": [
+        {"path": str(env.models / "demo-a"), "served_name": "a"},
+        {"path": str(env.models / "demo-b"), "served_name": "b"}]})  # fmt: skip
+    config_mod.save(config, env.config_path)
+    status = (await client.get("/api/status", headers=BEARER)).json()
+    assert [card["name"] for card in status["models"]] == ["a", "b"], status["plan"]

@@ -335,7 +335,7 @@ class ManagerSection(_Section):
     model_roots: list[str] = Field(
         default_factory=list,
         description="Directories the manager lists models from (and the only places a "
-        "model may be chosen from). Empty: the configured model's parent directory. Set "
+        "model may be chosen from). Empty: each configured model's parent directory. Set "
         "in the file only: the manager's API cannot change [manager].",
     )
     api_extra_args: list[str] = Field(
