@@ -5,6 +5,10 @@ the server's own account and says what the manager cannot do for it."""
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +16,13 @@ import httpx
 import pytest
 
 from tests.e2e import stack
-from tests.e2e.server import Server
+from tests.e2e.server import VLLM_OFFLOAD, Server, server_env
+from tests.e2e.test_fleet_e2e import START_S, two_models
+from vllm_offload.bench.server_process import free_port
+from vllm_offload.config import save, with_overrides
+from vllm_offload.systemd import install
+from vllm_offload.systemd.control import Systemd
+from vllm_offload.vllm_client import VllmClient
 
 pytestmark = pytest.mark.e2e
 TOKEN = "hand-run-token-0123456789"
@@ -53,3 +63,46 @@ def test_the_manager_shows_a_server_started_by_hand(
         )
         ports = [s["port"] for s in manager.get("/api/detect").json()["servers"]]
         assert deployment.server_port not in ports  # not an "other" server
+
+
+def test_bring_in_reaches_a_fleet_started_by_hand(tmp_path: Path) -> None:
+    """Two models served by hand: the cards show each model's state from the front door
+    itself, and "Bring in" reaches its control socket (it went to the unit's, in /run)."""
+    port = free_port()
+    config = tmp_path / "etc" / "config.toml"
+    config.parent.mkdir()
+    # No residency.runtime_dir: each finds the socket on its own, from its environment.
+    save(with_overrides(two_models(tmp_path, port), {"residency.runtime_dir": ""}), config)
+    runtime = Path(tempfile.mkdtemp(prefix="vo-xdg-", dir="/tmp"))  # socket paths are short
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    root = tmp_path / "a" / "b" / "root"
+    install.install(install.validate(install.InstallOptions(
+        root=root, user="root", config=config, config_given=True,
+        state_dir=tmp_path / "state")))  # fmt: skip
+    systemd = Systemd((stack.SYSTEMCTL3,), (str(stack.BIN / "journalctl3"),), root)
+    deployment = stack.Deployment(config, root, port, systemd)
+    log = tmp_path / "front.log"
+    with log.open("wb") as out:
+        front = subprocess.Popen([VLLM_OFFLOAD, "serve", "--config", str(config)], stdout=out,
+                                 stderr=subprocess.STDOUT, env={**server_env(tmp_path), **env},
+                                 start_new_session=True)  # fmt: skip
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        with VllmClient(f"http://127.0.0.1:{port}") as server:
+            server.wait_healthy(START_S, alive=lambda: front.poll() is None)
+        with (
+            stack.manager(tmp_path, deployment, TOKEN, env) as url,
+            httpx.Client(base_url=url, headers=headers, timeout=START_S) as manager,
+        ):
+            status = manager.get("/api/status").json()
+            assert status["health"] == "by-hand"
+            states = {card["name"]: card["state"] for card in status["models"]}
+            assert states == {"chat": "serving", "coder": "stopped"}, states
+            moved = manager.post("/api/models/coder/bring-in")
+            assert moved.status_code == 200, moved.text
+            cards = manager.get("/api/status").json()["models"]
+            assert {c["name"]: c["state"] for c in cards}["coder"] == "serving"
+    finally:
+        front.send_signal(signal.SIGTERM)
+        front.wait(timeout=180)
+        shutil.rmtree(runtime, ignore_errors=True)
