@@ -14,8 +14,8 @@ PACKAGE = Path(__file__).parents[1] / "vllm_offload"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "safe_files", "site_files", "unified_diff", "vllm_metrics", "amx",
      "compat", "vllm_client", "demo_model"),
-    ("config", "model_facts", "model_limit", "weight_estimate", "vllm_version", "disk_layout",
-     "vllm_ext"),
+    ("config", "model_facts", "model_limit", "weight_estimate", "hub", "vllm_version",
+     "disk_layout", "vllm_ext"),
     ("hardware", "patch_journal", "systemd"),
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),

@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import demo_model, disk_layout, hardware, launch, model_facts, patching
+from vllm_offload import demo_model, disk_layout, hardware, hub, launch, model_facts, patching
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
+from vllm_offload.model_facts import ModelFacts
 from vllm_offload.patch_journal import PatchError
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
 from vllm_offload.vllm_version import API_KEY_ENV, SUPPORTED, InstalledVllm
@@ -39,17 +40,35 @@ class Prepared:
 def model_dir(config: DeploymentConfig) -> Path:
     """The configured model folder resolved once (``~`` expanded, relative to the working
     directory, every link followed): what the model roots are checked against and what
-    vLLM is given. Else the built-in demo model (written on first use)."""
+    vLLM is given. A hub id: its download in the HF cache (never fetched here). Else the
+    built-in demo model (written on first use)."""
+    if config.model.path and (ref := hub.hub_ref(config.model.path)) is not None:
+        return hub.downloaded(ref)
     if config.model.path:
         return Path(os.path.realpath(os.path.expanduser(config.model.path)))
     return demo_model.ensure_default()
 
 
+def hub_models(config: DeploymentConfig) -> list[hub.HubRef]:
+    """The hub ids among the configured models ([model] or [[models]])."""
+    paths = [entry.path for entry in config.models] or [config.model.path]
+    return [ref for path in paths if path and (ref := hub.hub_ref(path)) is not None]
+
+
 def model_roots(config: DeploymentConfig) -> list[Path]:
-    """manager.model_roots resolved; empty: the configured model's parent directory."""
+    """manager.model_roots resolved; empty: each configured model's parent directory
+    ([model]'s, or every [[models]] entry's; none for a hub id: the HF cache is not a
+    folder of models to list)."""
     if config.manager.model_roots:
         return [Path(os.path.realpath(root)) for root in config.manager.model_roots]
-    return [model_dir(config).parent]
+    entries = [entry.path for entry in config.models] or [config.model.path]
+    parents: dict[Path, None] = {}
+    for path in entries:
+        if not (path and hub.hub_ref(path)):
+            one = config.model_copy(update={"model": config.model.model_copy(update={"path": path}),
+                                            "models": []})  # fmt: skip
+            parents[model_dir(one).parent] = None
+    return list(parents)
 
 
 def list_models(config: DeploymentConfig) -> list[dict[str, str]]:
@@ -81,20 +100,38 @@ def confined_model_dir(config: DeploymentConfig, roots: Sequence[Path] | None) -
     directory = model_dir(config)
     if roots is None and config.manager.model_roots:
         roots = model_roots(config)
-    if roots is not None and config.model.path:
+    # A hub id is confined by the fence instead: only the config file can name one.
+    if roots is not None and config.model.path and not hub_models(config):
         check_inside(directory, roots)
     return directory
 
 
+def hub_not_downloaded(config: DeploymentConfig) -> tuple[ModelFacts, str] | None:
+    """A hub id not in the HF cache: its facts read from the hub (config.json and the
+    safetensors headers, no weights) and why it cannot start yet; else None."""
+    refs = hub_models(config)
+    if not refs or hub.cached(refs[0]) is not None:
+        return None
+    facts, size = hub.remote_facts(refs[0])
+    return facts, (f"{refs[0]} is not downloaded yet (planned from the hub's config.json and "
+                   f"safetensors headers); `vllm-offload pull {refs[0]}` fetches "
+                   f"{size / 2**30:.2f} GiB into {hub.cache_dir()}")  # fmt: skip
+
+
 def plan_for(
-    config: DeploymentConfig, directory: Path, host: HostFacts, environ: Mapping[str, str]
+    config: DeploymentConfig,
+    directory: Path,
+    host: HostFacts,
+    environ: Mapping[str, str],
+    facts: ModelFacts | None = None,
 ) -> Plan:
-    """The plan of ``config`` with the model in ``directory`` on ``host``; raises
-    ModelFactsError or PlanError, each naming the field."""
+    """The plan of ``config`` with the model in ``directory`` (or of ``facts`` read
+    elsewhere) on ``host``; raises ModelFactsError or PlanError, each naming the field."""
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     path = config.kv_offload.disk_path
     disk = hardware.probe_disk(path) if path else None
-    return make_plan(config, model_facts.read(directory), host, platform, dict(environ), disk)
+    facts = facts or model_facts.read(directory)
+    return make_plan(config, facts, host, platform, dict(environ), disk)
 
 
 def prepare(
@@ -105,17 +142,26 @@ def prepare(
     *,
     allow_unpatched: bool = False,
     roots: Sequence[Path] | None = None,
+    from_hub: bool = False,
 ) -> Prepared:
     """Everything short of starting: raises what makes a plan impossible (a bad model
     directory, one outside ``roots`` (default: manager.model_roots, where set), a config
     that cannot fit); lists in ``problems`` what forbids a start here and now. ``vllm``
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
-    release and the patch state is not checked."""
-    directory = confined_model_dir(config, roots)
-    plan = plan_for(config, directory, host, environ)
+    release and the patch state is not checked. ``from_hub``: a hub id not downloaded yet
+    is planned from the hub (a problem: it cannot start before `pull`)."""
+    remote = hub_not_downloaded(config) if from_hub else None
+    if remote is not None:
+        directory = Path(str(hub_models(config)[0]))
+        plan = plan_for(config, directory, host, environ, remote[0])
+    else:
+        directory = confined_model_dir(config, roots)
+        plan = plan_for(config, directory, host, environ)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems
     ]
+    if remote is not None:
+        problems.append(PreflightError("model.path", remote[1]))
     api_key, found, notes = machine_checks(config, plan.kv.backend == "lmcache", environ, vllm,
                                            allow_unpatched)  # fmt: skip
     version = vllm.version if vllm is not None else SUPPORTED[0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_offload import disk_layout
+from vllm_offload import disk_layout, hub
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
@@ -185,6 +185,8 @@ def served_name(config: DeploymentConfig, model_dir: Path) -> str:
     its target's: an HF snapshot would answer to its hash)."""
     if config.model.served_name:
         return config.model.served_name
+    if config.model.path and (ref := hub.hub_ref(config.model.path)) is not None:
+        return ref.repo_id  # as `vllm serve org/name` answers
     if config.model.path:
         return Path(os.path.abspath(os.path.expanduser(config.model.path))).name
     return model_dir.name

@@ -246,15 +246,22 @@ def read_safetensors_bytes(model_dir: Path) -> int | None:
     files = _weight_files(model_dir, ("*.safetensors",))
     if not files:
         return None
-    total = 0.0
+    headers = {}
     for file in files:
         try:
-            header = _safetensors_header(file)
+            headers[file.name] = _safetensors_header(file)
         except OSError as exc:
             raise ModelFactsError(f"{file.name}: cannot read it ({exc})") from None
+    return headers_bytes(headers)
+
+
+def headers_bytes(headers: dict[str, dict[str, Any]]) -> int:
+    """The tensors' bytes that safetensors headers (by file name) declare."""
+    total = 0.0
+    for file, header in headers.items():
         for name, entry in header.items():
             if name != "__metadata__":
-                total += _tensor_bytes(file.name, name, entry)
+                total += _tensor_bytes(file, name, entry)
     return int(total)
 
 
@@ -300,10 +307,7 @@ def _read_config(model_dir: Path) -> tuple[bytes, dict[str, Any]]:
         data = read_regular(config_path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ModelFactsError(f"{config_path}: cannot read it ({exc})") from None
-    raw = _json(data, str(config_path))
-    if not isinstance(raw, dict):
-        raise ModelFactsError(f"{config_path}: expected a JSON object")
-    return data, raw
+    return data, config_object(data, str(config_path))
 
 
 def read(model_dir: Path) -> ModelFacts:
@@ -311,6 +315,25 @@ def read(model_dir: Path) -> ModelFacts:
     if not model_dir.is_dir():
         raise ModelFactsError(f"{model_dir}: no such directory")
     config_bytes, raw = _read_config(model_dir)
+    return facts_of(
+        str(model_dir), raw, read_safetensors_bytes(model_dir), fingerprint(model_dir, config_bytes)
+    )
+
+
+def config_object(data: bytes, what: str) -> dict[str, Any]:
+    """config.json's ``data`` as its object (``what``: where it came from, for errors)."""
+    raw = _json(data, what)
+    if not isinstance(raw, dict):
+        raise ModelFactsError(f"{what}: expected a JSON object")
+    return raw
+
+
+def facts_of(
+    path: str, raw: dict[str, Any], safetensors_bytes: int | None, print_: str
+) -> ModelFacts:
+    """The facts of config.json's object ``raw`` and the weights' bytes its safetensors
+    headers declare (None: none, estimated from the parameter count), read from a folder
+    or from the hub (``path`` names which; ``print_`` its fingerprint)."""
     cfg = _text_config(raw)
     archs = cfg.get("architectures")
     architecture = archs[0] if isinstance(archs, list) and archs else "unknown"
@@ -326,7 +349,7 @@ def read(model_dir: Path) -> ModelFacts:
     layers, unknown = _layer_kinds(cfg, num_layers)
     limit, limit_key = model_limit.max_len_limit(cfg)
     _optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
-    weight_bytes = read_safetensors_bytes(model_dir)
+    weight_bytes = safetensors_bytes
     source: Literal["safetensors", "parameter count"] = "safetensors"
     if weight_bytes is None:
         scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
@@ -337,7 +360,7 @@ def read(model_dir: Path) -> ModelFacts:
         weight_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
         source = "parameter count"
     return ModelFacts(
-        path=str(model_dir),
+        path=path,
         architecture=str(architecture)[:256],
         model_type=_text(cfg, "model_type", "unknown"),
         num_layers=num_layers,
@@ -355,5 +378,5 @@ def read(model_dir: Path) -> ModelFacts:
         vocab_size=_optional_int(cfg, "vocab_size", 0, MAX_VOCAB),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         unknown=tuple(unknown),
-        fingerprint=fingerprint(model_dir, config_bytes),
+        fingerprint=print_,
     )

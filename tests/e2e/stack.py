@@ -66,8 +66,11 @@ def install(tmp_path: Path, model: Path) -> Deployment:
 
 
 @contextmanager
-def manager(tmp_path: Path, deployment: Deployment, token: str) -> Iterator[str]:
-    """The manager controlling the deployment's unit; its URL once it answers."""
+def manager(
+    tmp_path: Path, deployment: Deployment, token: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The manager controlling the deployment's unit (``env`` over the servers'); its URL
+    once it answers."""
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
@@ -76,7 +79,8 @@ def manager(tmp_path: Path, deployment: Deployment, token: str) -> Iterator[str]
         [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),
          "--token-file", str(token_file), "--config", str(deployment.config),
          "--systemd-root", str(deployment.root)],
-        env=server_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**server_env(tmp_path), **(env or {})}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "the manager")

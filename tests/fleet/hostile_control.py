@@ -1,7 +1,8 @@
 """Whoever runs as the server's user answering on the control socket in the front door's
 place (issue #37): ``drip`` sends a valid answer one byte a second (headers too),
 ``huge`` a body of SIZE bytes as fast as it can, ``garbage`` a 200 with bytes that are not
-JSON. Serves until killed."""
+JSON; ``slow`` is a front door bringing a model in: a valid answer after SIZE seconds.
+Serves until killed."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def answer(conn: socket.socket, mode: str, size: int) -> None:
                 chunk = b" " * (1 << 20)
                 for _ in range(size // len(chunk)):
                     conn.sendall(chunk)
+            elif mode == "slow":
+                time.sleep(size)
+                conn.sendall(HEAD + b'Content-Length: 23\r\n\r\n{"status": "in slowly"}')
             else:
                 conn.sendall(HEAD + b"Content-Length: 4\r\n\r\n\xff\xfe[[")
         except OSError:

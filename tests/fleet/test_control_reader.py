@@ -68,3 +68,13 @@ def test_an_answer_that_is_not_a_front_door_s_is_said(tmp_path: Path) -> None:
         assert isinstance(said, str) and "not JSON" in said
     nothing = control.read_models(tmp_path / "none.sock")
     assert isinstance(nothing, str) and "nothing answers" in nothing
+
+
+def test_a_bring_in_may_take_longer_than_a_read(tmp_path: Path) -> None:
+    """A stopped model's start takes minutes: only the move's own deadline bounds it (the
+    first version kept httpx's 5 s read timeout and failed every real bring-in)."""
+    for socket in hostile(tmp_path, "slow", 8):
+        assert control.move(socket, "chat", "bring-in", deadline_s=120) == (
+            200,
+            {"status": "in slowly"},
+        )

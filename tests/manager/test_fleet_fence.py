@@ -34,6 +34,8 @@ async def put_models(client: httpx.AsyncClient, env: Env, second: dict[str, Any]
          "tuning flags"),
         ({"path": "/etc"}, 422, "models[1].path", "outside the model roots"),
         ({"path": "demo-b"}, 422, "models[1].path", "absolute path"),
+        # A hub id would download at a client's word: only the file names one (#38).
+        ({"path": "org/name"}, 403, "models[1].path", "vllm-offload pull org/name"),
     ],
 )  # fmt: skip
 async def test_each_model_is_fenced_like_the_one(

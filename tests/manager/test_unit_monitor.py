@@ -70,6 +70,9 @@ def test_health_of_a_unit_the_service_manager_gave_up_on() -> None:
     # Issue #14: the unit's process is gone (restarting): an answer sampled before it died,
     # or from another server on the port, is not its health.
     assert health_of(unit("activating"), answers=True) == "starting"
+    # Issue #38: the unit is down and a server started by hand answers on the port.
+    assert health_of(unit("inactive"), answers=True) == "by-hand"
+    assert health_of(unit("failed", "exit-code"), answers=True) == "by-hand"
 
 
 def test_a_restart_no_poll_saw_is_still_a_restart_and_a_recovery() -> None:

@@ -17,6 +17,7 @@ from vllm_offload.cli import (
     patch_cmd,
     plan_cmd,
     ps_cmd,
+    pull_cmd,
     serve,
     service_cmd,
 )
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         ps_cmd,
         load_cmd,
         plan_cmd,
+        pull_cmd,
         config_cmd,
         manager_cmd,
         service_cmd,

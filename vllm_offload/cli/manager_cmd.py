@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
     settings = ManagerSettings(
         config_path=args.config, token=token, unit=args.unit,
-        systemd=Systemd.detect(args.systemd_root),
+        systemd=Systemd.detect(args.systemd_root), token_file=args.token_file,
     )  # fmt: skip
     # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503; a connection
     # that sends no request head within 10 s is closed, an idle keep-alive one after 5 s

@@ -22,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "`serve` would refuse it. Exit status: 0 when it can start, 2 when it cannot (the "
         "plan is printed either way), as `serve --dry-run`. On a declared machine "
         "(--gpu-mem-gib, --ram-gib) the vLLM installed here is not checked. With several "
-        "[[models]]: each model's plan beside the others, then the set's.",
+        "[[models]]: each model's plan beside the others, then the set's. A Hugging Face "
+        "repo id not downloaded yet is planned from the hub's config.json and safetensors "
+        "headers (no weights fetched) and cannot start until `vllm-offload pull`.",
     )
     _common.add_config_options(parser)
     _common.add_host_options(parser)
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     host = _common.host_facts(args)
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
     if several(config):
-        fleet = prepare_fleet(config, host, os.environ, vllm)
+        fleet = prepare_fleet(config, host, os.environ, vllm, from_hub=True)
         problems = [problem.detail() for problem in fleet.problems]
         if args.json:
             print(json.dumps({**fleet_json(fleet.fleet), "problems": problems}, indent=2))
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
                 print(f"cannot start: {problem.field}: {problem.message}")
         return max((problem.exit_code for problem in fleet.problems), default=0)
     config = single(config)
-    prepared = deployment.prepare(config, host, os.environ, vllm)
+    prepared = deployment.prepare(config, host, os.environ, vllm, from_hub=True)
     plan = prepared.plan
     if args.json:
         problems = [problem.detail() for problem in prepared.problems]

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from vllm_offload import deployment, launch, run_vllm
+from vllm_offload import deployment, hub, launch, run_vllm
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
@@ -37,6 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "pre-flight checks and exit with their result (0 or 2); start nothing",
     )
     parser.add_argument(
+        "--pull",
+        action="store_true",
+        help="fetch the configured Hugging Face models first (as `vllm-offload pull`); "
+        "without it a hub id must be downloaded already",
+    )
+    parser.add_argument(
         "--allow-unpatched",
         action="store_true",
         help="start even if vllm-offload's patches are not applied to vLLM (warns)",
@@ -48,6 +54,9 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     host = _common.host_facts(args)
     vllm = _common.installed_vllm(required=not args.dry_run)
+    if args.pull:
+        for ref in deployment.hub_models(config):
+            print(f"pulled {ref} into {hub.pull(ref)}", file=sys.stderr)
     if several(config):
         return run_fleet(args, config, host, vllm)
     config = single(config)

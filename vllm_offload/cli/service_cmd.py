@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload.systemd import install
+from vllm_offload.systemd import install, service_check
 from vllm_offload.systemd.control import ServiceError, Systemd
 
 
@@ -42,7 +43,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     install_parser.add_argument("--root", type=Path, default=Path("/"), help="install under DIR")
     install_parser.add_argument(
-        "--dry-run", action="store_true", help="print the files, write nothing"
+        "--dry-run",
+        action="store_true",
+        help="print a summary (what the units point at, and whether the users can reach "
+        "it: exit 2 where the install would be refused), then the files (the token "
+        "withheld); write nothing; works before the users exist",
     )
     install_parser.set_defaults(handler=run_install)
 
@@ -68,15 +73,42 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
             python=args.python,
         )
     )  # fmt: skip
+    refusals = service_check.refusals(options)
     if args.dry_run:
+        print(summary(options, refusals))
         for planned in install.render(options):
             print(f"=== {args.root / planned.path.relative_to('/')} (mode {planned.mode:o})")
-            print(planned.content)
-        return 0
+            print("(a new random token, kept if one exists; not shown)" if planned.secret
+                  else planned.content)  # fmt: skip
+        return max((refusal.exit_code for refusal in refusals), default=0)
+    if refusals:
+        raise install.InstallError("; and ".join(str(refusal) for refusal in refusals))
     for path in install.install(options):
         print(f"wrote {path}")
     print(f"next: systemctl enable --now {args.unit}.service {args.unit}-manager.service")
     return 0
+
+
+def summary(options: install.InstallOptions, refusals: list[install.InstallError]) -> str:
+    """What the dry run would install, what the units point at, and its verdict."""
+    venv = Path(options.python).parent.parent
+    lines = [
+        "install-service --dry-run: nothing is written",
+        f"  {options.unit}.service (the server) runs as {options.user}, "
+        f"{options.unit}-manager.service as {options.manager_user}",
+        f"  both run {options.python} (-> {os.path.realpath(options.python)}): they point into "
+        f"{venv}; moving or deleting it breaks them (run install-service again after)",
+        f"  config {options.config}, state {options.state_dir} (the server's HOME: a hub id "
+        f"is read from {options.state_dir}/.cache/huggingface unless HF_HOME is set in "
+        f"/etc/default/{options.unit}-offload)",
+    ]
+    if refusals:
+        lines += [f"  would be refused: {refusal}" for refusal in refusals]
+    else:
+        lines.append(f"  checked: {options.user} and {options.manager_user} can run the "
+                     "interpreter and read the packages, config, model folders and tier "
+                     "folders")  # fmt: skip
+    return "\n".join(lines)
 
 
 def run_uninstall(args: argparse.Namespace, extra_args: list[str]) -> int:

@@ -24,6 +24,7 @@ from vllm_offload.config.sections import (
     _Section,
 )
 from vllm_offload.errors import FieldError
+from vllm_offload.hub import hub_ref
 
 
 class ConfigError(FieldError):
@@ -154,7 +155,10 @@ def parse(data: dict[str, Any]) -> DeploymentConfig:
 
 
 def model_name(entry: ModelSection) -> str:
-    """The name a model answers to: its served_name, else its folder's name."""
+    """The name a model answers to: its served_name, else its hub id (org/name), else its
+    folder's name."""
+    if not entry.served_name and (ref := hub_ref(entry.path)) is not None:
+        return ref.repo_id
     return entry.served_name or PurePath(entry.path).name
 
 

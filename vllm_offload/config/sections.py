@@ -27,6 +27,7 @@ MAX_TOKENS = 1 << 28  # 268M tokens, for max_model_len
 # characters its use needs.
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")
 PARAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,255}")
+HUB_PATTERN = re.compile(r"[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}/[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}")
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
 
@@ -67,11 +68,15 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     path: str = Field(
         "",
-        description="Local Hugging Face model directory (config.json + weights). "
-        "Empty: the built-in demo model.",
+        description="Local Hugging Face model directory (config.json + weights), or a "
+        "Hugging Face repo id ('org/name', 'org/name@revision') fetched into the HF cache "
+        "by `vllm-offload pull` (an existing folder of that name wins; write './org/name' "
+        "for a folder). Empty: the built-in demo model.",
     )
     served_name: str = Field(
-        "", description="Model name the API answers to. Empty: the directory's name."
+        "",
+        description="Model name the API answers to. Empty: the repo id (org/name), or the "
+        "directory's name.",
     )
     max_model_len: int | Auto = Field(
         "auto",
@@ -343,7 +348,7 @@ class ManagerSection(_Section):
     model_roots: list[str] = Field(
         default_factory=list,
         description="Directories the manager lists models from (and the only places a "
-        "model may be chosen from). Empty: the configured model's parent directory. Set "
+        "model may be chosen from). Empty: each configured model's parent directory. Set "
         "in the file only: the manager's API cannot change [manager].",
     )
     api_extra_args: list[str] = Field(
@@ -376,3 +381,19 @@ class ManagerSection(_Section):
         description="Seconds requests may wait on a KV load from the CPU tier without a "
         "break before the manager reports stalled loads (vLLM puts no time limit on them).",
     )
+    hub_models: list[str] = Field(
+        default_factory=list,
+        description="Hugging Face repo ids the manager's API may name as a model and fetch "
+        "into the manager's HF cache, as patterns ('Qwen/*', 'meta-llama/Llama-3.2-1B-"
+        "Instruct'). Empty: none (a hub id is named in the file and fetched with "
+        "`vllm-offload pull`). Set in the file only.",
+    )
+
+    @field_validator("hub_models")
+    @classmethod
+    def _hub_patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if not HUB_PATTERN.fullmatch(pattern):
+                raise ValueError(f"{pattern!r} is not a repo id pattern (org/name, '*' and "
+                                 "'?' allowed)")  # fmt: skip
+        return patterns

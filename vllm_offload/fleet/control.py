@@ -90,7 +90,8 @@ def _call(socket: Path, method: str, path: str, deadline_s: float) -> tuple[int,
     async def exchange() -> tuple[int, bytes]:
         transport = httpx.AsyncHTTPTransport(uds=str(socket))
         async with (
-            httpx.AsyncClient(transport=transport, base_url="http://front") as client,
+            # No timeout of httpx's own (5 s a read): the deadline above is the one bound.
+            httpx.AsyncClient(transport=transport, base_url="http://front", timeout=None) as client,
             client.stream(method, path) as response,
         ):
             body = bytearray()

@@ -13,10 +13,10 @@ from pathlib import Path
 from vllm_offload import hardware, launch, model_facts
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.config.schema import engine_configs, entry_field
-from vllm_offload.deployment import confined_model_dir, machine_checks
+from vllm_offload.deployment import confined_model_dir, hub_not_downloaded, machine_checks
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
-from vllm_offload.launch import EngineLaunch, LaunchSpec
+from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
 from vllm_offload.model_facts import ModelFacts, ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
@@ -72,14 +72,22 @@ def prepare_fleet(
     *,
     allow_unpatched: bool = False,
     roots: Sequence[Path] | None = None,
+    from_hub: bool = False,
 ) -> PreparedFleet:
     """Everything short of starting the set: raises what makes a plan impossible (naming
-    the model's entry), lists in ``problems`` what forbids a start here and now."""
+    the model's entry), lists in ``problems`` what forbids a start here and now.
+    ``from_hub``: as ``deployment.prepare``'s, for each hub id."""
     engines = engine_configs(config)
     dirs: dict[str, Path] = {}
     facts: dict[str, ModelFacts] = {}
+    not_pulled: list[VllmOffloadError] = []
     for i, (name, config_i) in enumerate(engines.items()):
         try:  # errors name the entry (models[1].path, 'coder'), not the one-model key
+            remote = hub_not_downloaded(config_i) if from_hub else None
+            if remote is not None:  # planned from the hub; it cannot start before a pull
+                facts[name], dirs[name] = remote[0], Path(remote[0].path)
+                not_pulled.append(PreflightError(entry_field(i, "model.path"), remote[1]))
+                continue
             dirs[name] = confined_model_dir(config_i, roots)
             facts[name] = model_facts.read(dirs[name])
         except (ConfigError, ModelFactsError) as exc:
@@ -91,6 +99,7 @@ def prepare_fleet(
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in fleet.notes.problems
     ]
+    problems += not_pulled
     for i, (name, model) in enumerate(fleet.models.items()):
         for problem in model.plan.notes.problems:
             problems.append(PlanError(entry_field(i, problem["field"]),

@@ -6,17 +6,20 @@ files, or opens the server. Only an administrator, editing the file, can."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Set as AbstractSet
 
 from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
 from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Forbidden
+from vllm_offload.hub import HubRef, shaped_like_id
 
 # Config keys only the file may set. kv_offload.disk_path: the server writes there and
 # `cache clear` deletes there.
 # residency.runtime_dir: the front door's control socket and the engines' sockets.
-FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "server.host",
+FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "manager.hub_models",
+               "server.host",
                "server.api_key_file", "kv_offload.disk_path",
                "residency.runtime_dir")  # fmt: skip
 ONLY_THE_FILE = (
@@ -47,7 +50,8 @@ def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
     for dotted in FENCED_KEYS:
         if _value(new, dotted) != _value(saved, dotted):
             raise Forbidden(dotted, ONLY_THE_FILE)
-    _plain_path("model.path", new.model.path, saved.model.path)
+    hub_models = saved.manager.hub_models
+    _plain_path("model.path", new.model.path, saved.model.path, hub_models)
     allowed = (
         TUNING_FLAGS
         | {flag_name(t) for t in saved.extra_args}
@@ -59,17 +63,41 @@ def check(saved: DeploymentConfig, new: DeploymentConfig) -> None:
         old = before.get(model_name(entry))
         if entry.kv_offload.get("disk_path") != (old.kv_offload.get("disk_path") if old else None):
             raise Forbidden(f"models[{i}].kv_offload.disk_path", ONLY_THE_FILE)
-        _plain_path(f"models[{i}].path", entry.path, old.path if old else "")
+        _plain_path(f"models[{i}].path", entry.path, old.path if old else "", hub_models)
         own = {flag_name(t) for t in old.extra_args} if old else set()
         _tuning_only(f"models[{i}].extra_args", entry.extra_args, allowed | own)
 
 
-def _plain_path(field: str, path: str, saved: str) -> None:
+def _plain_path(field: str, path: str, saved: str, hub_models: list[str]) -> None:
     """The manager and the server resolve a path each, as different users: '~' or a
-    relative one could name another folder for each."""
+    relative one could name another folder for each. A hub id only as the file allows."""
+    if path != saved and shaped_like_id(path):
+        hub_model(field, path, hub_models)
+        return
     if path != saved and path and (path[0] != "/" or os.path.normpath(path) != path):
         raise ConfigError(field, "give an absolute path without '~', '.' or '..' parts (as "
                           "the model list shows)")  # fmt: skip
+
+
+def allowed(repo: str, hub_models: list[str]) -> bool:
+    """Whether manager.hub_models lets the API name ``repo`` (org/name)."""
+    return any(fnmatch.fnmatchcase(repo, pattern) for pattern in hub_models)
+
+
+def hub_model(field: str, value: str, hub_models: list[str]) -> HubRef:
+    """``value`` as a hub id the file's manager.hub_models lets the API name (and fetch);
+    else ConfigError (not an id) or Forbidden (an id the file does not allow)."""
+    if not shaped_like_id(value):
+        raise ConfigError(field, f"{value[:200]!r} is not a Hugging Face repo id (org/name "
+                          "or org/name@revision)")  # fmt: skip
+    repo, _, revision = value.partition("@")
+    if not allowed(repo, hub_models):
+        raise Forbidden(field, f"{value}: a Hugging Face id through the API downloads at a "
+                        "client's word; the config file's manager.hub_models lists the ids "
+                        f"it may name ({', '.join(hub_models) or 'none'}); or an "
+                        f"administrator fetches it (`vllm-offload pull {value}`) and names it "
+                        "in the file")  # fmt: skip
+    return HubRef(repo_id=repo, revision=revision or None)
 
 
 def _tuning_only(field: str, tokens: list[str], allowed: AbstractSet[str | None]) -> None:

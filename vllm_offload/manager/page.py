@@ -19,16 +19,26 @@ LOGIN = """<!doctype html><html><head><meta charset="utf-8"><title>vllm-offload 
 <link rel="stylesheet" href="/static/style.css"></head><body>
 <header><h1>vllm-offload manager</h1></header>
 <main><div class="card narrow">
-<h2>Log in</h2><p class="hint">Paste the manager token. It is in the token file
-(by default /etc/vllm-offload/manager-token, readable by the manager's user only).</p>
+<h2>Log in</h2>{failed}<p class="hint">Paste the manager token. {where}</p>
 <form method="post" action="/login"><label for="token">Token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" required>
 <p><button class="primary" type="submit">Log in</button></p></form></div></main></body></html>
 """
+FAILED = '<p class="error">That token is not right.</p>'
 
-LOGIN_FAILED = LOGIN.replace(
-    "<h2>Log in</h2>", '<h2>Log in</h2><p class="error">That token is not right.</p>'
-)
+
+def login(token_file: Path | None, failed: bool = False) -> str:
+    """The login page, saying where this manager's token is: its token file (the unit's,
+    install-service's), or the terminal it was started from (no --token-file: a token
+    for this run alone)."""
+    if token_file is not None:
+        where = (f"It is in the token file {token_file}, readable by the manager's user "
+                 "only.")  # fmt: skip
+    else:
+        where = ("This manager was started without --token-file: its token for this run is "
+                 "the one `vllm-offload manager` printed on the terminal it was started "
+                 "from.")  # fmt: skip
+    return LOGIN.format(failed=FAILED if failed else "", where=html.escape(where))
 
 
 def dashboard(csrf: str, unit: str) -> str:
@@ -91,7 +101,11 @@ def dashboard(csrf: str, unit: str) -> str:
    <button type="button" class="primary" id="save">Save &amp; restart</button>
    <button type="button" id="clear-disk" title="Delete the disk KV tier's files (server
     stopped only)">Clear disk tier</button></p>
-  </form><div id="form-msg"></div></div>
+  </form><div id="form-msg"></div>
+  <form id="hub-pull"><label for="h-model">Fetch a Hugging Face model (org/name, as the
+   config file's manager.hub_models allows); then choose it above</label><input id="h-model">
+   <p><button type="submit" id="h-fetch">Fetch</button></p></form>
+  <table id="hub-pulls"></table></div>
  <div class="card"><h2>Other vLLM servers on this host</h2><p class="hint">Found by their
   listening ports and /v1/models, whoever started them.</p><table id="detect"></table></div>
 </div>

@@ -27,6 +27,7 @@ from vllm_offload.hardware import HostFacts, probe
 from vllm_offload.manager import bounded
 from vllm_offload.manager.auth import Sessions
 from vllm_offload.manager.metrics import Sampler
+from vllm_offload.manager.pulls import Pulls
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor
 from vllm_offload.patch_journal import STATE_FILE
@@ -49,6 +50,7 @@ class ManagerSettings:
     # The machine the plans are made for: this one, or one a test declares (as ollama's
     # scheduler takes its GPU discovery).
     host: Callable[[], HostFacts] = probe
+    token_file: Path | None = None  # None: the token was printed at start (the login says)
 
 
 class Manager:
@@ -60,6 +62,7 @@ class Manager:
                                settings.sample_interval_s)  # fmt: skip
         self.monitor = UnitMonitor(settings.systemd, settings.unit, self.sampler,
                                    limits=self.manager_section)  # fmt: skip
+        self.pulls = Pulls()  # hub models the API fetches (manager.hub_models)
         self._kept: tuple[tuple[Any, ...], float, AnyPrepared | VllmOffloadError] | None = None
         self._keeping = threading.Lock()
 
@@ -137,8 +140,14 @@ class Manager:
         return (config_mod.file_tag(self.settings.config_path), tuple(prints), state)
 
     def control_socket(self, config: DeploymentConfig) -> Path:
-        """The front door's control socket, where the server's unit keeps it."""
-        return control_socket(config, {"RUNTIME_DIRECTORY": f"/run/{self.settings.unit}-offload"})
+        """The front door's control socket: where the server's unit keeps it while the
+        unit runs, else where a `serve` this user started by hand keeps it (found as that
+        serve finds it: residency.runtime_dir, else XDG_RUNTIME_DIR, else
+        ~/.cache/vllm-offload/run)."""
+        if self.monitor.current()[0].running:
+            unit_dir = f"/run/{self.settings.unit}-offload"
+            return control_socket(config, {"RUNTIME_DIRECTORY": unit_dir})
+        return control_socket(config, os.environ)
 
 
 def manager_of(request: Request) -> Manager:

@@ -93,11 +93,14 @@ def last_error(lines: list[str]) -> str | None:
 
 
 def health_of(unit: ServiceStatus, answers: bool) -> str:
-    """healthy (the unit's process answers /health), start-limit, starting, failed or
-    stopped. Without a main process an answer is not the unit's (a sample taken before
-    it died, or another server on the port)."""
+    """healthy (the unit's process answers /health), by-hand (the unit is down and a server
+    started by hand, `make serve` say, answers on the configured port), start-limit,
+    starting, failed or stopped. While the unit restarts an answer is not its health (a
+    sample taken before its process died)."""
     if answers and unit.main_pid is not None:
         return "healthy"
+    if answers and unit.active_state in ("inactive", "failed") and not unit.start_limit_hit:
+        return "by-hand"
     if unit.start_limit_hit:
         return "start-limit"
     if unit.active_state in ("active", "activating", "reloading"):

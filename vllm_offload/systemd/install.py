@@ -63,28 +63,19 @@ class PlannedFile:
     mode: int = 0o644
     owner: str | None = None  # chown to this user (when installing as root)
     keep_existing: bool = False  # config and token: never overwrite
-
-
-def _check_user(option: str, name: str) -> None:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        raise InstallError(
-            f"{option} {name!r}: no such user on this host; create it (e.g. `useradd --system "
-            f"--home {DEFAULT_STATE_DIR} {name}`) or pass an existing one"
-        ) from None
+    secret: bool = False  # the token: a dry run does not print it
 
 
 def validate(options: InstallOptions) -> InstallOptions:
+    """The options checked for shape (the users and what they can reach:
+    ``service_check.refusals``)."""
     if not options.root.is_absolute():
         raise InstallError(f"--root {options.root}: must be an absolute path, e.g. /srv/image")
     try:
         validate_unit(options.unit)
     except ServiceError as exc:
         raise InstallError(f"--unit: {exc}") from None
-    _check_user("--user", options.user)
     manager_user = options.manager_user or options.user
-    _check_user("--manager-user", manager_user)
     for option, path in (("--config", options.config), ("--state-dir", options.state_dir)):
         if not path.is_absolute():
             raise InstallError(f"{option} {path}: must be an absolute path")
@@ -105,7 +96,7 @@ def _protect_home(paths: list[str]) -> str:
     return "read-only" if any(p.startswith(home_like) for p in resolved) else "yes"
 
 
-def _config(options: InstallOptions) -> config_mod.DeploymentConfig:
+def config_of(options: InstallOptions) -> config_mod.DeploymentConfig:
     """The config the units will serve (defaults where none is given or it is unusable)."""
     if not options.config_given:
         return config_mod.DeploymentConfig()
@@ -150,15 +141,15 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     # Not in config_dir, which the manager's user owns (it saves the config there): the
     # server's environment (LD_PRELOAD, say) must be writable by root alone.
     env_file = Path("/etc/default") / f"{options.unit}-offload"
-    config = _config(options)
+    config = config_of(options)
     disk_path = _disk_path(config)
     server_paths, manager_paths = _write_paths(options, disk_path)
     values = {
         "unit": options.unit,
         "user": options.user,
-        "group": grp.getgrgid(pwd.getpwnam(options.user).pw_gid).gr_name,
+        "group": _group(options.user),
         "manager_user": options.manager_user,
-        "manager_group": grp.getgrgid(pwd.getpwnam(options.manager_user).pw_gid).gr_name,
+        "manager_group": _group(options.manager_user),
         "python": options.python,
         "config": str(options.config),
         "config_dir": str(config_dir),
@@ -186,6 +177,7 @@ def render(options: InstallOptions) -> list[PlannedFile]:
             0o600,
             owner=options.manager_user,
             keep_existing=True,
+            secret=True,
         ),
     ]
     if not options.config_given:
@@ -194,6 +186,15 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     files.append(PlannedFile(Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"),
                              fill("polkit.rules.in")))  # fmt: skip
     return files
+
+
+def _group(user: str) -> str:
+    """``user``'s primary group; a user not made yet (a dry run): the group useradd
+    would make, of the same name."""
+    try:
+        return grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    except KeyError:
+        return user
 
 
 def _under(root: Path, path: Path) -> Path:
@@ -255,7 +256,7 @@ def install(options: InstallOptions) -> list[Path]:
         _write(target, planned.content, planned.mode, planned.owner)
         written.append(target)
     state_dir.mkdir(parents=True, exist_ok=True)
-    if disk_path := _disk_path(_config(options)):
+    if disk_path := _disk_path(config_of(options)):
         grant_disk_tier(_under(options.root, Path(disk_path)), options.user, options.manager_user)
     if os.geteuid() == 0:
         owner = pwd.getpwnam(options.user)

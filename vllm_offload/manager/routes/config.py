@@ -10,11 +10,13 @@ from fastapi import APIRouter, Depends, Header, Response
 from pydantic import BaseModel
 
 from vllm_offload import config as config_mod
+from vllm_offload import hub
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import list_models, model_roots
 from vllm_offload.errors import Refused, StorageFull
 from vllm_offload.fleet.prepare import PreparedFleet
 from vllm_offload.manager import bounded, fence
+from vllm_offload.manager.fence import allowed
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.state import AnyPrepared, Manager, manager_of
 from vllm_offload.plan.fleet import fleet_json
@@ -89,4 +91,8 @@ def put_config(
 def models(manager: Shared) -> dict[str, Any]:
     config = manager.load()
     found = bounded.call(lambda: list_models(config), "manager.model_roots", "listing models")
+    if patterns := config.manager.hub_models:  # those the API may name, fetched already
+        found += [{"name": f"{repo} (Hugging Face)", "path": repo}
+                  for repo in bounded.call(hub.cached_ids, "manager.hub_models", "listing the "
+                                           "HF cache") if allowed(repo, patterns)]  # fmt: skip
     return {"roots": [str(r) for r in model_roots(config)], "models": found}

@@ -30,8 +30,8 @@ def static(name: Literal["dashboard.js", "style.css"]) -> FileResponse:
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_page() -> str:
-    return page.LOGIN
+def login_page(manager: Shared) -> str:
+    return page.login(manager.settings.token_file)
 
 
 @router.post("/login")
@@ -40,7 +40,8 @@ def login(manager: Shared, request: Request,
     if not origin_matches(request):
         raise Forbidden("Origin", "the Origin header is missing or names another site")
     if not manager.sessions.check_guess(request, "form", token.strip()):
-        return HTMLResponse(page.LOGIN_FAILED, status_code=401)
+        return HTMLResponse(page.login(manager.settings.token_file, failed=True),
+                            status_code=401)  # fmt: skip
     session_id, _csrf = manager.sessions.create()
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",

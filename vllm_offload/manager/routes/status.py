@@ -19,7 +19,7 @@ from vllm_offload.deployment import Prepared, model_dir
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.fleet.control import read_models
 from vllm_offload.fleet.prepare import PreparedFleet
-from vllm_offload.manager import bounded, detect, wedge
+from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
 from vllm_offload.plan.fleet import fleet_json
@@ -34,16 +34,18 @@ JOURNAL_HINT = (
     "systemd has no per-unit permission, so it then reads every unit's log.)"
 )
 
+HAND_RUN_LOG = (
+    "(the server answering now was started by hand, not by {unit}.service: its log is on "
+    "the terminal that started it; below, the unit's journal)"
+)
+
 
 @router.get("/api/status")
 def status(manager: Shared) -> dict[str, Any]:
     config = manager.load()
     settings = manager.settings
     unit, health = manager.monitor.current()
-    uptime = None
-    if unit.main_pid is not None:
-        with suppress(psutil.NoSuchProcess):
-            uptime = round(time.time() - psutil.Process(unit.main_pid).create_time(), 1)
+    uptime = process_age(unit.main_pid)
     reason = None
     if health in ("failed", "stopped", "crash-loop", "start-limit"):
         reason = last_error(settings.systemd.logs(settings.unit, 300))
@@ -52,6 +54,10 @@ def status(manager: Shared) -> dict[str, Any]:
                 "the service manager stopped restarting it (the unit's start limit): fix "
                 f"the cause, then press Start. Last error: {reason or 'none logged'}"
             )
+    found = hand_run.server(config) if health == "by-hand" else None
+    if found is not None:
+        reason = hand_run.reason(found, settings.unit, config.server.api_key_file)
+        uptime = process_age(found["pid"])
     prepared = manager.prepared_saved(config)
     body: dict[str, Any] = {
         "unit": f"{settings.unit}.service",
@@ -65,10 +71,21 @@ def status(manager: Shared) -> dict[str, Any]:
         "wedge": wedge_status(manager.monitor, config.manager),
         **plan_cards(manager, config, prepared),
     }
+    if found is not None:  # what the server itself says, not the unit
+        served = ", ".join(found["models"] or []) or body["served_name"]
+        body.update(pid=found["pid"], hand_run=found, served_name=served)
     if isinstance(prepared, PreparedFleet):
-        body.update(models_cards(manager, config, prepared))
+        body.update(models_cards(manager, config, prepared, unit.running or found is not None))
         body["events"] = sorted(body["events"] + body.pop("switches"), key=lambda e: e["t"])
     return body
+
+
+def process_age(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    with suppress(psutil.Error):
+        return round(time.time() - psutil.Process(pid).create_time(), 1)
+    return None
 
 
 def plan_cards(
@@ -98,11 +115,11 @@ def plan_cards(
                                               tier_status(plan.disk.path))}  # fmt: skip
 
 
-def models_cards(manager: Manager, config: DeploymentConfig,
-                 prepared: PreparedFleet) -> dict[str, Any]:  # fmt: skip
+def models_cards(manager: Manager, config: DeploymentConfig, prepared: PreparedFleet,
+                 running: bool) -> dict[str, Any]:  # fmt: skip
     """Several models: a card each (where its weights and KV go, its state now, its last
-    switch), and the front door's switches for the events card."""
-    running = manager.monitor.current()[0].running
+    switch), and the front door's switches for the events card (``running``: a front door
+    is up, the unit's or one started by hand)."""
     live = read_models(manager.control_socket(config)) if running else {}
     # The server's user answers there: a reply that is not the front door's is said, not used.
     unreachable = live if isinstance(live, str) else None
@@ -183,12 +200,16 @@ def logs(manager: Shared, lines: Annotated[int, Query(ge=1, le=5000)] = 200) -> 
     found = manager.settings.systemd.logs(manager.settings.unit, lines)
     if not found and not journal_readable():
         found = [JOURNAL_HINT]
+    if manager.monitor.current()[1] == "by-hand":
+        found = [HAND_RUN_LOG.format(unit=manager.settings.unit), *found]
     return {"lines": found}
 
 
 @router.get("/api/detect")
-def detect_servers() -> dict[str, Any]:
-    return {"servers": detect.find_vllm_servers()}
+def detect_servers(manager: Shared) -> dict[str, Any]:
+    """vLLM servers here other than the one this page shows (the configured port's)."""
+    port = manager.load().server.port
+    return {"servers": [s for s in detect.find_vllm_servers() if s["port"] != port]}
 
 
 def journal_readable() -> bool:

@@ -196,7 +196,9 @@ function modelCard(m) {
     button('Save', () => changeModels(c => setModel(c, m.name, len.value, tier.value))),
     button('Remove', () => changeModels(c => { c.models = c.models.filter(e => nameOf(e) !== m.name); })));
 }
-const nameOf = e => e.served_name || e.path.split('/').pop();
+// As config.schema.model_name: a hub id (no leading '/') answers to its repo id.
+const nameOf = e => e.served_name || (e.path && !e.path.startsWith('/')
+  ? e.path.split('@')[0] : e.path.split('/').pop());
 function setModel(c, name, len, tier) {
   const num = v => (v === 'auto' || v === '' || isNaN(Number(v))) ? v : Number(v);
   const entry = c.models.find(e => nameOf(e) === name);
@@ -317,6 +319,26 @@ async function pollLogs() {
     if (atEnd) pre.scrollTop = pre.scrollHeight;
   } catch (e) {}
 }
+async function fetchHubModel(ev) {
+  ev.preventDefault();
+  try {
+    await api('/api/hub/pull', {method: 'POST',
+      body: JSON.stringify({model: document.getElementById('h-model').value})});
+    pollPulls();
+  } catch (e) { show('hub-pulls', row('Fetch', error(e.field ? `${e.field}: ${e.message}` : JSON.stringify(e)))); }
+}
+let pullsRunning = false;
+async function pollPulls() {
+  try {
+    const r = await api('/api/hub/pulls');
+    show('hub-pulls', ...r.pulls.map(p => row(p.model, p.state === 'fetching'
+      ? `fetching: ${fmt(p.fetched_bytes / GIB, 2)} of ${fmt(p.total_bytes / GIB, 2)} GiB`
+      : p.state === 'done' ? `fetched into ${p.message}` : error(`failed: ${p.message}`))));
+    const running = r.pulls.some(p => p.state === 'fetching');
+    if (pullsRunning && !running) loadConfig();  // a finished download joins the model list
+    pullsRunning = running;
+  } catch (e) {}
+}
 async function pollDetect() {
   try {
     const r = await api('/api/detect');
@@ -332,6 +354,8 @@ document.getElementById('settings').addEventListener('submit', previewPlan);
 document.getElementById('save').addEventListener('click', saveConfig);
 document.getElementById('clear-disk').addEventListener('click', clearDisk);
 document.getElementById('add-model').addEventListener('submit', addModel);
-setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect();
+document.getElementById('hub-pull').addEventListener('submit', fetchHubModel);
+setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect(); pollPulls();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
+setInterval(pollPulls, 2000);
 setInterval(pollDetect, 15000);

@@ -1,0 +1,49 @@
+"""Issue #38 item 3 on the page: "Fetch a Hugging Face model" shows the download's
+progress while it runs, then the model joins the list to choose from. The manager is a
+real process, the hub is on loopback (paused halfway so the page is seen mid-download)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import stack
+from tests.e2e.stack import CHROMIUM_ARGS
+from tests.hub_server import Hub, serve_hub
+from tests.test_hub import _repo
+from vllm_offload import config as config_mod
+
+pytestmark = pytest.mark.e2e
+TOKEN = "hub-page-token-0123456789"
+
+
+def test_the_page_fetches_a_hub_model_with_its_progress(tmp_path: Path, demo_dir: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    hub = Hub(repos={"org/tiny": _repo()}, pause_after=11 * 1024 * 1024)
+    deployment = stack.install(tmp_path, demo_dir)
+    saved = config_mod.load(deployment.config)
+    config_mod.save(config_mod.with_overrides(saved, {"manager.hub_models": ["org/*"]}),
+                    deployment.config)  # fmt: skip
+    with serve_hub(hub) as endpoint:
+        env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1"}
+        with stack.manager(tmp_path, deployment, TOKEN, env) as url, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            expect.set_options(timeout=60_000)
+            page.goto(url + "/login")
+            page.fill("#token", TOKEN)
+            page.click("button[type=submit]")
+            page.fill("#h-model", "other/model")
+            page.click("#h-fetch")
+            expect(page.locator("#hub-pulls")).to_contain_text("manager.hub_models")
+            page.fill("#h-model", "org/tiny")
+            page.click("#h-fetch")
+            expect(page.locator("#hub-pulls")).to_contain_text("fetching: 0.01 of 0.02 GiB")
+            hub.go.set()
+            expect(page.locator("#hub-pulls")).to_contain_text("fetched into")
+            expect(page.locator("#f-model option", has_text="org/tiny (Hugging Face)")
+                   ).to_have_count(1)  # fmt: skip
+            browser.close()

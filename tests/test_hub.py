@@ -1,0 +1,140 @@
+"""A model named by its Hugging Face id: planned from the hub without a download, pulled
+(resuming an interrupted download), served from the HF cache, and the hub's refusals said
+plainly. The hub is tests/hub_server.py on loopback (HF_ENDPOINT); `vllm-offload` runs as
+its own process, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hub_server import GOOD_TOKEN, Hub, Repo, serve_hub
+from tests.shapes import LLAMA3_8B
+
+REPO_ROOT = Path(__file__).parents[1]
+WEIGHTS = 12 * 1024 * 1024  # BF16 elements: 24 MiB, past huggingface_hub's 10 MB chunk
+
+
+def _safetensors(elements: int, seed: int) -> bytes:
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [elements],
+                               "data_offsets": [0, 2 * elements]}}).encode()  # fmt: skip
+    return struct.pack("<Q", len(header)) + header + random.Random(seed).randbytes(2 * elements)
+
+
+def _repo(**kwargs: bool) -> Repo:
+    config = dict(LLAMA3_8B, num_hidden_layers=2)
+    return Repo(files={"config.json": json.dumps(config).encode(),
+                       "tokenizer_config.json": b"{}",
+                       "model.safetensors": _safetensors(WEIGHTS, 1),
+                       "original/consolidated.pth": b"x" * 1024}, **kwargs)  # fmt: skip
+
+
+@pytest.fixture
+def hub() -> Hub:
+    return Hub(repos={"org/tiny": _repo(), "org/gated": _repo(gated=True), "org/other": _repo()})
+
+
+@pytest.fixture
+def env(hub: Hub, tmp_path: Path) -> Iterator[dict[str, str]]:
+    with serve_hub(hub) as endpoint:
+        yield {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"),
+               "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vllm_offload", *args], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _snapshots(env: dict[str, str], repo: str) -> Path:
+    return Path(env["HF_HOME"]) / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots"
+
+
+def test_plan_reads_the_hub_without_downloading(hub: Hub, env: dict[str, str]) -> None:
+    run = _cli(env, "plan", "--model", "org/tiny", "--gpu-mem-gib", "24", "--json")
+    assert run.returncode == 2, run.stderr  # it cannot start before a pull, and says so
+    plan = json.loads(run.stdout)
+    assert plan["weight_bytes"] == 2 * WEIGHTS and plan["weight_bytes_source"] == "safetensors"
+    (problem,) = plan["problems"]
+    assert problem["field"] == "model.path"
+    assert "`vllm-offload pull org/tiny` fetches 0.02 GiB" in problem["message"]
+    assert hub.gets("model.safetensors") == ["bytes=0-100000"]  # the header alone
+    assert not _snapshots(env, "org/tiny").exists()  # nothing half-made in the HF cache
+
+
+def test_several_hub_models_are_planned_from_the_hub(
+    hub: Hub, env: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\npath = "org/tiny"\n[[models]]\npath = "org/other"\n')
+    run = _cli(env, "plan", "--config", str(config), "--gpu-mem-gib", "24", "--json")
+    assert run.returncode == 2, run.stderr
+    plan = json.loads(run.stdout)
+    assert set(plan["models"]) == {"org/tiny", "org/other"}  # each answers to its repo id
+    fields = [p["field"] for p in plan["problems"]]
+    assert fields == ["models[0].path", "models[1].path"]
+    assert set(hub.gets("model.safetensors")) == {"bytes=0-100000"}
+
+
+def test_serve_does_not_download_on_start(hub: Hub, env: dict[str, str]) -> None:
+    run = _cli(env, "serve", "--model", "org/tiny", "--dry-run")
+    assert run.returncode == 2
+    assert "org/tiny: not downloaded yet" in run.stderr
+    assert "vllm-offload pull org/tiny" in run.stderr and "serve --pull" in run.stderr
+    assert hub.requests == []
+    asked = _cli(env, "serve", "--model", "org/tiny", "--dry-run", "--pull")
+    assert f"pulled org/tiny into {_snapshots(env, 'org/tiny')}" in asked.stderr, asked.stderr
+    assert "not downloaded" not in asked.stderr
+    assert "--served-model-name=org/tiny" in asked.stdout, asked.stderr
+
+
+def test_an_interrupted_pull_resumes(hub: Hub, env: dict[str, str]) -> None:
+    hub.drop_after = 11 * 1024 * 1024  # the connection drops after 11 MiB of the weights
+    run = _cli(env, "pull", "org/tiny")
+    assert run.returncode == 0, run.stderr
+    folder = Path(run.stdout.strip())
+    assert folder.parent == _snapshots(env, "org/tiny")
+    first, *rest = hub.gets("model.safetensors")
+    # huggingface_hub keeps what reached the disk (10 MB chunks) and asks for the rest
+    assert first == "" and rest == [f"bytes={10 * 1024 * 1024}-"]
+    assert (folder / "model.safetensors").read_bytes() == hub.repos["org/tiny"].files[
+        "model.safetensors"
+    ]
+    assert not (folder / "original").exists()  # the duplicate weights are left out
+    # Planned from the download now, and it may start: no request reaches the hub.
+    before = len(hub.requests)
+    plan = _cli(env, "plan", "--model", "org/tiny", "--gpu-mem-gib", "24", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["model_path"] == str(folder)
+    assert len(hub.requests) == before
+
+
+def test_a_gated_repo_needs_a_token(env: dict[str, str]) -> None:
+    run = _cli(env, "pull", "org/gated")
+    assert run.returncode == 2
+    assert "org/gated: the repo is gated" in run.stderr and "HF_TOKEN" in run.stderr
+    assert _cli({**env, "HF_TOKEN": GOOD_TOKEN}, "pull", "org/gated").returncode == 0
+
+
+def test_a_missing_repo_is_named(env: dict[str, str]) -> None:
+    for args in (("pull", "org/nope"), ("plan", "--model", "org/nope")):
+        run = _cli(env, *args)
+        assert run.returncode == 2
+        assert f"org/nope: no such model on {env['HF_ENDPOINT']}" in run.stderr
+    revision = _cli(env, "pull", "org/tiny@v9")
+    assert revision.returncode == 2 and "has no revision 'v9'" in revision.stderr
+
+
+def test_offline_mode_says_so(hub: Hub, env: dict[str, str]) -> None:
+    run = _cli({**env, "HF_HUB_OFFLINE": "1"}, "plan", "--model", "org/tiny")
+    assert run.returncode == 1  # the environment, not the input
+    assert "org/tiny: cannot reach" in run.stderr and "HF_HUB_OFFLINE" in run.stderr
+    assert hub.requests == []
