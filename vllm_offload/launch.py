@@ -20,7 +20,13 @@ from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.safe_files import open_regular
-from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
+from vllm_offload.vllm_ext.knobs import (
+    CPU_BYTES_KEY,
+    CPU_TIER_RESERVE_ENV,
+    HOST_EXTENSION_KEY,
+    LAYERWISE_LOADS_KEY,
+    SLEEP_ARENA_ENV,
+)
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
@@ -32,11 +38,6 @@ from vllm_offload.vllm_version import (
 DISK_TIER_SPEC = "TieringOffloadingSpec"
 # LMCache's in-process connector is configured through its environment.
 LMCACHE_CHUNK_TOKENS = 256
-# Patch 0001's check of the CPU tier against host RAM keeps this much free; the launcher
-# passes the planner's reserve, so the planner and vLLM apply one rule.
-CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
-# Patch 0006 reads the host extension's size (bytes per GPU) from vLLM's additional config.
-HOST_EXTENSION_KEY = "kv_host_extension_bytes"
 MAX_KEY_BYTES = 4096
 
 
@@ -135,9 +136,9 @@ def kv_transfer_config(
 ) -> dict[str, Any] | None:
     if plan.kv.backend == "native":
         extra: dict[str, Any] = {
-            "cpu_bytes_to_use": plan.cpu_tier.bytes,
+            CPU_BYTES_KEY: plan.cpu_tier.bytes,
             "eviction_policy": config.kv_offload.eviction_policy,
-            "layerwise_loads": config.kv_offload.layerwise_loads,
+            LAYERWISE_LOADS_KEY: config.kv_offload.layerwise_loads,
         }
         if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
             extra["block_size"] = plan.kv.chunk_tokens
@@ -235,7 +236,7 @@ def build(
                         f"({plan.kv.backend_reason})"]  # fmt: skip
     if plan.weights.offloaded_bytes > 0:
         notes += _weight_offload(options, env, config, plan, vllm_version)
-    if plan.extension.bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
+    if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
         options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
     kv_config = kv_transfer_config(config, plan, engine is not None and engine.sleeps)
     if kv_config is not None:
