@@ -26,12 +26,13 @@ from vllm_offload.vllm_ext.knobs import (
     HOST_EXTENSION_KEY,
     LAYERWISE_LOADS_KEY,
     SLEEP_ARENA_ENV,
+    SYNC_LOAD_BUDGET_KEY,
 )
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
     SERVER_MODULE,
-    v2_runner_ignores_cpu_offload,
+    has_sync_loads,
 )
 
 # The OffloadingConnector spec that puts secondary tiers behind the CPU tier.
@@ -131,8 +132,17 @@ class _Options:
         self.owned[_dest(flag)] = list(values)
 
 
+def sync_load_budget_bytes(config: DeploymentConfig, plan: Plan) -> int:
+    """vLLM 0.33's sync-load budget per step: patch 0005's layer-wise loads ride on it
+    (a hit vLLM loads inside its step), so 'auto' lifts the limit where they are on."""
+    budget = config.kv_offload.sync_load_budget_gib
+    if budget == "auto":
+        return plan.gpu.kv_pool_bytes if config.kv_offload.layerwise_loads else 0
+    return int(budget * GIB)
+
+
 def kv_transfer_config(
-    config: DeploymentConfig, plan: Plan, sleeps: bool = False
+    config: DeploymentConfig, plan: Plan, sleeps: bool = False, sync_loads: bool = False
 ) -> dict[str, Any] | None:
     if plan.kv.backend == "native":
         extra: dict[str, Any] = {
@@ -140,6 +150,8 @@ def kv_transfer_config(
             "eviction_policy": config.kv_offload.eviction_policy,
             LAYERWISE_LOADS_KEY: config.kv_offload.layerwise_loads,
         }
+        if sync_loads and (budget := sync_load_budget_bytes(config, plan)):
+            extra[SYNC_LOAD_BUDGET_KEY] = budget
         if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
             extra["block_size"] = plan.kv.chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
@@ -235,10 +247,11 @@ def build(
     notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
                         f"({plan.kv.backend_reason})"]  # fmt: skip
     if plan.weights.offloaded_bytes > 0:
-        notes += _weight_offload(options, env, config, plan, vllm_version)
+        _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
         options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
-    kv_config = kv_transfer_config(config, plan, engine is not None and engine.sleeps)
+    sleeps = engine is not None and engine.sleeps
+    kv_config = kv_transfer_config(config, plan, sleeps, has_sync_loads(vllm_version))
     if kv_config is not None:
         options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:
@@ -260,10 +273,8 @@ def build(
                       options.owned, extra)  # fmt: skip
 
 
-def _weight_offload(
-    options: _Options, env: dict[str, str], config: DeploymentConfig, plan: Plan, version: str
-) -> list[str]:
-    """The weight-offload options; the notes they need."""
+def _weight_offload(options: _Options, config: DeploymentConfig, plan: Plan) -> None:
+    """The weight-offload options."""
     params = config.weights_offload.params
     options.add("--offload-backend", config.weights_offload.backend)
     if plan.weights.offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
@@ -276,11 +287,6 @@ def _weight_offload(
         options.add("--cpu-offload-gb", float(f"{plan.weights.offloaded_bytes / GIB:.3f}"))
         if params:
             options.add_list("--cpu-offload-params", params)
-    if not v2_runner_ignores_cpu_offload(version):
-        return []
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    return [f"set VLLM_USE_V2_MODEL_RUNNER=0: vLLM {version}'s V2 model runner ignores "
-            "cpu_offload_gb"]  # fmt: skip
 
 
 def read_api_key(config: DeploymentConfig) -> str | None:

@@ -25,3 +25,5 @@ NUM_CPU_BLOCKS_KEY = "num_cpu_blocks"
 # A hit loads layer by layer inside the step that computes the rest of the prompt
 # (patch 0005).
 LAYERWISE_LOADS_KEY = "layerwise_loads"
+# vLLM 0.33's per-step bytes of hits loaded inside the step (vLLM's own key; 0.32 has none).
+SYNC_LOAD_BUDGET_KEY = "sync_load_budget_bytes"
