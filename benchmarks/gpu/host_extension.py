@@ -154,14 +154,15 @@ def mapping_check() -> dict[str, Any]:
     from types import SimpleNamespace
 
     import torch
-    from vllm.v1.core import kv_host_extension
+
+    from vllm_offload.vllm_ext import kv_host_mapping
 
     page = 2 << 20
     tensor = SimpleNamespace(layers=["a", "b"], layer_stride=8 * page, block_stride=page, offset=0)
     config = SimpleNamespace(num_blocks=8, num_host_blocks=4, kv_cache_tensors=[tensor])
     torch.zeros(1, device="cuda")
     free_before = torch.cuda.mem_get_info()[0]
-    buf = kv_host_extension.allocate(config, 16 * page, torch.device("cuda", 0))
+    buf = kv_host_mapping.allocate(config, 16 * page, torch.device("cuda", 0))
     torch.cuda.synchronize()
     gpu_taken = free_before - torch.cuda.mem_get_info()[0]
     buf.copy_(torch.arange(buf.numel(), device="cuda", dtype=torch.int64).to(torch.int8))
@@ -171,7 +172,7 @@ def mapping_check() -> dict[str, Any]:
     gc.collect()
     torch.cuda.empty_cache()  # the check's own tensors, cached by torch
     return {
-        "host_ranges": kv_host_extension.host_ranges(config),
+        "host_ranges": kv_host_mapping.host_ranges(config),
         "gpu_bytes_taken": gpu_taken,
         "gpu_bytes_expected": 8 * page,
         "reads_back": reads_back,

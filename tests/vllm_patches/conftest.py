@@ -1,15 +1,8 @@
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from types import ModuleType
-
-from tests.test_patching import pristine_025
-from vllm_offload import patching
 
 
 @contextmanager
@@ -31,21 +24,3 @@ def collect_logs(name: str) -> Iterator[list[str]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-
-
-@contextmanager
-def patched_025(tmp_path: Path, relpath: str) -> Iterator[ModuleType]:
-    """A module of vLLM 0.25.0 with its series applied, loaded from its pristine sources
-    under another name beside the installed 0.32.0 (whose vllm.* it imports)."""
-    site = pristine_025(tmp_path)
-    patching.apply(site)
-    name = "vllm._vllm_offload_025." + relpath.removesuffix(".py").replace("/", ".")
-    spec = importlib.util.spec_from_file_location(name, site / relpath)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[name]

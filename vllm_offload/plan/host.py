@@ -20,7 +20,8 @@ RAM_RESERVE_BYTES = 8 * GIB
 RAM_RESERVE_FRACTION = 0.10
 # RAM vLLM's own processes hold when that check runs (after the model is loaded): on an
 # H200 host, 8B shape, one GPU, 2.52-2.64 GiB on 0.32.0 and 0.25.0 (patch 0001 logs it:
-# benchmarks/results/h200-vllm-0.32.0/capacity/). Without this allowance the default tier
+# benchmarks/results/h200-vllm-0.32.0/capacity/); on an H100 with 0.33.0, 2.66 GiB (8B)
+# and 2.73 GiB (the demo model; h100-vllm-0.33.0/tier/, serve/). Without it the default tier
 # was refused there (issue #13). Each further GPU adds a worker process with its own CUDA
 # context (not measured here: taken as 2 GiB).
 SERVER_RAM_BYTES = 4 * GIB

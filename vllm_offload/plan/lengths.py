@@ -23,7 +23,8 @@ from vllm_offload.plan.records import (
 
 # vLLM's switch for a max_model_len past the model's limit (its envs.py).
 ALLOW_LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
-# Patch 0006 maps the host extension in 2 MiB granules (vllm/v1/core/kv_host_extension.py).
+# Patch 0006 maps the host extension in 2 MiB granules (vllm_ext.kv_host_extension's
+# MAP_GRANULE, which imports vLLM: the planner cannot).
 HOST_MAP_GRANULE = 2 << 20
 
 

@@ -1,15 +1,15 @@
 """What vLLM loads from vllm-offload through its own extension points (a general plugin,
-the disk tier and the CPU tier's connector by module path, a sleep-mode backend): code
-that runs inside vLLM's processes, instead of hunks in vLLM's files."""
+the disk tier and the CPU tier's connector by module path, a sleep-mode backend), and the
+logic the patch series calls from vLLM's files (kv_capacity, host_pinning,
+kv_host_extension, kv_host_mapping): code that runs inside vLLM's processes, linted,
+typed and tested here instead of living in the diffs. knobs.py names every setting they
+read; it alone imports no vLLM, so the launcher can."""
 
 from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterable, Mapping
 
-# With it set to 1 (the launcher does for engines that sleep), the plugin makes
-# vllm_ext.sleep's backend the one vLLM's sleep mode uses.
-SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
 # What each vLLM process of an engine prints (stderr, whatever the log level) once the plugin
 # made the arena its sleep backend: the front door sleeps an engine only after seeing it.
 SLEEP_BACKEND_LINE = "vllm-offload: sleep backend: vllm_offload.vllm_ext.sleep's arena"

@@ -8,7 +8,7 @@ import logging
 import os
 
 from vllm_offload import amx
-from vllm_offload.vllm_ext import SLEEP_ARENA_ENV
+from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
 
 logger = logging.getLogger("vllm_offload")
 

@@ -10,9 +10,13 @@ then cost only the copies), and lets vLLM's allocator release them without a bac
 its own; at the wake it copies them back into the memory the allocator maps again.
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
-"cumem", which no server flag sets in 0.32); with VLLM_OFFLOAD_SLEEP_ARENA=1 (the
-launcher sets it for engines that sleep) the general plugin registers this class under
-that name, so vLLM's own worker picks it. Runs inside vLLM's worker; imports vLLM.
+"cumem"); with VLLM_OFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
+the general plugin registers this class under that name, so vLLM's own worker picks it.
+vLLM 0.33 adds ``--sleep-mode-backend`` and ``SleepModeBackendFactory.register_backend``,
+but a backend of another name loses the CUDA-graph pool: ``VllmConfig.
+use_cumem_cudagraph_pool`` puts the graphs in the memory sleep releases only for the name
+"cumem", so this one keeps that name on both releases. Runs inside vLLM's worker; imports
+vLLM.
 """
 
 from __future__ import annotations

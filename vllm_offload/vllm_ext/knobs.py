@@ -1,0 +1,29 @@
+"""Every name patched vLLM and vllm_ext's hooks read, in one place: the launcher writes
+them (launch.py), the hooks inside vLLM's processes read them. Plain strings, no vLLM
+import: launch.py imports this module on hosts where vLLM is not importable yet."""
+
+# Environment variables.
+# The RAM the CPU tier's check leaves free (bytes); the launcher passes the planner's
+# reserve, so the planner and vLLM apply one rule (kv_capacity.check_host_memory).
+CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
+# Offloaded weights of at least this many bytes go into a registered host arena
+# (host_pinning.gate_bytes).
+PIN_REGISTER_MIN_ENV = "VLLM_PIN_REGISTER_MIN_BYTES"
+# With it set to 1 (the launcher does for engines that sleep), the plugin makes
+# vllm_ext.sleep's backend the one vLLM's sleep mode uses.
+SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
+
+# --additional-config keys.
+# The KV pool's host extension, bytes of host RAM per GPU (kv_host_extension).
+HOST_EXTENSION_KEY = "kv_host_extension_bytes"
+
+# The OffloadingConnector's kv_connector_extra_config keys.
+# The CPU tier, bytes over all ranks (vLLM's own key).
+CPU_BYTES_KEY = "cpu_bytes_to_use"
+# The seed fork's tier size in GPU blocks, translated to CPU_BYTES_KEY (kv_capacity).
+NUM_CPU_BLOCKS_KEY = "num_cpu_blocks"
+# A hit loads layer by layer inside the step that computes the rest of the prompt
+# (patch 0005).
+LAYERWISE_LOADS_KEY = "layerwise_loads"
+# vLLM 0.33's per-step bytes of hits loaded inside the step (vLLM's own key; 0.32 has none).
+SYNC_LOAD_BUDGET_KEY = "sync_load_budget_bytes"
