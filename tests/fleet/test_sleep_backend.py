@@ -21,13 +21,8 @@ from vllm_offload.config import parse
 from vllm_offload.fleet.prepare import prepare_fleet
 from vllm_offload.hardware import declared
 from vllm_offload.launch import LaunchSpec
-from vllm_offload.vllm_ext import (
-    PLUGIN_GROUP,
-    PLUGIN_NAME,
-    PLUGIN_TARGET,
-    SLEEP_ARENA_ENV,
-    plugin_missing,
-)
+from vllm_offload.vllm_ext import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET, plugin_missing
+from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
 
 OURS = importlib.metadata.EntryPoint(PLUGIN_NAME, PLUGIN_TARGET, PLUGIN_GROUP)
 OTHER = importlib.metadata.EntryPoint("lora_filesystem_resolver", "x:y", PLUGIN_GROUP)
