@@ -350,6 +350,9 @@ async def test_the_sampler_follows_a_port_saved_from_the_page(
     [
         ({"manager__model_roots": ["/"]}, "manager.model_roots"),
         ({"manager__api_extra_args": ["--trust-remote-code"]}, "manager.api_extra_args"),
+        # The whole [manager] section is the file's (#37's re-read: these went through)
+        ({"manager__restart_wedged": True}, "manager.restart_wedged"),
+        ({"manager__wedge_after_s": 10}, "manager.wedge_after_s"),
         ({"server__host": "0.0.0.0"}, "server.host"),
         ({"server__api_key_file": "/etc/shadow"}, "server.api_key_file"),
         ({"kv_offload__disk_path": "/etc"}, "kv_offload.disk_path"),  # written, cleared

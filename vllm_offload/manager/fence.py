@@ -12,16 +12,21 @@ from collections.abc import Set as AbstractSet
 
 from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
 from vllm_offload.config.schema import model_name
+from vllm_offload.config.sections import ManagerSection
 from vllm_offload.errors import Forbidden
 from vllm_offload.hub import HubRef, shaped_like_id
 
-# Config keys only the file may set. kv_offload.disk_path: the server writes there and
-# `cache clear` deletes there.
+# Config keys only the file may set: all of [manager] (its roots, the flags and hub ids the
+# API may pass, and how it treats a wedged server), where the server listens and reads its
+# key; kv_offload.disk_path: the server writes there and `cache clear` deletes there;
 # residency.runtime_dir: the front door's control socket and the engines' sockets.
-FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "manager.hub_models",
-               "server.host",
-               "server.api_key_file", "kv_offload.disk_path",
-               "residency.runtime_dir")  # fmt: skip
+FENCED_KEYS = (
+    *(f"manager.{key}" for key in ManagerSection.model_fields),
+    "server.host",
+    "server.api_key_file",
+    "kv_offload.disk_path",
+    "residency.runtime_dir",
+)
 ONLY_THE_FILE = (
     "only an administrator can change this, in the config file; the manager's API cannot"
 )
