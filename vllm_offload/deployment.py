@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import demo_model, disk_layout, hardware, launch, model_facts, patching
-from vllm_offload.config import ConfigError, DeploymentConfig
+from vllm_offload import disk_layout, hardware, launch, model_facts, patching, real_model
+from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
@@ -38,10 +38,10 @@ class Prepared:
 def model_dir(config: DeploymentConfig) -> Path:
     """The configured model folder resolved once (``~`` expanded, relative to the working
     directory, every link followed): what the model roots are checked against and what
-    vLLM is given. Else the built-in demo model (written on first use)."""
+    vLLM is given. Else the default model (SmolLM2-135M-Instruct, converted on first use)."""
     if config.model.path:
         return Path(os.path.realpath(os.path.expanduser(config.model.path)))
-    return demo_model.ensure_default()
+    return real_model.ensure_default()
 
 
 def model_roots(config: DeploymentConfig) -> list[Path]:
@@ -108,7 +108,10 @@ def prepare(
     directory, one outside ``roots`` (default: manager.model_roots, where set), a config
     that cannot fit); lists in ``problems`` what forbids a start here and now. ``vllm``
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
-    release and the patch state is not checked."""
+    release and the patch state is not checked. The default model (no model.path) runs
+    in real_model.DTYPE unless model.dtype says otherwise."""
+    if not config.model.path and config.model.dtype == "auto":
+        config = with_overrides(config, {"model.dtype": real_model.DTYPE})
     directory = confined_model_dir(config, roots)
     plan = plan_for(config, directory, host, environ)
     problems: list[VllmOffloadError] = [
