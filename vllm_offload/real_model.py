@@ -34,8 +34,9 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # What `serve` runs it in when no model is configured (deployment.prepare), 540 MB: the
 # answer to "What is the capital of France?" starts with a near-tie ("The" leads "L" by
-# 0.08 nats in float32) that bfloat16 logits round to a tie, which vLLM breaks the other
-# way ("L'Étoile, la Marseillaise, ..."); in float32 vLLM answers as transformers does.
+# 0.08 nats in float32) that bfloat16 logits of vLLM's compiled CPU path round to a tie,
+# broken the other way ("L'Étoile, la Marseillaise, ..."); in float32 vLLM answers as
+# transformers does (benchmarks/results/real-model/capital-dtype-cpu.json).
 DTYPE = "float32"
 HEADS = 9
 KV_HEADS = 3

@@ -58,17 +58,17 @@ def prose(root: Path = REPO) -> list[str]:
 
 def build_prompt(tokenizer: Any, paragraphs: list[str], *, prompt_tokens: int,
                  needle_at: float, key: str = KEY) -> list[int]:  # fmt: skip
-    """Token ids: paragraphs up to ~prompt_tokens, the needle as its own paragraph after
+    """Token ids: paragraphs filling ~prompt_tokens, the needle as its own paragraph after
     ``needle_at`` of them, then the question (a completion, no chat template)."""
     needle = NEEDLE.format(key=key)
     budget = prompt_tokens - len(tokenizer("\n\n" + needle + "\n\n" + QUESTION)["input_ids"])
     chosen: list[str] = []
     used = 0
-    for paragraph in paragraphs:
-        used += len(tokenizer("\n\n" + paragraph)["input_ids"])
-        if used > budget:
-            break
-        chosen.append(paragraph)
+    for paragraph in paragraphs:  # in order, skipping those that would overflow
+        cost = len(tokenizer("\n\n" + paragraph)["input_ids"])
+        if used + cost <= budget:
+            chosen.append(paragraph)
+            used += cost
     chosen.insert(round(len(chosen) * needle_at), needle)
     return list(tokenizer("\n\n".join(chosen) + "\n\n" + QUESTION)["input_ids"])
 
