@@ -26,6 +26,7 @@ def test_prompt_is_real_text_with_the_needle_early(real_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(real_dir))
     paragraphs = needle.prose()
     assert len(paragraphs) > 50 and not any(p.startswith(("#", "|", "```")) for p in paragraphs)
+    assert not any("key" in p.lower() for p in paragraphs)  # no rival to the pass key
     ids = needle.build_prompt(tokenizer, paragraphs, prompt_tokens=7000, needle_at=0.05)
     assert 6500 <= len(ids) <= 7000
     text = tokenizer.decode(ids)

@@ -11,7 +11,8 @@ KV lands in the GPU part of the shrunk pool, and the answer's attention must fin
 the host part); the prompt ends "What is the pass key? The pass key is" (a plain
 completion: asked in the chat template, or as a question about a made-up fact, this 135M
 model missed the needle at 7,000 tokens on vLLM CPU, 2026-11-25, while it copied 4 of 5
-five-digit keys this way: 58216 it did not). Arms, all up at once:
+five-digit keys this way, 58216 not; with prose() as now, both keys below were copied
+in float32 and in bfloat16, eager, on vLLM CPU). Arms, all up at once:
 
   big     a GPU pool of --big-pool-tokens (holds the prompt), no extension
   spill   a GPU pool of --small-pool-tokens + --extension-gib of host RAM
@@ -45,14 +46,18 @@ GIB = 1 << 30
 
 def prose(root: Path = REPO) -> list[str]:
     """The paragraphs of README.md and docs/**/*.md (sorted), without code blocks,
-    tables, headings or HTML: running English text."""
+    tables, headings or HTML: running English text. Paragraphs that say "key" are left
+    out: with the API key and KV key paragraphs in, the model answered with one of
+    those ("`vllm-offload-key-...`") instead of the pass key."""
     paragraphs: list[str] = []
     for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
         for block in re.split(r"\n\s*\n", text):
             lines = [ln.strip() for ln in block.strip().splitlines()]
-            if lines and not any(ln.startswith(("#", "|", "<", "    ")) for ln in lines):
-                paragraphs.append(" ".join(lines))
+            paragraph = " ".join(lines)
+            if lines and not any(ln.startswith(("#", "|", "<", "    ")) for ln in lines) \
+                    and "key" not in paragraph.lower():  # fmt: skip
+                paragraphs.append(paragraph)
     return paragraphs
 
 
