@@ -15,7 +15,11 @@ five-digit keys this way, 58216 not; with prose() as now, both keys below were c
 in float32 and in bfloat16, eager, on vLLM CPU). Arms, all up at once:
 
   big     a GPU pool of --big-pool-tokens (holds the prompt), no extension
-  spill   a GPU pool of --small-pool-tokens + --extension-gib of host RAM
+  spill   a GPU pool of --small-pool-tokens + --extension-gib of host RAM. Patch 0006
+          splits the pool on 2 MiB granules of every layer's region: for this model
+          (768 KV bytes per token and layer in bfloat16) that is every 8,192 tokens, its
+          whole context, so the run is float32 (every 4,096: `plan` shows 4,096 tokens
+          on the GPU, the rest of the prompt in host RAM), as `serve` runs it anyway
   control big, the same haystack with another key (CONTROL_KEY): the answer must follow
           it, or naming the key would prove nothing about reading the needle
 
@@ -40,8 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 KEY, CONTROL_KEY = "71432", "86415"
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
-KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2  # layers x K,V x KV heads x head_dim x bf16
-GIB = 1 << 30
+KV_ELEMENTS_PER_TOKEN = 30 * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
 
 
 def prose(root: Path = REPO) -> list[str]:
@@ -104,10 +107,11 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=7000)
     parser.add_argument("--needle-at", type=float, default=0.05)
     parser.add_argument("--big-pool-tokens", type=int, default=16384)
-    parser.add_argument("--small-pool-tokens", type=int, default=2048)
+    parser.add_argument("--small-pool-tokens", type=int, default=4096)
     parser.add_argument("--extension-gib", type=float, default=1.0)
     parser.add_argument("--answer-tokens", type=int, default=12)
-    parser.add_argument("--dtype", default="bfloat16", help="model.dtype (float32: as on CPU)")
+    split = "bfloat16 splits the pool only at 0 or 8,192 tokens"
+    parser.add_argument("--dtype", default="float32", help=f"model.dtype ({split})")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -120,11 +124,13 @@ def main() -> None:
                                  needle_at=args.needle_at, key=key)
                for key in (KEY, CONTROL_KEY)}  # fmt: skip
     common = ["--model", str(args.model), "--model-dtype", args.dtype,
-              "--gpu-memory-utilization", "0.3", "--kv-offload-backend", "native"]  # fmt: skip
+              "--gpu-memory-utilization", "0.3", "--kv-offload-backend", "native",
+              "--kv-offload-cpu-tier-gib", "2"]  # fmt: skip
+    kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
     pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
     servers = {name: ServerProcess([*common, "--gpu-kv-cache-memory-bytes",
-                                    str(tokens * KV_BYTES_PER_TOKEN), *extension[name], "--",
+                                    str(tokens * kv_bytes_per_token), *extension[name], "--",
                                     "--enforce-eager"], args.out / f"{name}.log")
                for name, tokens in pools.items()}  # fmt: skip
     result: dict[str, Any] = {"options": {k: str(v) for k, v in vars(args).items()},
