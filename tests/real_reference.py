@@ -48,24 +48,31 @@ def chat_ids(tokenizer: Any, question: str) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
-def reference_model(model_dir: Path, gguf_file: Path, *, permute: bool = True) -> Any:
-    """LlamaForCausalLM in float32 with the GGUF's weights as transformers converts them.
-    ``permute=False`` leaves q/k in llama.cpp's row order: the wrong-RoPE control."""
-    import torch
+def reference_model(model_dir: Path, gguf_file: Path) -> Any:
+    """LlamaForCausalLM in float32 with the GGUF's weights as transformers converts them."""
     from transformers import AutoConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     model = LlamaForCausalLM(AutoConfig.from_pretrained(model_dir)).float().eval()
     tensors = load_gguf_checkpoint(gguf_file, return_tensors=True, model_to_load=model)["tensors"]
-    if not permute:
-        from vllm_offload.real_model import HEADS, KV_HEADS
-
-        for name, heads in (("q_proj", HEADS), ("k_proj", KV_HEADS)):
-            for key in [k for k in tensors if f".{name}." in k]:
-                tensors[key] = torch.from_numpy(permute_rows(tensors[key].numpy(), heads))
     model.load_state_dict(tensors, strict=False)  # lm_head is tied to the embedding
     model.tie_weights()
     return model
+
+
+def with_llama_cpp_rows(model: Any) -> Any:
+    """A copy of ``model`` whose q/k rows are in llama.cpp's order: the wrong-RoPE control."""
+    import copy
+
+    import torch
+
+    from vllm_offload.real_model import HEADS, KV_HEADS
+
+    wrong = copy.deepcopy(model)
+    for layer in wrong.model.layers:
+        for proj, heads in ((layer.self_attn.q_proj, HEADS), (layer.self_attn.k_proj, KV_HEADS)):
+            proj.weight.data = torch.from_numpy(permute_rows(proj.weight.data.numpy(), heads))
+    return wrong
 
 
 def permute_rows(weight: Any, heads: int) -> Any:
