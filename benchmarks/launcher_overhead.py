@@ -48,7 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="launcher-overhead-"))
     model = scratch / "demo"
-    subprocess.run([VLLM_OFFLOAD, "demo-model", str(model)], check=True, capture_output=True)
+    subprocess.run(
+        [VLLM_OFFLOAD, "demo-model", "--random", str(model)], check=True, capture_output=True
+    )
     env = dict(os.environ, VLLM_CACHE_ROOT=str(scratch / "cache"), VLLM_NO_USAGE_STATS="1")
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     launcher_args = ["serve", "--model", str(model), "--gpu-kv-cache-memory-bytes",

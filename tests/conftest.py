@@ -28,3 +28,11 @@ def make_host(gpu_gib: float | None = None, ram_gib: float = 128, shm_gib: float
         cpu_count=16,
         gpu_source="declared" if gpus else "none",
     )
+
+
+@pytest.fixture(scope="session")
+def real_dir() -> Path:
+    """The default model as `make install` converted it (converted here if it is absent)."""
+    from vllm_offload import real_model
+
+    return real_model.ensure_default()

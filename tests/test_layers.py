@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).parents[1] / "vllm_offload"
 # modules all sit in that layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "safe_files", "site_files", "unified_diff", "vllm_metrics", "amx",
-     "compat", "vllm_client", "demo_model"),
+     "compat", "vllm_client", "demo_model", "real_model"),
     ("config", "model_facts", "model_limit", "weight_estimate", "hub", "vllm_version",
      "disk_layout", "vllm_ext"),
     ("hardware", "patch_journal", "systemd"),

@@ -1,8 +1,8 @@
 """A tiny random-weight Llama with a locally built tokenizer and a chat template.
 
-It lets the server start with no download: the default when no model is
-configured, and the model every test serves. Its answers are gibberish; its
-shapes, files and tokenizer are those of a real Llama checkpoint.
+Tests that need speed or a shape serve it (`vllm-offload demo-model --random DIR`); the
+default model is the real one (real_model.py). Its answers are gibberish; its shapes,
+files and tokenizer are those of a real Llama checkpoint.
 """
 
 from __future__ import annotations
@@ -239,20 +239,4 @@ def write(model_dir: Path, seed: int = 0) -> Path:
     for item in staging.iterdir():
         os.replace(item, model_dir / item.name)
     staging.rmdir()
-    return model_dir
-
-
-def default_dir() -> Path:
-    """Where the built-in demo model lives: $VLLM_OFFLOAD_CACHE or the XDG cache."""
-    base = os.environ.get("VLLM_OFFLOAD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm-offload"
-    )
-    return Path(base) / "demo-model"
-
-
-def ensure_default() -> Path:
-    """The built-in demo model, written on first use."""
-    model_dir = default_dir()
-    if not (model_dir / "model.safetensors").is_file():
-        write(model_dir)
     return model_dir

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import demo_model, disk_layout, hardware, hub, launch, model_facts, patching
-from vllm_offload.config import ConfigError, DeploymentConfig
+from vllm_offload import disk_layout, hardware, hub, launch, model_facts, patching, real_model
+from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
@@ -41,12 +41,12 @@ def model_dir(config: DeploymentConfig) -> Path:
     """The configured model folder resolved once (``~`` expanded, relative to the working
     directory, every link followed): what the model roots are checked against and what
     vLLM is given. A hub id: its download in the HF cache (never fetched here). Else the
-    built-in demo model (written on first use)."""
+    default model (SmolLM2-135M-Instruct, converted on first use)."""
     if config.model.path and (ref := hub.hub_ref(config.model.path)) is not None:
         return hub.downloaded(ref)
     if config.model.path:
         return Path(os.path.realpath(os.path.expanduser(config.model.path)))
-    return demo_model.ensure_default()
+    return real_model.ensure_default()
 
 
 def hub_models(config: DeploymentConfig) -> list[hub.HubRef]:
@@ -149,7 +149,10 @@ def prepare(
     that cannot fit); lists in ``problems`` what forbids a start here and now. ``vllm``
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
     release and the patch state is not checked. ``from_hub``: a hub id not downloaded yet
-    is planned from the hub (a problem: it cannot start before `pull`)."""
+    is planned from the hub (a problem: it cannot start before `pull`). The default model
+    (no model.path) runs in real_model.DTYPE unless model.dtype says otherwise."""
+    if not config.model.path and config.model.dtype == "auto":
+        config = with_overrides(config, {"model.dtype": real_model.DTYPE})
     remote = hub_not_downloaded(config) if from_hub else None
     if remote is not None:
         directory = Path(str(hub_models(config)[0]))
