@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 from collections.abc import Set as AbstractSet
 
-from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
+from vllm_offload.config import ClusterSection, ConfigError, DeploymentConfig, flag_name
 from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Forbidden
 
 # Config keys only the file may set. kv_offload.disk_path: the server writes there and
 # `cache clear` deletes there.
 # residency.runtime_dir: the front door's control socket and the engines' sockets.
+# cluster.*: where the router sends every request, and the key file it reads.
 FENCED_KEYS = ("manager.model_roots", "manager.api_extra_args", "server.host",
                "server.api_key_file", "kv_offload.disk_path",
-               "residency.runtime_dir")  # fmt: skip
+               "residency.runtime_dir",
+               *(f"cluster.{key}" for key in ClusterSection.model_fields))  # fmt: skip
 ONLY_THE_FILE = (
     "only an administrator can change this, in the config file; the manager's API cannot"
 )
