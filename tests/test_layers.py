@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "safe_files", "site_files", "unified_diff", "vllm_metrics", "amx",
      "compat", "vllm_client", "demo_model"),
     ("config", "model_facts", "vllm_version", "disk_layout", "vllm_ext"),
-    ("hardware", "patch_journal", "systemd"),
+    ("hardware", "patch_journal", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),
     ("deployment",),
