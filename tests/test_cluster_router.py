@@ -70,3 +70,17 @@ def test_without_boxes_the_router_exits_2_naming_the_field(tmp_path: Path) -> No
         "-m",
         "vllm_offload.cluster_router",
     ]
+
+
+def test_a_key_file_others_can_read_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "api-key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    config = tmp_path / "config.toml"
+    save(parse({"cluster": {"boxes": TWO_BOXES, "api_key_file": str(key)}}), config)
+    with pytest.raises(SystemExit) as exited:
+        cluster_router.main([f"--config={config}", f"--manifest={tmp_path / 'w.json'}"])
+    assert exited.value.code == 2 and "cluster.api_key_file" in capsys.readouterr().err
+    assert not (tmp_path / "w.json").exists()

@@ -19,6 +19,7 @@ from typing import Any
 
 from vllm_offload import config as config_mod
 from vllm_offload.config import ClusterSection
+from vllm_offload.safe_files import read_secret
 
 MANIFEST_VERSION = 1
 # The manifest is reread on change and at least this often (seconds).
@@ -84,11 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         cluster = config_mod.load(args.config).cluster
-        key = Path(cluster.api_key_file).read_text().strip() if cluster.api_key_file else None
+        key = read_secret(cluster.api_key_file) if cluster.api_key_file else None
     except config_mod.ConfigError as exc:
         parser.exit(2, f"{exc}\n")
-    except OSError as exc:
-        parser.exit(2, f"cluster.api_key_file: cannot read it: {exc}\n")
+    except (OSError, ValueError) as exc:
+        parser.exit(2, f"cluster.api_key_file: {exc}\n")
     if not cluster.boxes:
         parser.exit(2, "cluster.boxes: no boxes to route to; list them as [[cluster.boxes]]\n")
     write_manifest(cluster, args.manifest)

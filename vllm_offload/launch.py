@@ -19,7 +19,7 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
-from vllm_offload.safe_files import open_regular
+from vllm_offload.safe_files import read_secret
 from vllm_offload.vllm_ext import SLEEP_ARENA_ENV, forwarded_routes
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
@@ -37,7 +37,6 @@ LMCACHE_CHUNK_TOKENS = 256
 CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
 # Patch 0006 reads the host extension's size (bytes per GPU) from vLLM's additional config.
 HOST_EXTENSION_KEY = "kv_host_extension_bytes"
-MAX_KEY_BYTES = 4096
 
 
 class PreflightError(Refused):
@@ -291,23 +290,12 @@ def read_api_key(config: DeploymentConfig) -> str | None:
     if not path:
         return None
     try:
-        with open_regular(path) as file:
-            mode = os.fstat(file.fileno()).st_mode & 0o777
-            data = file.read(MAX_KEY_BYTES + 1)
+        return read_secret(path)
     except OSError as exc:
         raise PreflightError(
             "server.api_key_file",
             f'cannot read {path} ({exc}); fix the path or its permissions, or set it to "" '
             "for no key",
         ) from None
-    if mode & 0o026:
-        raise PreflightError(
-            "server.api_key_file",
-            f"{path} has mode {mode:o}: other users can read it, or its group can write it; "
-            "chmod 600 it (640 to share it with the manager's group)",
-        )
-    key = data.decode(errors="replace").strip()
-    if not key or len(data) > MAX_KEY_BYTES:
-        raise PreflightError("server.api_key_file", f"{path}: write one key (up to "
-                             f"{MAX_KEY_BYTES} bytes) into it")  # fmt: skip
-    return key
+    except ValueError as exc:
+        raise PreflightError("server.api_key_file", str(exc)) from None
