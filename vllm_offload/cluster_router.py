@@ -43,6 +43,23 @@ def manifest(cluster: ClusterSection) -> dict[str, Any]:
     return {"version": MANIFEST_VERSION, "workers": workers}
 
 
+def routes(cluster: ClusterSection) -> dict[str, list[str]]:
+    """Which boxes serve each model: model -> ["box (address)", ...]."""
+    found: dict[str, list[str]] = {}
+    for box in cluster.boxes:
+        for model, url in box.addresses().items():
+            found.setdefault(model, []).append(f"{box.name} ({url})")
+    return found
+
+
+def render_routes(cluster: ClusterSection) -> str:
+    """`plan`'s lines for [cluster]: the router and which boxes serve each model."""
+    lines = [f"cluster: smg on {cluster.router_host}:{cluster.router_port}, policy "
+             f"{cluster.policy}; each box plans its own models (run `plan` there)"]  # fmt: skip
+    lines += [f"  {model}: {', '.join(boxes)}" for model, boxes in routes(cluster).items()]
+    return "\n".join(lines)
+
+
 def write_manifest(cluster: ClusterSection, path: Path) -> None:
     """Atomically (smg watches the file and must never read half of it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
