@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "compat", "vllm_client", "demo_model", "real_model"),
     ("config", "model_facts", "model_limit", "weight_estimate", "hub", "vllm_version",
      "disk_layout", "vllm_ext"),
-    ("hardware", "patch_journal", "systemd"),
+    ("hardware", "patch_journal", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),
     ("deployment",),

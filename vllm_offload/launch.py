@@ -20,7 +20,7 @@ from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.plan.lengths import ALLOW_LONG_LEN_ENV
-from vllm_offload.safe_files import open_regular
+from vllm_offload.safe_files import read_secret
 from vllm_offload.vllm_ext import forwarded_routes
 from vllm_offload.vllm_ext.knobs import (
     CPU_BYTES_KEY,
@@ -41,7 +41,6 @@ from vllm_offload.vllm_version import (
 DISK_TIER_SPEC = "TieringOffloadingSpec"
 # LMCache's in-process connector is configured through its environment.
 LMCACHE_CHUNK_TOKENS = 256
-MAX_KEY_BYTES = 4096
 
 
 class PreflightError(Refused):
@@ -304,23 +303,12 @@ def read_api_key(config: DeploymentConfig) -> str | None:
     if not path:
         return None
     try:
-        with open_regular(path) as file:
-            mode = os.fstat(file.fileno()).st_mode & 0o777
-            data = file.read(MAX_KEY_BYTES + 1)
+        return read_secret(path)
     except OSError as exc:
         raise PreflightError(
             "server.api_key_file",
             f'cannot read {path} ({exc}); fix the path or its permissions, or set it to "" '
             "for no key",
         ) from None
-    if mode & 0o026:
-        raise PreflightError(
-            "server.api_key_file",
-            f"{path} has mode {mode:o}: other users can read it, or its group can write it; "
-            "chmod 600 it (640 to share it with the manager's group)",
-        )
-    key = data.decode(errors="replace").strip()
-    if not key or len(data) > MAX_KEY_BYTES:
-        raise PreflightError("server.api_key_file", f"{path}: write one key (up to "
-                             f"{MAX_KEY_BYTES} bytes) into it")  # fmt: skip
-    return key
+    except ValueError as exc:
+        raise PreflightError("server.api_key_file", str(exc)) from None

@@ -69,3 +69,23 @@ def parse_json(data: bytes) -> Any:
         return json.loads(data, parse_float=_finite, parse_constant=_no_constant)
     except (UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(str(exc)) from None
+
+
+MAX_SECRET_BYTES = 4096
+
+
+def read_secret(path: str) -> str:
+    """A key kept in a small regular file that other users cannot read nor its group write;
+    raises OSError (unreadable) or ValueError saying what is wrong and the fix."""
+    with open_regular(path) as file:
+        mode = os.fstat(file.fileno()).st_mode & 0o777
+        data = file.read(MAX_SECRET_BYTES + 1)
+    if mode & 0o026:
+        raise ValueError(
+            f"{path} has mode {mode:o}: other users can read it, or its group can write it; "
+            "chmod 600 it (640 to share it with the manager's group)"
+        )
+    key = data.decode(errors="replace").strip()
+    if not key or len(data) > MAX_SECRET_BYTES:
+        raise ValueError(f"{path}: write one key (up to {MAX_SECRET_BYTES} bytes) into it")
+    return key

@@ -88,3 +88,27 @@ def test_readme_examples_plan_json_is_unchanged(
     assert main(["plan", "--model", str(model), *README_EXAMPLES[golden], "--json"]) == 0
     out = capsys.readouterr().out.replace(str(model), "<MODEL>")
     assert out == (GOLDEN / golden).read_text()
+
+
+def test_a_cluster_config_says_which_boxes_serve_each_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #44: `plan` on the router's config lists each model's boxes (in the plan's JSON
+    too, one document)."""
+    model = write_shape(tmp_path / "llama", LLAMA3_8B)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[model]\npath = "{model}"\n\n[cluster]\nboxes = ['
+        '{ name = "gpu1", url = "http://10.0.0.1:8000", models = ["chat"] }, '
+        '{ name = "gpu2", url = "http://gpu2.lan:8000", models = ["chat", "coder"], '
+        'model_urls = { coder = "http://10.0.0.2:8000" } }]\n'
+    )
+    args = ["plan", "--config", str(config), "--gpu-mem-gib", "24"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "  chat: gpu1 (http://10.0.0.1:8000), gpu2 (http://gpu2.lan:8000)\n" in out
+    assert "  coder: gpu2 (http://10.0.0.2:8000)" in out
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"]["coder"] == [
+        "gpu2 (http://10.0.0.2:8000)"
+    ]

@@ -361,6 +361,12 @@ async def test_the_sampler_follows_a_port_saved_from_the_page(
         ({"extra_args": ["--chat-template", "/etc/passwd"]}, "extra_args"),
         ({"extra_args": ["--middleware", "evil.mod"]}, "extra_args"),
         ({"extra_args": ["--ssl-keyfile=/tmp/k"]}, "extra_args"),
+        # Issue #44: the router's boxes are where every request goes.
+        ({"cluster__router_host": "0.0.0.0"}, "cluster.router_host"),
+        (
+            {"cluster__boxes": [{"name": "x", "url": "http://evil:80", "models": ["m"]}]},
+            "cluster.boxes",
+        ),
     ],
 )
 async def test_the_api_cannot_widen_its_own_fence(

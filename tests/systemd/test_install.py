@@ -249,3 +249,30 @@ def test_a_reinstall_writes_nothing_through_links_the_services_users_planted(
     with pytest.raises(install.InstallError, match="not written by"):
         install.uninstall(root, opts.state_dir)
     assert victim.exists()
+
+
+def test_a_cluster_config_adds_the_routers_unit(tmp_path: Path) -> None:
+    """Issue #44: with [[cluster.boxes]] this box also runs the router, sandboxed like ours;
+    the API key stays in its file (not in ExecStart)."""
+    import re
+
+    from vllm_offload.config import ClusterBox, ClusterSection, DeploymentConfig, save
+
+    config = tmp_path / "cluster.toml"
+    boxes = [ClusterBox(name="a", url="http://10.0.0.1:8000", models=["chat"])]
+    key = "/etc/vllm-offload/api-key"
+    save(DeploymentConfig(cluster=ClusterSection(boxes=boxes, api_key_file=key)), config)
+    root = tmp_path / "a" / "b" / "c"
+    install.install(options(root, config=config, config_given=True))
+    unit = root / "etc/systemd/system/vllm-router.service"
+    assert verify(unit) == ""
+    text = unit.read_text()
+    assert (f"ExecStart={sys.executable} -m vllm_offload.cluster_router --config={config} "
+            "--manifest=/run/vllm-router/workers.json") in text  # fmt: skip
+    assert "RuntimeDirectory=vllm-router" in text and key not in text
+    done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
+                           str(unit)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    match = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
+    assert match is not None and float(match.group(1)) <= 4.5, done.stdout
+    install.install(options(root / "single"))  # one box: no router
+    assert not (root / "single/etc/systemd/system/vllm-router.service").exists()

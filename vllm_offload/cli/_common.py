@@ -12,6 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from vllm_offload import compat, hardware
 from vllm_offload import config as config_mod
 from vllm_offload.config import DeploymentConfig
@@ -32,6 +34,16 @@ def _is_list(annotation: Any) -> bool:
     return typing.get_origin(annotation) is list
 
 
+def _is_table_list(annotation: Any) -> bool:
+    args = typing.get_args(annotation)
+    return (
+        _is_list(annotation)
+        and bool(args)
+        and isinstance(args[0], type)
+        and (issubclass(args[0], BaseModel))
+    )
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -42,6 +54,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     for section, model in config_mod.SECTIONS.items():
         group = parser.add_argument_group(f"[{section}] overrides")
         for key, info in model.model_fields.items():
+            if _is_table_list(info.annotation):  # [[cluster.boxes]]: in the file only
+                continue
             dotted = f"{section}.{key}"
             flags = [key_flag(dotted)]
             if dotted in ALIASES:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
-from vllm_offload import deployment
+from vllm_offload import cluster_router, deployment
 from vllm_offload.cli import _common
+from vllm_offload.config import DeploymentConfig
 from vllm_offload.fleet.prepare import prepare_fleet, several, single
 from vllm_offload.plan import render
 from vllm_offload.plan.fleet import fleet_json, render_fleet
@@ -24,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(--gpu-mem-gib, --ram-gib) the vLLM installed here is not checked. With several "
         "[[models]]: each model's plan beside the others, then the set's. A Hugging Face "
         "repo id not downloaded yet is planned from the hub's config.json and safetensors "
-        "headers (no weights fetched) and cannot start until `vllm-offload pull`.",
+        "headers (no weights fetched) and cannot start until `vllm-offload pull`. With "
+        "[[cluster.boxes]]: which boxes serve each model, behind the router.",
     )
     _common.add_config_options(parser)
     _common.add_host_options(parser)
@@ -34,13 +37,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
+    # With [[cluster.boxes]]: which boxes serve each model (JSON: a "cluster" key).
+    cluster = {"cluster": cluster_router.routes(config.cluster)} if config.cluster.boxes else {}
+    status = _run(args, config, cluster)
+    if cluster and not args.json:
+        print(cluster_router.render_routes(config.cluster))
+    return status
+
+
+def _run(args: argparse.Namespace, config: DeploymentConfig, cluster: dict[str, Any]) -> int:
     host = _common.host_facts(args)
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
     if several(config):
         fleet = prepare_fleet(config, host, os.environ, vllm, from_hub=True)
         problems = [problem.detail() for problem in fleet.problems]
         if args.json:
-            print(json.dumps({**fleet_json(fleet.fleet), "problems": problems}, indent=2))
+            print(
+                json.dumps({**fleet_json(fleet.fleet), "problems": problems, **cluster}, indent=2)
+            )
         else:
             print(render_fleet(fleet.fleet))
             for problem in fleet.problems:
@@ -51,7 +65,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     plan = prepared.plan
     if args.json:
         problems = [problem.detail() for problem in prepared.problems]
-        print(json.dumps({**plan.to_json(), "problems": problems}, indent=2))
+        print(json.dumps({**plan.to_json(), "problems": problems, **cluster}, indent=2))
     else:
         print(render(plan))
         planned = {(p["field"], p["message"]) for p in plan.notes.problems}

@@ -6,6 +6,7 @@ descriptions feed ``--help`` and the docs. ``sections`` holds the keys, ``flags`
 flags the launcher owns, ``schema`` the whole config, ``files`` its TOML file.
 """
 
+from vllm_offload.config.cluster import ClusterBox, ClusterSection
 from vllm_offload.config.files import (
     DEFAULT_CONFIG_PATH,
     file_tag,
@@ -31,6 +32,8 @@ __all__ = [
     "MAX_GIB",
     "SECTIONS",
     "UNSUPPORTED_FLAGS",
+    "ClusterBox",
+    "ClusterSection",
     "ConfigError",
     "DeploymentConfig",
     "ManagerSection",

@@ -58,6 +58,9 @@ def _toml_value(value: Any) -> str:
         return '"' + "".join(_TOML_ESCAPES.get(c) or c for c in value) + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table ([[cluster.boxes]] entries, model_urls)
+        pairs = (f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + ", ".join(pairs) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from vllm_offload.config.cluster import ClusterSection
 from vllm_offload.config.flags import refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
 from vllm_offload.config.sections import (
@@ -53,6 +54,7 @@ class DeploymentConfig(_Section):
         "and weights_offload tables and extra_args over the shared ones.",
     )
     residency: ResidencySection = Field(default_factory=ResidencySection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @field_validator("extra_args")
     @classmethod

@@ -38,6 +38,18 @@ def _bounded_gib(value: float | str) -> float | str:
     return value
 
 
+def check_host(host: str) -> str:
+    """An address to listen on: an IP address or a host name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host and (len(host) > 253 or not HOST_NAME.fullmatch(host)):
+            raise ValueError(
+                "not an IP address or host name; e.g. 127.0.0.1, ::1, 0.0.0.0 or localhost"
+            ) from None
+    return host
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
@@ -342,17 +354,7 @@ class ServerSection(_Section):
         "The key reaches vLLM through its environment, never its command line.",
     )
 
-    @field_validator("host")
-    @classmethod
-    def _address(cls, host: str) -> str:
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            if host and (len(host) > 253 or not HOST_NAME.fullmatch(host)):
-                raise ValueError(
-                    "not an IP address or host name; e.g. 127.0.0.1, ::1, 0.0.0.0 or localhost"
-                ) from None
-        return host
+    _address = field_validator("host")(check_host)
 
 
 class ManagerSection(_Section):

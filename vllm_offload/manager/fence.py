@@ -10,7 +10,7 @@ import fnmatch
 import os
 from collections.abc import Set as AbstractSet
 
-from vllm_offload.config import ConfigError, DeploymentConfig, flag_name
+from vllm_offload.config import ClusterSection, ConfigError, DeploymentConfig, flag_name
 from vllm_offload.config.schema import model_name
 from vllm_offload.config.sections import ManagerSection
 from vllm_offload.errors import Forbidden
@@ -26,6 +26,8 @@ FENCED_KEYS = (
     "server.api_key_file",
     "kv_offload.disk_path",
     "residency.runtime_dir",
+    # cluster.*: where the router sends every request, and the key file it reads.
+    *(f"cluster.{key}" for key in ClusterSection.model_fields),
 )
 ONLY_THE_FILE = (
     "only an administrator can change this, in the config file; the manager's API cannot"

@@ -24,8 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_offload import cluster_router, disk_layout
 from vllm_offload import config as config_mod
-from vllm_offload import disk_layout
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import ServiceError, validate_unit
@@ -161,6 +161,8 @@ def render(options: InstallOptions) -> list[PlannedFile]:
                                        str(options.state_dir), config.model.path, disk_path]),
         "server_write_paths": server_paths,
         "manager_write_paths": manager_paths,
+        "router_exec": " ".join(cluster_router.command(
+            options.python, options.config, Path(f"/run/{options.unit}-router/workers.json"))),
     }  # fmt: skip
 
     def fill(name: str) -> str:
@@ -180,6 +182,9 @@ def render(options: InstallOptions) -> list[PlannedFile]:
             secret=True,
         ),
     ]
+    if config.cluster.boxes:  # more than one box: this one also runs their router
+        files.append(PlannedFile(units / f"{options.unit}-router.service",
+                                 fill("vllm-router.service.in")))  # fmt: skip
     if not options.config_given:
         files.append(PlannedFile(options.config, config_mod.to_toml(config_mod.DeploymentConfig()),
                                  owner=options.manager_user, keep_existing=True))  # fmt: skip
