@@ -68,8 +68,11 @@ def run(code: str, *args: str) -> dict[str, object]:
         timeout=120,
         env={"PYTHONPATH": str(HERE.parent)},
     )
-    return {"exit": done.returncode, "out": done.stdout.strip()[-300:],
-            "err": done.stderr.strip()[-300:]}  # fmt: skip
+    return {
+        "exit": done.returncode,
+        "out": done.stdout.strip()[-300:],
+        "err": done.stderr.strip()[-300:],
+    }
 
 
 def main() -> int:
@@ -81,8 +84,14 @@ def main() -> int:
 
     cpuinfo = amx.read_cpuinfo()
     flags = amx.cpu_flags(cpuinfo)
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                  if line.startswith("model name")), "?")  # fmt: skip
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
     result: dict[str, object] = {
         "cpu": model,
         "flags": sorted(f for f in flags if f.startswith(("amx", "avx512_fp16", "avx512_bf16"))),

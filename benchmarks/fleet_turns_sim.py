@@ -29,8 +29,9 @@ async def simulate(min_resident_s: float) -> dict[str, Any]:
     clock = FakeClock()
     log: list[str] = []
     engines = {n: TimedStandIn(n, log, clock) for n in "ab"}
-    residency = Residency(engines, ResidencySettings(min_resident_s=min_resident_s),
-                          clock=clock, sleep=clock.sleep)  # fmt: skip
+    residency = Residency(
+        engines, ResidencySettings(min_resident_s=min_resident_s), clock=clock, sleep=clock.sleep
+    )
     first = asyncio.create_task(residency.bring_in("a"))
     await clock.run_until(1.0)
     await first
@@ -49,15 +50,20 @@ async def simulate(min_resident_s: float) -> dict[str, Any]:
     await clock.run_until(1.0 + RUN_S + 30.0)
     await asyncio.gather(*people)
     await residency.stop()
-    row: dict[str, Any] = {"min_resident_s": min_resident_s,
-                           "switches": log.count("in a") + log.count("in b") - 1}  # fmt: skip
+    row: dict[str, Any] = {
+        "min_resident_s": min_resident_s,
+        "switches": log.count("in a") + log.count("in b") - 1,
+    }
     for model, seen in waits.items():
         seen.sort()
-        row[model] = {"requests": len(seen), "waited_over_1s": sum(w > 1.0 for w in seen),
-                      "wait_p50_s": round(statistics.median(seen), 2),
-                      "wait_p95_s": round(seen[int(0.95 * (len(seen) - 1))], 2),
-                      "wait_mean_s": round(statistics.fmean(seen), 2),
-                      "wait_max_s": round(seen[-1], 2)}  # fmt: skip
+        row[model] = {
+            "requests": len(seen),
+            "waited_over_1s": sum(w > 1.0 for w in seen),
+            "wait_p50_s": round(statistics.median(seen), 2),
+            "wait_p95_s": round(seen[int(0.95 * (len(seen) - 1))], 2),
+            "wait_mean_s": round(statistics.fmean(seen), 2),
+            "wait_max_s": round(seen[-1], 2),
+        }
     return row
 
 
@@ -68,12 +74,21 @@ def main() -> None:
     rows = [asyncio.run(simulate(turn)) for turn in TURNS]
     print("min_resident_s  switches  per model: requests, wait p50 / p95 / mean / max (s)")
     for row in rows:
-        cells = [f"{m} {row[m]['requests']}, {row[m]['wait_p50_s']} / {row[m]['wait_p95_s']} / "
-                 f"{row[m]['wait_mean_s']} / {row[m]['wait_max_s']}" for m in "ab"]  # fmt: skip
+        cells = [
+            f"{m} {row[m]['requests']}, {row[m]['wait_p50_s']} / {row[m]['wait_p95_s']} / "
+            f"{row[m]['wait_mean_s']} / {row[m]['wait_max_s']}"
+            for m in "ab"
+        ]
         print(f"{row['min_resident_s']:>14g}  {row['switches']:>8}  " + "; ".join(cells))
     if args.out:
-        setup = {"answer_s": ANSWER_S, "think_s": THINK_S, "run_s": RUN_S,
-                 "put_away_s": 0.44, "bring_in_s": 0.51, "max_resident": 1}  # fmt: skip
+        setup = {
+            "answer_s": ANSWER_S,
+            "think_s": THINK_S,
+            "run_s": RUN_S,
+            "put_away_s": 0.44,
+            "bring_in_s": 0.51,
+            "max_resident": 1,
+        }
         args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
 
 

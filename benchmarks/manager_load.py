@@ -45,11 +45,18 @@ def answers(url: str) -> bool:
         return False
 
 
-def poller(base: str, token: str, until: float, latencies: list[float], errors: list[str],
-           lock: threading.Lock) -> None:  # fmt: skip
+def poller(
+    base: str,
+    token: str,
+    until: float,
+    latencies: list[float],
+    errors: list[str],
+    lock: threading.Lock,
+) -> None:
     since = 0.0
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
-                      timeout=10) as client:  # fmt: skip
+    with httpx.Client(
+        base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    ) as client:
         while time.monotonic() < until:
             began = time.perf_counter()
             try:
@@ -83,9 +90,14 @@ def set_cpu_share(pid: int, group_nice: int) -> str:
     return ""
 
 
-def pollers_process(base: str, token: str, until: float, count: int,
-                    results: multiprocessing.SimpleQueue[tuple[list[float], list[str]]],
-                    group_nice: int) -> None:  # fmt: skip
+def pollers_process(
+    base: str,
+    token: str,
+    until: float,
+    count: int,
+    results: multiprocessing.SimpleQueue[tuple[list[float], list[str]]],
+    group_nice: int,
+) -> None:
     """The pollers in a session of their own, with the manager's CPU share: a browser runs
     on another machine, so the server's CPU load must not slow the measuring side."""
     os.setsid()
@@ -93,8 +105,10 @@ def pollers_process(base: str, token: str, until: float, count: int,
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
-    threads = [threading.Thread(target=poller, args=(base, token, until, latencies, errors, lock))
-               for _ in range(count)]  # fmt: skip
+    threads = [
+        threading.Thread(target=poller, args=(base, token, until, latencies, errors, lock))
+        for _ in range(count)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -102,8 +116,14 @@ def pollers_process(base: str, token: str, until: float, count: int,
     results.put((latencies, errors))
 
 
-def openai_client(base: str, streaming: bool, until: float, counts: dict[str, int],
-                  failures: list[str], lock: threading.Lock) -> None:  # fmt: skip
+def openai_client(
+    base: str,
+    streaming: bool,
+    until: float,
+    counts: dict[str, int],
+    failures: list[str],
+    lock: threading.Lock,
+) -> None:
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
@@ -153,15 +173,27 @@ def main() -> int:
     model = demo_model.write(scratch / "models" / "demo")
     config = scratch / "config.toml"
     server_port = free_port()
-    save(with_overrides(DeploymentConfig(), {
-        "model.path": str(model), "model.served_name": "m", "server.port": server_port,
-        "gpu.kv_cache_memory_bytes": 256 << 20, "extra_args": ["--enforce-eager"],
-    }), config)  # fmt: skip
+    save(
+        with_overrides(
+            DeploymentConfig(),
+            {
+                "model.path": str(model),
+                "model.served_name": "m",
+                "server.port": server_port,
+                "gpu.kv_cache_memory_bytes": 256 << 20,
+                "extra_args": ["--enforce-eager"],
+            },
+        ),
+        config,
+    )
     server = None
     if args.openai_clients:
-        server = subprocess.Popen([sys.executable, "-m", "vllm_offload", "serve", "--config",
-                                   str(config)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vllm_offload", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         with VllmClient(f"http://127.0.0.1:{server_port}") as vllm:
             vllm.wait_healthy(300)
     token = secrets.token_urlsafe(24)
@@ -169,10 +201,22 @@ def main() -> int:
     (scratch / "token").chmod(0o600)
     port = free_port()
     manager = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),
-         "--token-file", str(scratch / "token"), "--config", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload",
+            "manager",
+            "--port",
+            str(port),
+            "--token-file",
+            str(scratch / "token"),
+            "--config",
+            str(config),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     manager_autogroup = set_cpu_share(manager.pid, args.manager_group_nice)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -193,10 +237,20 @@ def main() -> int:
         measuring.start()
         counts: dict[str, int] = {}
         failures: list[str] = []
-        threads = [threading.Thread(target=openai_client,
-                                     args=(f"http://127.0.0.1:{server_port}", i % 2 == 0,
-                                           began + args.seconds, counts, failures, lock))
-                    for i in range(args.openai_clients)]  # fmt: skip
+        threads = [
+            threading.Thread(
+                target=openai_client,
+                args=(
+                    f"http://127.0.0.1:{server_port}",
+                    i % 2 == 0,
+                    began + args.seconds,
+                    counts,
+                    failures,
+                    lock,
+                ),
+            )
+            for i in range(args.openai_clients)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -179,8 +179,16 @@ def main() -> None:
     ratio = {k: round(reg[k] / pinned[k], 3) for k in keys if k.endswith("gbps") and pinned[k]}
     print("registered / torch_pinned bandwidth:", json.dumps(ratio))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "results": results,
-                                    "registered_over_pinned": ratio}, indent=2))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "results": results,
+                "registered_over_pinned": ratio,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -26,15 +26,21 @@ from vllm_offload.bench.server_process import ServerProcess
 QUESTION = "What is the capital of France?"
 
 
-ARMS = {"bfloat16_compiled": ("bfloat16", []), "bfloat16_eager": ("bfloat16", ["--enforce-eager"]),
-        "float32_compiled": ("float32", [])}  # fmt: skip
+ARMS = {
+    "bfloat16_compiled": ("bfloat16", []),
+    "bfloat16_eager": ("bfloat16", ["--enforce-eager"]),
+    "float32_compiled": ("float32", []),
+}
 
 
 def served(model: Path, arm: str, ids: list[int], scratch: Path) -> dict[str, Any]:
     dtype, extra = ARMS[arm]
     env = dict(os.environ, VLLM_CACHE_ROOT=str(scratch / arm))  # a fresh compile per arm
-    server = ServerProcess(["--model", str(model), "--model-dtype", dtype, "--", *extra],
-                           scratch / f"{arm}.log", env=env)  # fmt: skip
+    server = ServerProcess(
+        ["--model", str(model), "--model-dtype", dtype, "--", *extra],
+        scratch / f"{arm}.log",
+        env=env,
+    )
     server.start()
     try:
         server.wait_healthy()
@@ -52,14 +58,28 @@ def served(model: Path, arm: str, ids: list[int], scratch: Path) -> dict[str, An
                 .raise_for_status()
                 .json()
             )
-            first = http.post("/v1/completions", json={
-                "model": "m", "prompt": ids, "temperature": 0, "max_tokens": 1, "logprobs": 5,
-                "return_tokens_as_token_ids": True}).raise_for_status().json()  # fmt: skip
+            first = (
+                http.post(
+                    "/v1/completions",
+                    json={
+                        "model": "m",
+                        "prompt": ids,
+                        "temperature": 0,
+                        "max_tokens": 1,
+                        "logprobs": 5,
+                        "return_tokens_as_token_ids": True,
+                    },
+                )
+                .raise_for_status()
+                .json()
+            )
     finally:
         server.stop()
     top = first["choices"][0]["logprobs"]["top_logprobs"][0]
-    return {"answer": chat["choices"][0]["message"]["content"],
-            "first_step_top5": {k.split(":")[1]: v for k, v in top.items()}}  # fmt: skip
+    return {
+        "answer": chat["choices"][0]["message"]["content"],
+        "first_step_top5": {k.split(":")[1]: v for k, v in top.items()},
+    }
 
 
 def main() -> None:

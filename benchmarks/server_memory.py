@@ -47,21 +47,27 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("serve_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    ours, _sep, passthrough = split_serve_args(args.serve_args[1:] if args.serve_args[:1] == ["--"]
-                                   else args.serve_args)  # fmt: skip
+    ours, _sep, passthrough = split_serve_args(
+        args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     ours = [*ours, "--port", str(port), "--model-served-name", "m"]
-    plan = subprocess.run([*VLLM_OFFLOAD, "plan", "--json",
-                           *[a for a in ours if a != "--allow-unpatched"]],
-                          capture_output=True, text=True)  # fmt: skip
+    plan = subprocess.run(
+        [*VLLM_OFFLOAD, "plan", "--json", *[a for a in ours if a != "--allow-unpatched"]],
+        capture_output=True,
+        text=True,
+    )
     log_path = args.out / f"{args.name}.log"
     before = psutil.virtual_memory().available
     began = time.monotonic()
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([*VLLM_OFFLOAD, "serve", *ours, "--", *passthrough],
-                                stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*VLLM_OFFLOAD, "serve", *ours, "--", *passthrough],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     healthy_s = None
     status = None
     server = VllmClient(f"http://127.0.0.1:{port}")

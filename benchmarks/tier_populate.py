@@ -64,13 +64,22 @@ def main() -> None:
     for repeat in range(args.repeats):
         for threads in arms:
             seconds[threads].append(populate(size, threads))
-            print(f"repeat {repeat + 1} threads {threads:2d}: {seconds[threads][-1]:.2f} s",
-                  flush=True)  # fmt: skip
-    rows = [{"threads": t, "seconds": s, "median_s": statistics.median(s),
-             "gb_per_s": round(size / statistics.median(s) / 1e9, 2)}
-            for t, s in seconds.items()]  # fmt: skip
-    args.out.write_text(json.dumps({"gib": args.gib, "cpus": os.cpu_count(), "rows": rows},
-                                   indent=2) + "\n")  # fmt: skip
+            print(
+                f"repeat {repeat + 1} threads {threads:2d}: {seconds[threads][-1]:.2f} s",
+                flush=True,
+            )
+    rows = [
+        {
+            "threads": t,
+            "seconds": s,
+            "median_s": statistics.median(s),
+            "gb_per_s": round(size / statistics.median(s) / 1e9, 2),
+        }
+        for t, s in seconds.items()
+    ]
+    args.out.write_text(
+        json.dumps({"gib": args.gib, "cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n"
+    )
     for row in rows:
         print(row)
 

@@ -40,8 +40,9 @@ class Hub:
 
     def gets(self, suffix: str) -> list[str]:
         """The Range header of each GET of a path ending in ``suffix`` ('' for none)."""
-        return [rng for method, path, rng in self.requests
-                if method == "GET" and path.endswith(suffix)]  # fmt: skip
+        return [
+            rng for method, path, rng in self.requests if method == "GET" and path.endswith(suffix)
+        ]
 
 
 _INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$")
@@ -65,8 +66,11 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def _answer(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path, self.headers.get("Range", "")))
-            for pattern, route in ((_TREE, self._tree), (_INFO, self._info),
-                                   (_RESOLVE, self._resolve)):  # fmt: skip
+            for pattern, route in (
+                (_TREE, self._tree),
+                (_INFO, self._info),
+                (_RESOLVE, self._resolve),
+            ):
                 if match := pattern.match(path):
                     repo = hub.repos.get(match["repo"])
                     if repo is None:
@@ -105,14 +109,30 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 
         def _info(self, repo: Repo, match: re.Match[str], body: bool) -> None:
             siblings = [{"rfilename": name, "size": len(data)} for name, data in repo.files.items()]
-            self._json({"id": match["repo"], "sha": repo.sha, "private": False,
-                        "gated": "manual" if repo.gated else False, "siblings": siblings},
-                       body)  # fmt: skip
+            self._json(
+                {
+                    "id": match["repo"],
+                    "sha": repo.sha,
+                    "private": False,
+                    "gated": "manual" if repo.gated else False,
+                    "siblings": siblings,
+                },
+                body,
+            )
 
         def _tree(self, repo: Repo, match: re.Match[str], body: bool) -> None:
-            self._json([{"type": "file", "path": name, "size": len(data),
-                         "oid": hashlib.sha1(data).hexdigest()}
-                        for name, data in repo.files.items()], body)  # fmt: skip
+            self._json(
+                [
+                    {
+                        "type": "file",
+                        "path": name,
+                        "size": len(data),
+                        "oid": hashlib.sha1(data).hexdigest(),
+                    }
+                    for name, data in repo.files.items()
+                ],
+                body,
+            )
 
         def _resolve(self, repo: Repo, match: re.Match[str], body: bool) -> None:
             if repo.gated and self.headers.get("Authorization") != f"Bearer {GOOD_TOKEN}":

@@ -43,8 +43,9 @@ class Answer:
 
 
 def chat_ids(tokenizer: Any, question: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                        add_generation_prompt=True, tokenize=True)  # fmt: skip
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
@@ -103,9 +104,14 @@ def greedy(model: Any, prompt_ids: list[int]) -> Answer:
 
 def served_greedy(client: Any, model: str, prompt_ids: list[int]) -> list[int]:
     """The server's own greedy answer (it ends at the end-of-turn token, as greedy())."""
-    out = client.completions.create(model=model, prompt=prompt_ids, temperature=0,
-                                    max_tokens=NEW_TOKENS, logprobs=0,
-                                    extra_body={"return_tokens_as_token_ids": True})  # fmt: skip
+    out = client.completions.create(
+        model=model,
+        prompt=prompt_ids,
+        temperature=0,
+        max_tokens=NEW_TOKENS,
+        logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
     return [int(t.split(":", 1)[1]) for t in out.choices[0].logprobs.tokens]
 
 
@@ -113,9 +119,13 @@ def served_forced(client: Any, model: str, prompt_ids: list[int], answer: list[i
     """The server's top-k logprobs at each step of ``answer`` given the reference's own
     earlier tokens (prompt logprobs of prompt + answer): every step is compared in the
     same context, near-ties included."""
-    out = client.completions.create(model=model, prompt=prompt_ids + answer, temperature=0,
-                                    max_tokens=1,
-                                    extra_body={"prompt_logprobs": TOP_K})  # fmt: skip
+    out = client.completions.create(
+        model=model,
+        prompt=prompt_ids + answer,
+        temperature=0,
+        max_tokens=1,
+        extra_body={"prompt_logprobs": TOP_K},
+    )
     steps = out.choices[0].prompt_logprobs[len(prompt_ids) :]
     top = [{int(t): v["logprob"] for t, v in step.items() if v["rank"] <= TOP_K} for step in steps]
     return Answer(tokens=[max(s, key=s.__getitem__) for s in top], top=top, margins=[])
@@ -141,5 +151,12 @@ def differences(expected: Answer, greedy_tokens: list[int], forced: Answer) -> l
 
 def max_logprob_diff(expected: Answer, forced: Answer) -> float:
     """The largest gap between shared top-k logprobs (what MAX_LOGPROB_DIFF bounds)."""
-    return max((abs(have[t] - lp) for want, have in zip(expected.top, forced.top, strict=True)
-                for t, lp in want.items() if t in have), default=0.0)  # fmt: skip
+    return max(
+        (
+            abs(have[t] - lp)
+            for want, have in zip(expected.top, forced.top, strict=True)
+            for t, lp in want.items()
+            if t in have
+        ),
+        default=0.0,
+    )

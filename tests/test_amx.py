@@ -72,8 +72,13 @@ def _cpu_plan(tmp_path: Path, host: HostFacts, **overrides: object) -> list[dict
 
 
 def test_bfloat16_is_refused_on_the_cpu_where_the_kernel_refuses_amx(tmp_path: Path) -> None:
-    refused = HostFacts(**{**make_host().__dict__, "amx": "refused",
-                           "amx_detail": "the kernel refuses its use (EOPNOTSUPP)"})  # fmt: skip
+    refused = HostFacts(
+        **{
+            **make_host().__dict__,
+            "amx": "refused",
+            "amx_detail": "the kernel refuses its use (EOPNOTSUPP)",
+        }
+    )
     problems = _cpu_plan(tmp_path, refused)
     assert [p["field"] for p in problems] == ["model.dtype"]
     assert "SIGILL" in problems[0]["message"] and "float16" in problems[0]["message"]

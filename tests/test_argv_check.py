@@ -21,9 +21,25 @@ from vllm_offload.plan import make_plan
 
 # Values an attacker sent through PUT /api/config, and ones vLLM's parser treats specially:
 # a dotted option takes the next token, "=" splits, "-tp2" is a short option with its value.
-NASTY = ["--trust-remote-code.x", "--host", "-x", "--host=0.0.0.0", "-tp2", "--model.x",
-         "--api-key", "a.b", "x y", '{"a":1}', "--kv-transfer-config.kv_connector", "=",
-         "--help", "--config", "-", "--", "visual"]  # fmt: skip
+NASTY = [
+    "--trust-remote-code.x",
+    "--host",
+    "-x",
+    "--host=0.0.0.0",
+    "-tp2",
+    "--model.x",
+    "--api-key",
+    "a.b",
+    "x y",
+    '{"a":1}',
+    "--kv-transfer-config.kv_connector",
+    "=",
+    "--help",
+    "--config",
+    "-",
+    "--",
+    "visual",
+]
 
 
 def string_fields() -> list[tuple[str, bool]]:
@@ -48,11 +64,15 @@ def vllm_reads(args: tuple[str, ...]) -> dict[str, Any]:
 
 
 def test_the_attacks_of_the_issue_are_refused_by_the_config(demo_dir: Path) -> None:
-    for key, value in [("model.served_name", "--trust-remote-code.x"),
-                       ("weights_offload.params", ["--model", "/elsewhere", "--trust-remote-code",
-                                                   "--host", "0.0.0.0"]),
-                       ("server.host", "--trust-remote-code.x"),
-                       ("model.path", "--trust-remote-code")]:  # fmt: skip
+    for key, value in [
+        ("model.served_name", "--trust-remote-code.x"),
+        (
+            "weights_offload.params",
+            ["--model", "/elsewhere", "--trust-remote-code", "--host", "0.0.0.0"],
+        ),
+        ("server.host", "--trust-remote-code.x"),
+        ("model.path", "--trust-remote-code"),
+    ]:
         with pytest.raises(ConfigError) as info:
             with_overrides(DeploymentConfig(), {key: value})
         assert info.value.field == key
@@ -73,8 +93,9 @@ def test_the_old_command_line_is_refused_by_vllms_own_parser(demo_dir: Path) -> 
     assert info.value.exit_code == 2 and info.value.field == "server.host"
     assert "trust_remote_code = True" in info.value.message
     # weights_offload.params of the issue, appended after --cpu-offload-params unchecked
-    _cfg, offload = build(demo_dir, {"weights_offload.cpu_gib": 0.001,
-                                     "weights_offload.params": ["visual"]})  # fmt: skip
+    _cfg, offload = build(
+        demo_dir, {"weights_offload.cpu_gib": 0.001, "weights_offload.params": ["visual"]}
+    )
     args = list(offload.args)
     at = args.index("visual")
     args[at + 1 : at + 1] = ["--model", "/elsewhere", "--trust-remote-code"]
@@ -126,9 +147,11 @@ def test_every_string_field_goes_through_the_check(
 
 
 def test_serve_refuses_a_command_line_vllm_would_misread(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    demo_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     """A folder named "--" passes every config check, but argparse drops a served name
     "--": `serve --dry-run` and the start itself refuse it (exit 2) before vLLM runs."""
     import runpy

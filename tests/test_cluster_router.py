@@ -14,20 +14,27 @@ from vllm_offload.config import ConfigError, DeploymentConfig, parse, save
 
 TWO_BOXES = [
     {"name": "a", "url": "http://10.0.0.1:8000", "models": ["chat"]},
-    {"name": "b", "url": "http://gpu2.lan:8000", "models": ["chat", "coder"],
-     "model_urls": {"coder": "http://10.0.0.2:8000"}},
-]  # fmt: skip
+    {
+        "name": "b",
+        "url": "http://gpu2.lan:8000",
+        "models": ["chat", "coder"],
+        "model_urls": {"coder": "http://10.0.0.2:8000"},
+    },
+]
 
 
 def test_each_box_and_model_is_one_worker_of_the_manifest(tmp_path: Path) -> None:
     cluster = parse({"cluster": {"boxes": TWO_BOXES}}).cluster
     path = tmp_path / "run" / "workers.json"
     cluster_router.write_manifest(cluster, path)
-    assert json.loads(path.read_text()) == {"version": 1, "workers": [
-        {"id": "a/chat", "url": "http://10.0.0.1:8000", "model_id": "chat"},
-        {"id": "b/chat", "url": "http://gpu2.lan:8000", "model_id": "chat"},
-        {"id": "b/coder", "url": "http://10.0.0.2:8000", "model_id": "coder"},
-    ]}  # fmt: skip
+    assert json.loads(path.read_text()) == {
+        "version": 1,
+        "workers": [
+            {"id": "a/chat", "url": "http://10.0.0.1:8000", "model_id": "chat"},
+            {"id": "b/chat", "url": "http://gpu2.lan:8000", "model_id": "chat"},
+            {"id": "b/coder", "url": "http://10.0.0.2:8000", "model_id": "coder"},
+        ],
+    }
     args = cluster_router.smg_args(cluster, path)
     assert "--policy=cache_aware" in args and f"--discovery-file={path}" in args
     assert all(a.startswith("--") for a in args)  # one token each: no value on its own

@@ -127,8 +127,9 @@ def test_a_failed_write_leaves_the_old_config_intact(tmp_path: Path) -> None:
         "except OSError as exc:\n"
         "    print('failed', exc.errno)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.startswith("failed 27"), done.stdout + done.stderr  # EFBIG
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
@@ -151,13 +152,16 @@ def test_quotes_round_trip_and_the_file_stays_valid(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value", "words"),
-    [("model.path", "a\x00b", "NUL"), ("model.path", "x" * 5000, "longer than 4096"),
-     ("model.served_name", "\ud800", "broken Unicode"),
-     ("model.path", "/models/m\nvllm-offload: switched", "control character"),
-     ("model.path", "/models/m\x1b[2J", "control character"),
-     ("kv_offload.cpu_tier_gib", float("nan"), "finite"),
-     ("weights_offload.cpu_gib", float("inf"), "finite")],
-)  # fmt: skip
+    [
+        ("model.path", "a\x00b", "NUL"),
+        ("model.path", "x" * 5000, "longer than 4096"),
+        ("model.served_name", "\ud800", "broken Unicode"),
+        ("model.path", "/models/m\nvllm-offload: switched", "control character"),
+        ("model.path", "/models/m\x1b[2J", "control character"),
+        ("kv_offload.cpu_tier_gib", float("nan"), "finite"),
+        ("weights_offload.cpu_gib", float("inf"), "finite"),
+    ],
+)
 def test_values_a_file_cannot_hold_are_refused(key: str, value: object, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_mod.with_overrides(DeploymentConfig(), {key: value})
@@ -205,12 +209,15 @@ def test_a_backup_that_cannot_be_written_keeps_the_old_one(
 
 @pytest.mark.parametrize(
     ("flag", "field"),
-    [("--kv-offload-cpu-tier-gib", "kv_offload.cpu_tier_gib"),
-     ("--kv-offload-disk-gib", "kv_offload.disk_gib"),
-     ("--kv-offload-host-extension-gib", "kv_offload.host_extension_gib"),
-     ("--weights-offload-cpu-gib", "weights_offload.cpu_gib"),
-     ("--gpu-mem-gib", "--gpu-mem-gib"), ("--ram-gib", "--ram-gib")],
-)  # fmt: skip
+    [
+        ("--kv-offload-cpu-tier-gib", "kv_offload.cpu_tier_gib"),
+        ("--kv-offload-disk-gib", "kv_offload.disk_gib"),
+        ("--kv-offload-host-extension-gib", "kv_offload.host_extension_gib"),
+        ("--weights-offload-cpu-gib", "weights_offload.cpu_gib"),
+        ("--gpu-mem-gib", "--gpu-mem-gib"),
+        ("--ram-gib", "--ram-gib"),
+    ],
+)
 def test_sizes_past_any_machine_exit_2_naming_the_field(
     demo_dir: Path, flag: str, field: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -225,12 +232,20 @@ def test_sizes_past_any_machine_exit_2_naming_the_field(
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("model.max_model_len", 10**30), ("gpu.kv_cache_memory_bytes", 10**30),
-     ("model.served_name", "--trust-remote-code.x"), ("model.served_name", "-m"),
-     ("model.served_name", "a b"), ("weights_offload.params", ["--model"]),
-     ("weights_offload.params", ["visual", "-x"]), ("server.host", "--host"),
-     ("server.host", "a b"), ("server.host", "-localhost"), ("model.path", "-m")],
-)  # fmt: skip
+    [
+        ("model.max_model_len", 10**30),
+        ("gpu.kv_cache_memory_bytes", 10**30),
+        ("model.served_name", "--trust-remote-code.x"),
+        ("model.served_name", "-m"),
+        ("model.served_name", "a b"),
+        ("weights_offload.params", ["--model"]),
+        ("weights_offload.params", ["visual", "-x"]),
+        ("server.host", "--host"),
+        ("server.host", "a b"),
+        ("server.host", "-localhost"),
+        ("model.path", "-m"),
+    ],
+)
 def test_values_that_would_reach_vllm_as_options_are_refused(key: str, value: object) -> None:
     """Issue #29: a served name, a parameter name or a host that starts with '-' became an
     option of vLLM's (one with a '.' took the next token as its value)."""
@@ -240,11 +255,15 @@ def test_values_that_would_reach_vllm_as_options_are_refused(key: str, value: ob
 
 
 def test_real_names_and_addresses_are_accepted() -> None:
-    config = config_mod.with_overrides(DeploymentConfig(), {
-        "model.served_name": "meta-llama/Llama-3.1-8B-Instruct:v2@main+fp8",
-        "weights_offload.params": ["visual", "audio_tower", "model.layers.0", "_x"],
-        "server.host": "fe80::1%eth0", "model.max_model_len": 10_485_760,
-    })  # fmt: skip
+    config = config_mod.with_overrides(
+        DeploymentConfig(),
+        {
+            "model.served_name": "meta-llama/Llama-3.1-8B-Instruct:v2@main+fp8",
+            "weights_offload.params": ["visual", "audio_tower", "model.layers.0", "_x"],
+            "server.host": "fe80::1%eth0",
+            "model.max_model_len": 10_485_760,
+        },
+    )
     assert config.weights_offload.params[2] == "model.layers.0"
     for host in ("0.0.0.0", "::", "localhost", "gpu-box.lan", "127.0.0.1", ""):
         config_mod.with_overrides(config, {"server.host": host})

@@ -57,10 +57,14 @@ def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
         (disk_facts(tmp_path), {"kv_offload.disk_gib": 0.5}, "kv_offload.disk_gib", "less than"),
         (disk_facts(tmp_path), {"kv_offload.backend": "lmcache"}, "kv_offload.disk_path", "native"),
         # vLLM's tiering spec raises on a store threshold (tiering/spec.py)
-        (disk_facts(tmp_path), {"kv_offload.store_threshold": 2}, "kv_offload.store_threshold",
-         "does not take"),
+        (
+            disk_facts(tmp_path),
+            {"kv_offload.store_threshold": 2},
+            "kv_offload.store_threshold",
+            "does not take",
+        ),
         (disk_facts(tmp_path), {"kv_offload.disk_path": "/"}, "kv_offload.disk_path", "root"),
-    ]  # fmt: skip
+    ]
     for disk, overrides, field, words in cases:
         refused = plan_with_disk(model, disk, **overrides)
         found = [(p["field"], words in p["message"]) for p in refused.notes.problems]
@@ -90,8 +94,9 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     model = write_shape(tmp_path / "m", LLAMA3_8B)
     values = {"model.path": str(model), "kv_offload.disk_path": str(tmp_path)}
     config = with_overrides(DeploymentConfig(), values)
-    plan = make_plan(config, model_facts.read(model), make_host(24), "cuda", {},
-                     probe_disk(str(tmp_path)))  # fmt: skip
+    plan = make_plan(
+        config, model_facts.read(model), make_host(24), "cuda", {}, probe_disk(str(tmp_path))
+    )
     spec = launch.build(config, plan, model, "0.32.0")
     parser = make_arg_parser(FlexibleArgumentParser())  # the server's own
     engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
@@ -126,18 +131,29 @@ def tiering_spec(dtype: str = "bfloat16", tokens_per_block: int = 16) -> Any:
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
     parallel = OffloadingParallelConfig(
-        rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-        data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+        rank=0,
+        world_size=1,
+        tp_size=1,
+        pp_size=1,
+        pcp_size=1,
+        dcp_size=1,
+        data_parallel_index=0,
+        data_parallel_size=1,
+        data_parallel_rank_local=None,
         is_parallelism_agnostic=True,
-    )  # fmt: skip
-    return TieringOffloadingSpec(OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block, ("layer.0",), 0),),
-        worker_kv_bytes_per_block=CHUNK, enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": 64 * CHUNK}, engine_id="test",
-        model=OffloadingModelConfig("m", dtype),
-        cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_block, blocks_per_chunk=1),
-        parallel=parallel,
-    ))  # fmt: skip
+    )
+    return TieringOffloadingSpec(
+        OffloadingConfig(
+            groups=(OffloadingGroupConfig(tokens_per_block, ("layer.0",), 0),),
+            worker_kv_bytes_per_block=CHUNK,
+            enable_kv_cache_events=False,
+            extra_config={"cpu_bytes_to_use": 64 * CHUNK},
+            engine_id="test",
+            model=OffloadingModelConfig("m", dtype),
+            cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_block, blocks_per_chunk=1),
+            parallel=parallel,
+        )
+    )
 
 
 class Tier:
@@ -153,12 +169,19 @@ class Tier:
         self.buffer = np.frombuffer(self.region, dtype=np.uint8).reshape(64, CHUNK)
         tier = disk_layout.tier_root(str(root))
         self.tier = SecondaryTierFactory.create_secondary_tier(
-            {"type": "BoundedFsTier", "module_path": "vllm_offload.vllm_ext.disk_tier",
-             "root_dir": str(tier / "model-fingerprint"), "budget_root": str(tier),
-             "max_bytes": max_chunks * CHUNK, "min_free_bytes": min_free_bytes,
-             "n_read_threads": 2, "n_write_threads": 2},
-            memoryview(self.buffer), tiering_spec(**spec),
-        )  # fmt: skip
+            {
+                "type": "BoundedFsTier",
+                "module_path": "vllm_offload.vllm_ext.disk_tier",
+                "root_dir": str(tier / "model-fingerprint"),
+                "budget_root": str(tier),
+                "max_bytes": max_chunks * CHUNK,
+                "min_free_bytes": min_free_bytes,
+                "n_read_threads": 2,
+                "n_write_threads": 2,
+            },
+            memoryview(self.buffer),
+            tiering_spec(**spec),
+        )
         self.jobs = 0
 
     def _run(self, submit: Any, keys: list[bytes], chunks: list[int]) -> bool:
@@ -166,8 +189,7 @@ class Tier:
         from vllm.v1.kv_offload.tiering.base import TransferJob
 
         self.jobs += 1
-        job = TransferJob(self.jobs, keys, np.array(chunks, dtype=np.int64), False,
-                          ReqContext("r"))  # fmt: skip
+        job = TransferJob(self.jobs, keys, np.array(chunks, dtype=np.int64), False, ReqContext("r"))
         submit(job)
         deadline = time.monotonic() + 120  # a busy 2-core box: generous
         while time.monotonic() < deadline:

@@ -154,8 +154,9 @@ def test_a_linked_tier_folder_is_a_problem_of_the_deployment(tmp_path: Path) -> 
     disk = tmp_path / "disk"
     disk.mkdir()
     disk_layout.tier_root(str(disk)).symlink_to(tmp_path)
-    config = with_overrides(DeploymentConfig(), {"model.path": str(model),
-                                                 "kv_offload.disk_path": str(disk)})  # fmt: skip
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(model), "kv_offload.disk_path": str(disk)}
+    )
     prepared = deployment.prepare(config, make_host(24), {}, None)
     linked = [p for p in prepared.problems if "symbolic link" in p.message]
     assert [p.field for p in linked] == ["kv_offload.disk_path"] and linked[0].exit_code == 2

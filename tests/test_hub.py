@@ -24,17 +24,23 @@ WEIGHTS = 12 * 1024 * 1024  # BF16 elements: 24 MiB, past huggingface_hub's 10 M
 
 
 def _safetensors(elements: int, seed: int) -> bytes:
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [elements],
-                               "data_offsets": [0, 2 * elements]}}).encode()  # fmt: skip
+    header = json.dumps(
+        {"w": {"dtype": "BF16", "shape": [elements], "data_offsets": [0, 2 * elements]}}
+    ).encode()
     return struct.pack("<Q", len(header)) + header + random.Random(seed).randbytes(2 * elements)
 
 
 def _repo(**kwargs: bool) -> Repo:
     config = dict(LLAMA3_8B, num_hidden_layers=2)
-    return Repo(files={"config.json": json.dumps(config).encode(),
-                       "tokenizer_config.json": b"{}",
-                       "model.safetensors": _safetensors(WEIGHTS, 1),
-                       "original/consolidated.pth": b"x" * 1024}, **kwargs)  # fmt: skip
+    return Repo(
+        files={
+            "config.json": json.dumps(config).encode(),
+            "tokenizer_config.json": b"{}",
+            "model.safetensors": _safetensors(WEIGHTS, 1),
+            "original/consolidated.pth": b"x" * 1024,
+        },
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -45,13 +51,23 @@ def hub() -> Hub:
 @pytest.fixture
 def env(hub: Hub, tmp_path: Path) -> Iterator[dict[str, str]]:
     with serve_hub(hub) as endpoint:
-        yield {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"),
-               "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+        yield {
+            **os.environ,
+            "HF_ENDPOINT": endpoint,
+            "HF_HOME": str(tmp_path / "hf"),
+            "NO_PROXY": "127.0.0.1",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vllm_offload", *args], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_offload", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _snapshots(env: dict[str, str], repo: str) -> Path:

@@ -63,11 +63,18 @@ def test_cpu_chunk_tokens(demo_dir: Path) -> None:
     assert spec.kv_transfer_config is not None
     assert spec.kv_transfer_config["kv_connector_extra_config"]["block_size"] == 256
     with pytest.raises(PlanError) as info:
-        spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 100,
-                            "kv_offload.block_size": 16})  # fmt: skip
+        spec_for(
+            demo_dir,
+            {
+                "kv_offload.backend": "native",
+                "kv_offload.cpu_chunk_tokens": 100,
+                "kv_offload.block_size": 16,
+            },
+        )
     assert info.value.field == "kv_offload.cpu_chunk_tokens" and "use 112" in info.value.message
-    one_block = spec_for(demo_dir, {"kv_offload.backend": "native",
-                                    "kv_offload.cpu_chunk_tokens": 128})  # fmt: skip
+    one_block = spec_for(
+        demo_dir, {"kv_offload.backend": "native", "kv_offload.cpu_chunk_tokens": 128}
+    )
     assert one_block.kv_transfer_config is not None  # vLLM's default needs no key
     assert "block_size" not in one_block.kv_transfer_config["kv_connector_extra_config"]
 
@@ -151,8 +158,9 @@ def test_cpu_platform_sizes_the_pool_explicitly(demo_dir: Path) -> None:
 
 
 def test_weight_offload_flags(demo_dir: Path) -> None:
-    spec = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001, "weights_offload.params":
-                               ["visual"]})  # fmt: skip
+    spec = spec_for(
+        demo_dir, {"weights_offload.cpu_gib": 0.001, "weights_offload.params": ["visual"]}
+    )
     assert flag(spec, "--offload-backend") == "uva"
     assert float(flag(spec, "--cpu-offload-gb")) == pytest.approx(0.001, abs=1e-3)
     assert spec.args[spec.args.index("--cpu-offload-params") :][:2] == (
@@ -172,9 +180,13 @@ def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> 
     model = write_shape(tmp_path, LLAMA3_8B)
     spec = spec_for(
         model,
-        {"weights_offload.cpu_gib": 8.0, "weights_offload.backend": "prefetch",
-         "weights_offload.prefetch_step": 2, "weights_offload.params": ["mlp"]},
-    )  # fmt: skip
+        {
+            "weights_offload.cpu_gib": 8.0,
+            "weights_offload.backend": "prefetch",
+            "weights_offload.prefetch_step": 2,
+            "weights_offload.params": ["mlp"],
+        },
+    )
     assert spec.option("--cpu-offload-gb") is None  # the prefetch backend ignores it
     parser = make_arg_parser(FlexibleArgumentParser())  # the server's own parser
     engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
@@ -191,9 +203,11 @@ def test_prefetch_backend_passes_layers_and_vllm_parses_them(tmp_path: Path) -> 
 
 
 def test_layerwise_loads_can_be_turned_off(demo_dir: Path) -> None:
-    spec = spec_for(demo_dir, {"kv_offload.backend": "native",
-                               "kv_offload.layerwise_loads": "false"},
-                    version="0.33.0")  # fmt: skip
+    spec = spec_for(
+        demo_dir,
+        {"kv_offload.backend": "native", "kv_offload.layerwise_loads": "false"},
+        version="0.33.0",
+    )
     assert spec.kv_transfer_config is not None
     extra = spec.kv_transfer_config["kv_connector_extra_config"]
     assert extra["layerwise_loads"] is False
@@ -203,9 +217,15 @@ def test_layerwise_loads_can_be_turned_off(demo_dir: Path) -> None:
 def test_vllms_sync_loads_without_layerwise_waits(demo_dir: Path) -> None:
     """vLLM 0.33's own sync loads (the worker waits for the whole load before the step),
     the arm patch 0005 is measured against."""
-    spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.layerwise_loads":
-                               "false", "kv_offload.sync_load_budget_gib": 0.5},
-                    version="0.33.0")  # fmt: skip
+    spec = spec_for(
+        demo_dir,
+        {
+            "kv_offload.backend": "native",
+            "kv_offload.layerwise_loads": "false",
+            "kv_offload.sync_load_budget_gib": 0.5,
+        },
+        version="0.33.0",
+    )
     assert spec.kv_transfer_config is not None
     assert spec.kv_transfer_config["kv_connector_extra_config"]["sync_load_budget_bytes"] == (
         GIB // 2
@@ -248,10 +268,12 @@ def test_offload_without_gpu_is_a_problem_of_the_plan(demo_dir: Path) -> None:
     assert spec.kv_transfer_config is not None
     config = with_overrides(DeploymentConfig(), {"kv_offload.backend": "native"})
     plan = make_plan(config, model_facts.read(demo_dir), make_host(None), "cpu")
-    assert plan.notes.problems == ({
-        "field": "kv_offload.backend",
-        "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
-    },)  # fmt: skip
+    assert plan.notes.problems == (
+        {
+            "field": "kv_offload.backend",
+            "message": "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
+        },
+    )
 
 
 def test_the_tier_must_fit_ram_and_shm(demo_dir: Path) -> None:
@@ -278,13 +300,22 @@ def every_flag_spec(demo_dir: Path) -> launch.LaunchSpec:
     """A spec that writes every flag the launcher can write."""
     return spec_for(
         demo_dir,
-        {"model.served_name": "m", "model.dtype": "bfloat16", "model.kv_cache_dtype": "fp8",
-         "model.max_model_len": 64, "gpu.kv_cache_memory_bytes": 1 << 30,
-         "kv_offload.backend": "native", "kv_offload.cpu_tier_gib": 1,
-         "weights_offload.cpu_gib": 0.001, "weights_offload.params": ["mlp"],
-         "parallel.tensor_parallel_size": 2, "parallel.pipeline_parallel_size": 2,
-         "parallel.distributed_executor_backend": "mp", "kv_offload.host_extension_gib": 0.5},
-    )  # fmt: skip
+        {
+            "model.served_name": "m",
+            "model.dtype": "bfloat16",
+            "model.kv_cache_dtype": "fp8",
+            "model.max_model_len": 64,
+            "gpu.kv_cache_memory_bytes": 1 << 30,
+            "kv_offload.backend": "native",
+            "kv_offload.cpu_tier_gib": 1,
+            "weights_offload.cpu_gib": 0.001,
+            "weights_offload.params": ["mlp"],
+            "parallel.tensor_parallel_size": 2,
+            "parallel.pipeline_parallel_size": 2,
+            "parallel.distributed_executor_backend": "mp",
+            "kv_offload.host_extension_gib": 0.5,
+        },
+    )
 
 
 def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -> None:
@@ -297,9 +328,14 @@ def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -
     from vllm_offload.config import LAUNCHER_FLAGS, UNSUPPORTED_FLAGS, refused_flag
 
     written = {a.split("=", 1)[0] for a in every_flag_spec(demo_dir).args if a.startswith("--")}
-    prefetch = spec_for(demo_dir, {"weights_offload.cpu_gib": 0.001,
-                                   "weights_offload.backend": "prefetch",
-                                   "weights_offload.params": ["mlp"]})  # fmt: skip
+    prefetch = spec_for(
+        demo_dir,
+        {
+            "weights_offload.cpu_gib": 0.001,
+            "weights_offload.backend": "prefetch",
+            "weights_offload.params": ["mlp"],
+        },
+    )
     written |= {a.split("=", 1)[0] for a in prefetch.args if a.startswith("--")}
     assert written - set(LAUNCHER_FLAGS) == set()
     options = set(make_arg_parser(FlexibleArgumentParser())._option_string_actions)

@@ -12,17 +12,36 @@ PACKAGE = Path(__file__).parents[1] / "vllm_offload"
 # Low to high, as docs/architecture.md's table. A name is a module, or a package whose
 # modules all sit in that layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "safe_files", "site_files", "unified_diff", "vllm_metrics", "amx",
-     "compat", "vllm_client", "demo_model", "real_model"),
-    ("config", "model_facts", "model_limit", "weight_estimate", "hub", "vllm_version",
-     "disk_layout", "vllm_ext"),
+    (
+        "__init__",
+        "errors",
+        "safe_files",
+        "site_files",
+        "unified_diff",
+        "vllm_metrics",
+        "amx",
+        "compat",
+        "vllm_client",
+        "demo_model",
+        "real_model",
+    ),
+    (
+        "config",
+        "model_facts",
+        "model_limit",
+        "weight_estimate",
+        "hub",
+        "vllm_version",
+        "disk_layout",
+        "vllm_ext",
+    ),
     ("hardware", "patch_journal", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),
     ("deployment",),
     ("fleet",),
     ("manager", "bench", "cli", "__main__"),
-)  # fmt: skip
+)
 
 
 def layer_of(module: str) -> int:
@@ -31,8 +50,9 @@ def layer_of(module: str) -> int:
     for i, names in enumerate(LAYERS):
         if top in names:
             return i
-    raise AssertionError(f"vllm_offload.{top} has no layer: add it to LAYERS and to "
-                         "docs/architecture.md")  # fmt: skip
+    raise AssertionError(
+        f"vllm_offload.{top} has no layer: add it to LAYERS and to docs/architecture.md"
+    )
 
 
 def is_module(name: str) -> bool:
@@ -44,8 +64,10 @@ def imported(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "vllm_offload":  # modules, or names of the package's face
-                names |= {f"vllm_offload.{a.name}" if is_module(a.name) else "vllm_offload"
-                          for a in node.names}  # fmt: skip
+                names |= {
+                    f"vllm_offload.{a.name}" if is_module(a.name) else "vllm_offload"
+                    for a in node.names
+                }
             elif node.module.startswith("vllm_offload."):
                 names.add(node.module)
         elif isinstance(node, ast.Import):
@@ -61,6 +83,7 @@ def test_every_import_goes_down_or_across() -> None:
         here = layer_of(module)
         for name in imported(path):
             if layer_of(name) > here:
-                upward.append(f"{module} (layer {here + 1}) imports {name} "
-                              f"(layer {layer_of(name) + 1})")  # fmt: skip
+                upward.append(
+                    f"{module} (layer {here + 1}) imports {name} (layer {layer_of(name) + 1})"
+                )
     assert not upward, "\n".join(upward)

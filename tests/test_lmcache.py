@@ -70,8 +70,21 @@ def test_serve_refuses_with_exit_2(
     monkeypatch.setattr(run_vllm, "run", started.append)
     asks_bare = functools.partial(deployment.lmcache_problem, python=bare_python)
     monkeypatch.setattr(deployment, "lmcache_problem", asks_bare)
-    code = main(["serve", "--model", str(demo_dir), "--gpu-mem-gib", "24", "--ram-gib", "64",
-                 "--kv-offload-backend", "lmcache", "--kv-offload-cpu-tier-gib", "4"])  # fmt: skip
+    code = main(
+        [
+            "serve",
+            "--model",
+            str(demo_dir),
+            "--gpu-mem-gib",
+            "24",
+            "--ram-gib",
+            "64",
+            "--kv-offload-backend",
+            "lmcache",
+            "--kv-offload-cpu-tier-gib",
+            "4",
+        ]
+    )
     assert code == 2
     assert "kv_offload.backend: LMCache is not installed" in capsys.readouterr().err
     assert started == []

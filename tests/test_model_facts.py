@@ -49,9 +49,11 @@ def test_moe_weights_estimate(tmp_path: Path) -> None:
 
 
 def test_linear_layers_have_no_per_token_kv(tmp_path: Path) -> None:
-    hybrid = dict(LLAMA3_8B, num_hidden_layers=4,
-                  layer_types=["linear_attention", "linear_attention", "linear_attention",
-                               "full_attention"])  # fmt: skip
+    hybrid = dict(
+        LLAMA3_8B,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    )
     facts = model_facts.read(write_shape(tmp_path, hybrid))
     assert [layer.kind for layer in facts.layers] == ["linear"] * 3 + ["full"]
 
@@ -98,26 +100,40 @@ def crafted_configs() -> list[tuple[str, bytes]]:
         ("1e400", json.dumps(dict(base, vocab_size=7)).replace(": 7", ": 1e400").encode()),
         ("deep", b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
         ("null", b"null"),
-    ]  # fmt: skip
+    ]
     for key, value in [
-        ("num_hidden_layers", 200_000_000), ("num_hidden_layers", -32), ("hidden_size", 0),
-        ("num_key_value_heads", "8"), ("num_key_value_heads", [8]), ("head_dim", -128),
-        ("head_dim", 1.5), ("max_position_embeddings", -1), ("max_position_embeddings", 1e30),
-        ("vocab_size", -5), ("sliding_window", "x"), ("sliding_window", -4096),
-        ("num_attention_heads", 10**30), ("intermediate_size", -1), ("num_experts", -8),
-        ("torch_dtype", {"a": 1}), ("quantization_config", {"quant_method": [1]}),
+        ("num_hidden_layers", 200_000_000),
+        ("num_hidden_layers", -32),
+        ("hidden_size", 0),
+        ("num_key_value_heads", "8"),
+        ("num_key_value_heads", [8]),
+        ("head_dim", -128),
+        ("head_dim", 1.5),
+        ("max_position_embeddings", -1),
+        ("max_position_embeddings", 1e30),
+        ("vocab_size", -5),
+        ("sliding_window", "x"),
+        ("sliding_window", -4096),
+        ("num_attention_heads", 10**30),
+        ("intermediate_size", -1),
+        ("num_experts", -8),
+        ("torch_dtype", {"a": 1}),
+        ("quantization_config", {"quant_method": [1]}),
         ("kv_lora_rank", -512),
-    ]:  # fmt: skip
+    ]:
         crafted.append((f"{key}={value!r}", json.dumps(dict(base, **{key: value})).encode()))
     return crafted
 
 
 def crafted_headers() -> list[tuple[str, bytes]]:
     entries = [
-        {"w": {"dtype": "BF16"}}, {"w": {"dtype": "BF16", "shape": [-4096, 4096]}},
-        {"w": {"dtype": "BF16", "shape": ["4096"]}}, {"w": {"dtype": 7, "shape": [2]}},
-        {"w": [1, 2]}, {"w": {"dtype": "BF16", "shape": [1 << 40, 1 << 40]}},
-    ]  # fmt: skip
+        {"w": {"dtype": "BF16"}},
+        {"w": {"dtype": "BF16", "shape": [-4096, 4096]}},
+        {"w": {"dtype": "BF16", "shape": ["4096"]}},
+        {"w": {"dtype": 7, "shape": [2]}},
+        {"w": [1, 2]},
+        {"w": {"dtype": "BF16", "shape": [1 << 40, 1 << 40]}},
+    ]
     headers = [json.dumps(entry).encode() for entry in entries] + [b"[1]", b"NaN"]
     return [(h.decode()[:30], len(h).to_bytes(8, "little") + h) for h in headers]
 

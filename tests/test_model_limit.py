@@ -18,19 +18,31 @@ from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.plan import make_plan
 
 LLAMA31_8B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-8b"
-LINEAR_ROPE = dict(LLAMA3_8B, max_position_embeddings=4096,
-                   rope_scaling={"type": "linear", "factor": 4.0})  # fmt: skip
-YARN = dict(QWEN3_30B_A3B, max_position_embeddings=131072,
-            rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                          "original_max_position_embeddings": 32768})  # fmt: skip
+LINEAR_ROPE = dict(
+    LLAMA3_8B, max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 4.0}
+)
+YARN = dict(
+    QWEN3_30B_A3B,
+    max_position_embeddings=131072,
+    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+)
 NO_KEY = {k: v for k, v in LLAMA3_8B.items() if k != "max_position_embeddings"}
 SHAPES: dict[str, dict[str, Any]] = {
-    "llama3-8b": LLAMA3_8B, "linear-rope": LINEAR_ROPE, "yarn": YARN,
-    "gemma3": GEMMA3_4B_TEXT, "seq-length": dict(NO_KEY, seq_length=2048, n_positions=1024),
+    "llama3-8b": LLAMA3_8B,
+    "linear-rope": LINEAR_ROPE,
+    "yarn": YARN,
+    "gemma3": GEMMA3_4B_TEXT,
+    "seq-length": dict(NO_KEY, seq_length=2048, n_positions=1024),
     "llama3.1": json.loads((LLAMA31_8B / "config.json").read_text()),
-}  # fmt: skip
-EXPECTED = {"llama3-8b": 8192, "linear-rope": 16384, "yarn": 131072, "gemma3": 131072,
-            "seq-length": 1024, "llama3.1": 131072}  # fmt: skip
+}
+EXPECTED = {
+    "llama3-8b": 8192,
+    "linear-rope": 16384,
+    "yarn": 131072,
+    "gemma3": 131072,
+    "seq-length": 1024,
+    "llama3.1": 131072,
+}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -67,20 +79,36 @@ def test_past_the_limit_is_refused_naming_it_and_the_key(
     err = capsys.readouterr().err
     assert "model.max_model_len: 200000 tokens are past the model's limit of 131,072" in err
     assert "model.allow_long_max_model_len = true" in err
-    assert main([*declared, "--model-max-model-len", "200000",
-                 "--model-allow-long-max-model-len", "true"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *declared,
+                "--model-max-model-len",
+                "200000",
+                "--model-allow-long-max-model-len",
+                "true",
+            ]
+        )
+        == 0
+    )
     assert "past the model's limit" in capsys.readouterr().out  # still said, as a warning
 
 
 def test_allowed_on_purpose_tells_vllm(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LINEAR_ROPE)
-    config = with_overrides(DeploymentConfig(), {
-        "model.path": str(model), "model.max_model_len": 20000,
-        "model.allow_long_max_model_len": True})  # fmt: skip
+    config = with_overrides(
+        DeploymentConfig(),
+        {
+            "model.path": str(model),
+            "model.max_model_len": 20000,
+            "model.allow_long_max_model_len": True,
+        },
+    )
     plan = make_plan(config, model_facts.read(model), make_host(80, ram_gib=256), "cuda")
     spec = launch.build(config, plan, model, "0.32.0")
     assert spec.env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
-    within = config.model_copy(update={"model": config.model.model_copy(
-        update={"max_model_len": 16384})})  # fmt: skip
+    within = config.model_copy(
+        update={"model": config.model.model_copy(update={"max_model_len": 16384})}
+    )
     plan = make_plan(within, model_facts.read(model), make_host(80, ram_gib=256), "cuda")
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in launch.build(within, plan, model, "0.32.0").env

@@ -33,8 +33,9 @@ def test_prompt_is_real_text_with_the_needle_early(real_dir: Path) -> None:
     at = text.index(needle.NEEDLE.format(key=needle.KEY))
     assert 0 < at < len(text) * 0.1  # early, after some real text
     assert text.endswith("\n\n" + needle.QUESTION)
-    control = needle.build_prompt(tokenizer, paragraphs, prompt_tokens=7000, needle_at=0.05,
-                                  key=needle.CONTROL_KEY)  # fmt: skip
+    control = needle.build_prompt(
+        tokenizer, paragraphs, prompt_tokens=7000, needle_at=0.05, key=needle.CONTROL_KEY
+    )
     assert needle.KEY not in tokenizer.decode(control)
     assert len(control) == len(ids)  # the same haystack, another key of the same length
 

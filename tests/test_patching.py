@@ -142,8 +142,9 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
     assert files_of(site) != before  # two files were replaced before the crash
     out = subprocess.run(
         [sys.executable, "-m", "vllm_offload", "patch", "status", "--site", str(site)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert "rolled back an interrupted patch operation" in out.stdout
     assert files_of(site) == before
 
@@ -256,18 +257,35 @@ def test_a_series_goes_through_a_vllm_git_tree_and_back(version: str, tmp_path: 
         if digest:
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(site / rel, tree / rel)
-    env = {**os.environ, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}  # fmt: skip
-    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "release"],
-                 ["tag", f"v{version}"]):  # fmt: skip
+    env = {
+        **os.environ,
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+    }
+    for argv in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        ["commit", "-q", "-m", "release"],
+        ["tag", f"v{version}"],
+    ):
         subprocess.run(["git", "-C", str(tree), *argv], check=True, env=env)
     tool = [sys.executable, str(REPO / "tools" / "patch_series.py")]
     directory = REPO / "vllm_offload" / "patches" / f"vllm-{version}"
-    subprocess.run([*tool, "import", "--tree", str(tree), "--series", str(directory)],
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*tool, "import", "--tree", str(tree), "--series", str(directory)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     out = tmp_path / "exported"
-    subprocess.run([*tool, "export", "--tree", str(tree), "--base", f"v{version}", "--out",
-                    str(out)], check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*tool, "export", "--tree", str(tree), "--base", f"v{version}", "--out", str(out)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     for name in ("series", "pristine.sha256", *(p.name for p in series.patches)):
         assert (out / name).read_bytes() == (directory / name).read_bytes(), name
 
@@ -288,8 +306,10 @@ def test_a_journal_naming_files_outside_the_site_is_not_replayed(
     )
     out = subprocess.run(
         [sys.executable, "-m", "vllm_offload", "patch", "status", "--site", str(site)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "not a file of vllm-offload's series" in out.stderr, out
     assert victim.read_text() == "keep me" and not (tmp_path / "written.txt").exists()
 

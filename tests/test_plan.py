@@ -34,14 +34,21 @@ def vllm_bytes_per_block(model_dir: Path, block_size: int, tp: int) -> int:
     heads, head, layers = mc.get_num_kv_heads(pc), mc.get_head_size(), mc.get_num_layers(pc)
     spec: FullAttentionSpec
     if mc.use_mla:
-        spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head,
-                                dtype=mc.dtype)  # fmt: skip
+        spec = MLAAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=head, dtype=mc.dtype
+        )
     elif window := mc.get_sliding_window():
-        spec = SlidingWindowSpec(block_size=block_size, num_kv_heads=heads, head_size=head,
-                                 dtype=mc.dtype, sliding_window=window)  # fmt: skip
+        spec = SlidingWindowSpec(
+            block_size=block_size,
+            num_kv_heads=heads,
+            head_size=head,
+            dtype=mc.dtype,
+            sliding_window=window,
+        )
     else:
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head,
-                                 dtype=mc.dtype)  # fmt: skip
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=heads, head_size=head, dtype=mc.dtype
+        )
     return int(layers * spec.page_size_bytes)
 
 
@@ -54,10 +61,18 @@ def shape_dirs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict
 
 @pytest.mark.parametrize(
     ("shape", "tp"),
-    [("demo", 1), ("llama3-8b", 1), ("llama3-8b", 2), ("llama3-8b", 16),
-     ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 2), ("gemma3-4b", 1), ("deepseek-v2-lite", 1),
-     ("deepseek-v2-lite", 2)],
-)  # fmt: skip
+    [
+        ("demo", 1),
+        ("llama3-8b", 1),
+        ("llama3-8b", 2),
+        ("llama3-8b", 16),
+        ("qwen3-30b-a3b", 1),
+        ("qwen3-30b-a3b", 2),
+        ("gemma3-4b", 1),
+        ("deepseek-v2-lite", 1),
+        ("deepseek-v2-lite", 2),
+    ],
+)
 def test_kv_bytes_match_vllm_spec(
     shape_dirs: dict[str, Path], shape: str, tp: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -66,9 +81,15 @@ def test_kv_bytes_match_vllm_spec(
     facts = model_facts.read(shape_dirs[shape])
     ours = kv_bytes_per_token(facts, 2, tp) * block
     assert ours == vllm_bytes_per_block(shape_dirs[shape], block, tp)
-    plan = make_plan(config_for(shape_dirs[shape], **{"parallel.tensor_parallel_size": tp,
-                                                      "kv_offload.block_size": block}),
-                     facts, make_host(141, ram_gib=1024), "cuda")  # fmt: skip
+    plan = make_plan(
+        config_for(
+            shape_dirs[shape],
+            **{"parallel.tensor_parallel_size": tp, "kv_offload.block_size": block},
+        ),
+        facts,
+        make_host(141, ram_gib=1024),
+        "cuda",
+    )
     assert plan.kv.bytes_per_block == ours
     assert plan.kv.bytes_per_token * block == ours
 
@@ -83,8 +104,7 @@ def test_qwen3_seed_numbers(tmp_path: Path) -> None:
 
 def test_llama_on_24gb(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LLAMA3_8B)
-    plan = make_plan(config_for(model), model_facts.read(model), make_host(24, ram_gib=128),
-                     "cuda")  # fmt: skip
+    plan = make_plan(config_for(model), model_facts.read(model), make_host(24, ram_gib=128), "cuda")
     assert plan.kv.backend == "native"
     assert plan.weights.offloaded_bytes == 0
     assert plan.kv.bytes_per_token == 131072  # 32 layers x 2 x 8 x 128 x 2 bytes
@@ -98,8 +118,9 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
     # with the native tier on plain attention: 128-token blocks, 256-token CPU chunks
     assert (plan.kv.block_tokens, plan.kv.chunk_tokens) == (128, 256)
     assert plan.cpu_tier.tokens == plan.cpu_tier.bytes // plan.kv.bytes_per_block * 128
-    big_shm = make_plan(config_for(model), model_facts.read(model),
-                        make_host(24, ram_gib=128, shm_gib=128), "cuda")  # fmt: skip
+    big_shm = make_plan(
+        config_for(model), model_facts.read(model), make_host(24, ram_gib=128, shm_gib=128), "cuda"
+    )
     # RAM less the 10 % reserve and ~4 GiB for vLLM's own processes, whole GiB
     assert big_shm.cpu_tier.bytes == 111 * GIB
     text = render(plan)
@@ -109,18 +130,26 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
 def test_max_model_len_beyond_the_pool_is_refused(tmp_path: Path) -> None:
     model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
     facts = model_facts.read(model)
-    config = config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
-                                  "model.max_model_len": 65536,
-                                  "kv_offload.block_size": 16})  # fmt: skip
+    config = config_for(
+        model,
+        **{
+            "gpu.kv_cache_memory_bytes": 2 * GIB,
+            "model.max_model_len": 65536,
+            "kv_offload.block_size": 16,
+        },
+    )
     with pytest.raises(PlanError) as info:
         make_plan(config, facts, make_host(24), "cuda")
     assert info.value.field == "model.max_model_len"
     # 2 GiB / 2 MiB per block = 1024 blocks, one held back -> 1023 x 16 tokens
     assert "holds 16368 tokens" in info.value.message
     assert "CPU tier does not extend one request" in info.value.message
-    auto = make_plan(config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB,
-                                          "kv_offload.block_size": 16}), facts,
-                     make_host(24), "cuda")  # fmt: skip
+    auto = make_plan(
+        config_for(model, **{"gpu.kv_cache_memory_bytes": 2 * GIB, "kv_offload.block_size": 16}),
+        facts,
+        make_host(24),
+        "cuda",
+    )
     assert auto.length.max_model_len == 16368
 
 
@@ -134,11 +163,19 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     capped = {"gpu.kv_cache_memory_bytes": 2 * GIB, "kv_offload.block_size": 16}
     extended = {**capped, "kv_offload.host_extension_gib": 8.0}
     with pytest.raises(PlanError) as info:
-        make_plan(config_for(model, **capped, **{"model.max_model_len": 65536}), facts,
-                  make_host(24), "cuda")  # fmt: skip
+        make_plan(
+            config_for(model, **capped, **{"model.max_model_len": 65536}),
+            facts,
+            make_host(24),
+            "cuda",
+        )
     assert "give kv_offload.host_extension_gib the rest" in info.value.message
-    plan = make_plan(config_for(model, **extended, **{"model.max_model_len": 65536}), facts,
-                     make_host(24), "cuda")  # fmt: skip
+    plan = make_plan(
+        config_for(model, **extended, **{"model.max_model_len": 65536}),
+        facts,
+        make_host(24),
+        "cuda",
+    )
     assert (plan.extension.bytes, plan.extension.tokens) == (8 * GIB, 65536)
     # the staging scratch (two buffers of one layer's spill, 64 KiB a block and layer)
     # comes out of the 2 GiB: 800 GPU blocks (whole 32-block granules) are left
@@ -181,12 +218,18 @@ def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
     gpu_tokens = (plan.gpu.kv_pool_blocks - 1) * 16  # the null block
     assert 0 <= ext.staging_scratch_tokens - (65536 - gpu_tokens) < 32 * 16  # one granule
     assert "staging_scratch_bytes" in plan.to_json()
-    assert (f"  staging scratch     {ext.staging_scratch_bytes / GIB:.2f} GiB of GPU memory, "
-            "taken from the pool") in render(plan)  # fmt: skip
+    assert (
+        f"  staging scratch     {ext.staging_scratch_bytes / GIB:.2f} GiB of GPU memory, "
+        "taken from the pool"
+    ) in render(plan)
     assert any("staging scratch:" in d for d in plan.notes.decisions)
     plain = make_plan(config_for(model, **pool), facts, make_host(24), "cuda")
-    short = make_plan(config_for(model, **{**extended, "model.max_model_len": 12000}), facts,
-                      make_host(24), "cuda")  # fmt: skip
+    short = make_plan(
+        config_for(model, **{**extended, "model.max_model_len": 12000}),
+        facts,
+        make_host(24),
+        "cuda",
+    )
     for none in (plain, short):
         assert none.extension.staging_scratch_bytes == 0 and none.gpu.kv_pool_bytes == 2 * GIB
         assert "staging scratch" not in render(none)
@@ -195,13 +238,24 @@ def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
     small = {**extended, "gpu.kv_cache_memory_bytes": 256 * MIB}
     capped = make_plan(config_for(model, **small), facts, make_host(24), "cuda")
     assert (capped.extension.staging_scratch_bytes, capped.extension.staging_scratch_tokens) == (
-        64 * MIB, 8192)  # fmt: skip
+        64 * MIB,
+        8192,
+    )
     assert any("stages in several passes" in d for d in capped.notes.decisions)
     # two layers (the demo model): a quarter of an 8 MiB pool holds no granule's pair
-    demo = make_plan(config_for(demo_dir, **{"gpu.kv_cache_memory_bytes": 8 * MIB,
-                                             "kv_offload.block_size": 16,
-                                             "kv_offload.host_extension_gib": 8 / 1024}),
-                     model_facts.read(demo_dir), make_host(24), "cuda")  # fmt: skip
+    demo = make_plan(
+        config_for(
+            demo_dir,
+            **{
+                "gpu.kv_cache_memory_bytes": 8 * MIB,
+                "kv_offload.block_size": 16,
+                "kv_offload.host_extension_gib": 8 / 1024,
+            },
+        ),
+        model_facts.read(demo_dir),
+        make_host(24),
+        "cuda",
+    )
     assert demo.extension.staging_scratch_bytes == 0 and demo.gpu.kv_pool_bytes == 8 * MIB
     assert any("reads its host blocks in place" in d for d in demo.notes.decisions)
 
@@ -214,15 +268,23 @@ def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> Non
         make_plan(too_big, facts, make_host(24, ram_gib=128), "cuda")
     assert info.value.field == "kv_offload.host_extension_gib"
     assert "set it <= 111" in info.value.message  # 128 GiB - 12.8 reserve - 4 for vLLM
-    on_cpu = make_plan(config_for(model, **{"kv_offload.host_extension_gib": 1.0,
-                                            "kv_offload.backend": "none"}),
-                       facts, make_host(None), "cpu")  # fmt: skip
+    on_cpu = make_plan(
+        config_for(model, **{"kv_offload.host_extension_gib": 1.0, "kv_offload.backend": "none"}),
+        facts,
+        make_host(None),
+        "cpu",
+    )
     assert [p["field"] for p in on_cpu.notes.problems] == ["kv_offload.host_extension_gib"]
-    sliding = write_shape(tmp_path / "s",
-                          dict(LLAMA3_8B, model_type="mistral", sliding_window=4096))  # fmt: skip
+    sliding = write_shape(
+        tmp_path / "s", dict(LLAMA3_8B, model_type="mistral", sliding_window=4096)
+    )
     with pytest.raises(PlanError, match=r"all full attention; .* also has sliding layers"):
-        make_plan(config_for(sliding, **{"kv_offload.host_extension_gib": 1.0}),
-                  model_facts.read(sliding), make_host(24), "cuda")  # fmt: skip
+        make_plan(
+            config_for(sliding, **{"kv_offload.host_extension_gib": 1.0}),
+            model_facts.read(sliding),
+            make_host(24),
+            "cuda",
+        )
 
 
 def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
@@ -232,8 +294,12 @@ def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
         make_plan(config_for(model), facts, make_host(24), "cuda")
     assert info.value.field == "weights_offload.cpu_gib"
     assert "do not fit" in info.value.message
-    plan = make_plan(config_for(model, **{"weights_offload.cpu_gib": "auto"}), facts,
-                     make_host(24, ram_gib=128), "cuda")  # fmt: skip
+    plan = make_plan(
+        config_for(model, **{"weights_offload.cpu_gib": "auto"}),
+        facts,
+        make_host(24, ram_gib=128),
+        "cuda",
+    )
     assert plan.weights.offloaded_bytes > 35 * GIB
     assert plan.gpu.kv_pool_bytes > 0
     assert plan.cpu_tier.bytes <= (128 - 12.8) * GIB - plan.weights.offloaded_bytes
@@ -241,8 +307,9 @@ def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
 
 def test_cpu_platform_honours_vllm_cpu_kvcache_space(demo_dir: Path) -> None:
     facts = model_facts.read(demo_dir)
-    plan = make_plan(config_for(demo_dir), facts, make_host(None), "cpu",
-                     {"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    plan = make_plan(
+        config_for(demo_dir), facts, make_host(None), "cpu", {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     assert plan.gpu.kv_pool_bytes == GIB
     assert plan.kv.block_tokens == 128
     assert plan.gpu.kv_pool_tokens == GIB // 2048
@@ -251,8 +318,7 @@ def test_cpu_platform_honours_vllm_cpu_kvcache_space(demo_dir: Path) -> None:
 
 def test_small_tier_and_small_pool_warn(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LLAMA3_8B)
-    config = config_for(model, **{"kv_offload.cpu_tier_gib": 0.5,
-                                  "gpu.kv_cache_memory_bytes": GIB})  # fmt: skip
+    config = config_for(model, **{"kv_offload.cpu_tier_gib": 0.5, "gpu.kv_cache_memory_bytes": GIB})
     plan = make_plan(config, model_facts.read(model), make_host(24), "cuda")
     assert any("smaller than one full-length request" in w for w in plan.notes.warnings)
     assert any("long requests will queue" in w for w in plan.notes.warnings)
@@ -260,34 +326,76 @@ def test_small_tier_and_small_pool_warn(tmp_path: Path) -> None:
 
 def test_plan_json_is_stable(demo_dir: Path) -> None:
     plan = make_plan(config_for(demo_dir), model_facts.read(demo_dir), make_host(24), "cuda")
-    assert sorted(plan.to_json()) == sorted([
-        "platform", "model_path", "architecture", "kv_offload_backend",
-        "kv_offload_backend_reason", "block_size_tokens", "cpu_chunk_tokens", "kv_cache_dtype",
-        "kv_dtype_bytes",
-        "kv_bytes_per_token",
-        "kv_bytes_per_block", "weight_bytes", "weight_bytes_source", "weights_gpu_bytes",
-        "weights_offloaded_bytes", "prefetch_group_size", "prefetch_num_in_group",
-        "weights_offloaded_layers", "gpu_total_bytes", "gpu_budget_bytes", "gpu_kv_pool_bytes",
-        "gpu_kv_pool_blocks", "gpu_kv_pool_tokens", "longest_request_tokens", "model_max_tokens",
-        "max_model_len", "max_model_len_source", "max_concurrency_at_full_length",
-        "min_concurrent_requests", "h2d_bytes_per_s", "h2d_source", "decode_steps_per_s_ceiling",
-        "decisions", "host_extension_bytes", "host_extension_tokens",
-        "spilled_decode_steps_per_s_ceiling", "staging_scratch_bytes", "staging_scratch_tokens",
-        "cpu_tier_bytes", "cpu_tier_blocks", "cpu_tier_tokens", "ram_total_bytes",
-        "ram_available_bytes", "ram_reserve_bytes", "shm_free_bytes", "server_ram_bytes",
-        "cpu_tier_room_ram_bytes", "cpu_tier_room_shm_bytes", "tensor_parallel_size",
-        "disk_tier_path", "disk_tier_root", "disk_tier_bytes", "disk_tier_tokens",
-        "disk_reserve_bytes",
-        "warnings", "unplanned", "problems",
-    ])  # fmt: skip
+    assert sorted(plan.to_json()) == sorted(
+        [
+            "platform",
+            "model_path",
+            "architecture",
+            "kv_offload_backend",
+            "kv_offload_backend_reason",
+            "block_size_tokens",
+            "cpu_chunk_tokens",
+            "kv_cache_dtype",
+            "kv_dtype_bytes",
+            "kv_bytes_per_token",
+            "kv_bytes_per_block",
+            "weight_bytes",
+            "weight_bytes_source",
+            "weights_gpu_bytes",
+            "weights_offloaded_bytes",
+            "prefetch_group_size",
+            "prefetch_num_in_group",
+            "weights_offloaded_layers",
+            "gpu_total_bytes",
+            "gpu_budget_bytes",
+            "gpu_kv_pool_bytes",
+            "gpu_kv_pool_blocks",
+            "gpu_kv_pool_tokens",
+            "longest_request_tokens",
+            "model_max_tokens",
+            "max_model_len",
+            "max_model_len_source",
+            "max_concurrency_at_full_length",
+            "min_concurrent_requests",
+            "h2d_bytes_per_s",
+            "h2d_source",
+            "decode_steps_per_s_ceiling",
+            "decisions",
+            "host_extension_bytes",
+            "host_extension_tokens",
+            "spilled_decode_steps_per_s_ceiling",
+            "staging_scratch_bytes",
+            "staging_scratch_tokens",
+            "cpu_tier_bytes",
+            "cpu_tier_blocks",
+            "cpu_tier_tokens",
+            "ram_total_bytes",
+            "ram_available_bytes",
+            "ram_reserve_bytes",
+            "shm_free_bytes",
+            "server_ram_bytes",
+            "cpu_tier_room_ram_bytes",
+            "cpu_tier_room_shm_bytes",
+            "tensor_parallel_size",
+            "disk_tier_path",
+            "disk_tier_root",
+            "disk_tier_bytes",
+            "disk_tier_tokens",
+            "disk_reserve_bytes",
+            "warnings",
+            "unplanned",
+            "problems",
+        ]
+    )
 
 
 def test_fp8_kv_cache_halves_the_bytes(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LLAMA3_8B)
     facts = model_facts.read(model)
     auto = make_plan(config_for(model), facts, make_host(24), "cuda")
-    fp8 = make_plan(config_for(model, **{"model.kv_cache_dtype": "fp8"}), facts,
-                    make_host(24), "cuda")  # fmt: skip
+    fp8 = make_plan(
+        config_for(model, **{"model.kv_cache_dtype": "fp8"}), facts, make_host(24), "cuda"
+    )
     assert fp8.kv.bytes_per_token * 2 == auto.kv.bytes_per_token == 131072
     assert fp8.gpu.kv_pool_blocks == pytest.approx(2 * auto.gpu.kv_pool_blocks, abs=1)
 
@@ -298,16 +406,23 @@ def test_fp8_matches_vllm_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     facts = model_facts.read(write_shape(tmp_path, LLAMA3_8B))
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
-                             dtype=torch.float8_e4m3fn)  # fmt: skip
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=8, head_size=128, dtype=torch.float8_e4m3fn
+    )
     assert kv_bytes_per_token(facts, 1) * 16 == 32 * spec.page_size_bytes
 
 
 @pytest.mark.parametrize(
     ("layers", "needed", "layout"),
-    [(32, 20, (6, 4, 20)), (32, 16, (2, 1, 16)), (32, 1, (17, 1, 1)), (32, 32, (1, 1, 32)),
-     (32, 18, (5, 3, 18)), (28, 14, (2, 1, 14))],
-)  # fmt: skip
+    [
+        (32, 20, (6, 4, 20)),
+        (32, 16, (2, 1, 16)),
+        (32, 1, (17, 1, 1)),
+        (32, 32, (1, 1, 32)),
+        (32, 18, (5, 3, 18)),
+        (28, 14, (2, 1, 14)),
+    ],
+)
 def test_prefetch_layout_covers_the_layers_needed(
     layers: int, needed: int, layout: tuple[int, int, int]
 ) -> None:
@@ -320,13 +435,17 @@ def test_prefetch_layout_covers_the_layers_needed(
 def test_prefetch_backend_offloads_whole_layers(tmp_path: Path) -> None:
     model = write_shape(tmp_path, LLAMA3_8B)
     facts = model_facts.read(model)
-    uva = make_plan(config_for(model, **{"weights_offload.cpu_gib": 8.0}), facts,
-                    make_host(24), "cuda")  # fmt: skip
+    uva = make_plan(
+        config_for(model, **{"weights_offload.cpu_gib": 8.0}), facts, make_host(24), "cuda"
+    )
     prefetch = make_plan(
-        config_for(model, **{"weights_offload.cpu_gib": 8.0,
-                             "weights_offload.backend": "prefetch"}),
-        facts, make_host(24), "cuda",
-    )  # fmt: skip
+        config_for(
+            model, **{"weights_offload.cpu_gib": 8.0, "weights_offload.backend": "prefetch"}
+        ),
+        facts,
+        make_host(24),
+        "cuda",
+    )
     assert uva.weights.offloaded_bytes == 8 * GIB and uva.weights.offloaded_layers == 0
     # 8 GiB of ~0.41 GiB decoder layers: 20 layers, the last 4 of every 6
     assert (
@@ -349,11 +468,13 @@ def test_block_size_auto_follows_the_cpu_tier(tmp_path: Path, demo_dir: Path) ->
     facts = model_facts.read(model)
     native = make_plan(config_for(model), facts, make_host(24), "cuda")
     assert (native.kv.block_tokens, native.kv.chunk_tokens) == (128, 256)
-    none = make_plan(config_for(model, **{"kv_offload.backend": "none"}), facts,
-                     make_host(24), "cuda")  # fmt: skip
+    none = make_plan(
+        config_for(model, **{"kv_offload.backend": "none"}), facts, make_host(24), "cuda"
+    )
     assert (none.kv.block_tokens, none.kv.chunk_tokens) == (16, 16)
-    pinned = make_plan(config_for(model, **{"kv_offload.block_size": 32}), facts,
-                       make_host(24), "cuda")  # fmt: skip
+    pinned = make_plan(
+        config_for(model, **{"kv_offload.block_size": 32}), facts, make_host(24), "cuda"
+    )
     assert (pinned.kv.block_tokens, pinned.kv.chunk_tokens) == (32, 256)
     mla_dir = write_shape(tmp_path / "mla", SHAPES["deepseek-v2-lite"])
     mla = make_plan(config_for(mla_dir), model_facts.read(mla_dir), make_host(80), "cuda")

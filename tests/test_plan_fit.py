@@ -59,10 +59,18 @@ def kv_bytes(cfg: dict[str, Any], tokens: int, block: int, dtype_bytes: int = 2)
 
 
 def per_block(cfg: dict[str, Any], block: int, dtype_bytes: int = 2) -> int:
-    return kv_bytes(cfg, 1, block, dtype_bytes) if cfg.get("kv_lora_rank") else (
-        cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"]
-        * dtype_bytes * block
-    )  # fmt: skip
+    return (
+        kv_bytes(cfg, 1, block, dtype_bytes)
+        if cfg.get("kv_lora_rank")
+        else (
+            cfg["num_hidden_layers"]
+            * 2
+            * cfg["num_key_value_heads"]
+            * cfg["head_dim"]
+            * dtype_bytes
+            * block
+        )
+    )
 
 
 def expected_offload(plan: Plan, cfg: dict[str, Any], tokens: int, requests: int) -> int:
@@ -83,8 +91,11 @@ def test_auto_offloads_the_fewest_weights_for_the_target(
 ) -> None:
     cfg, tokens = FAMILIES[family]
     directory = write_shape(tmp_path / "model", cfg)
-    overrides = {"model.max_model_len": tokens, "weights_offload.cpu_gib": "auto",
-                 "gpu.min_concurrent_requests": requests}  # fmt: skip
+    overrides = {
+        "model.max_model_len": tokens,
+        "weights_offload.cpu_gib": "auto",
+        "gpu.min_concurrent_requests": requests,
+    }
     try:
         plan = plan_of(directory, gpu_gib, **overrides)
     except PlanError as exc:
@@ -113,8 +124,9 @@ def test_auto_offloads_the_fewest_weights_for_the_target(
 def test_the_numbers_of_a_70b_on_80_gib(tmp_path: Path) -> None:
     """The README's 80 GiB example, worked by hand: 131.41 GiB of bf16 weights, 72 GiB
     budget, 2 GiB working memory; 32,768 tokens x 320 KiB = 10 GiB (+ one block)."""
-    plan = plan_of(LLAMA3_70B, 80, **{"model.max_model_len": 32768,
-                                      "weights_offload.cpu_gib": "auto"})  # fmt: skip
+    plan = plan_of(
+        LLAMA3_70B, 80, **{"model.max_model_len": 32768, "weights_offload.cpu_gib": "auto"}
+    )
     cfg = model_facts.read(LLAMA3_70B)
     assert plan.kv.bytes_per_token == 80 * 2 * 8 * 128 * 2 == 327680
     pool_needed = (32768 // 128 + 1) * 128 * 327680
@@ -132,8 +144,15 @@ def test_unreachable_says_the_longest_reachable_and_what_else_helps(tmp_path: Pa
     cfg = dict(LLAMA3_8B, max_position_embeddings=131072)
     directory = write_shape(tmp_path / "m", cfg)
     with pytest.raises(PlanError) as info:
-        plan_of(directory, 24, **{"model.max_model_len": 131072, "weights_offload.cpu_gib": "auto",
-                                  "gpu.min_concurrent_requests": 4})  # fmt: skip
+        plan_of(
+            directory,
+            24,
+            **{
+                "model.max_model_len": 131072,
+                "weights_offload.cpu_gib": "auto",
+                "gpu.min_concurrent_requests": 4,
+            },
+        )
     assert info.value.field == "model.max_model_len"
     # Everything offloadable goes: the decoder layers (all weights less the embeddings and
     # the LM head); the pool left is the budget less the rest and working memory.
@@ -165,8 +184,9 @@ def test_kv_cache_dtype_fit_picks_fp8_only_when_the_model_dtype_needs_more_offlo
     assert build(DeploymentConfig(), long, directory, "0.32.0").option("--kv-cache-dtype") == "fp8"
     assert build(DeploymentConfig(), short, directory, "0.32.0").option("--kv-cache-dtype") is None
     # 'auto' stays the model's dtype and offloads instead.
-    auto = plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
-                                     "model.max_model_len": 65536})  # fmt: skip
+    auto = plan_of(
+        directory, 24, **{"weights_offload.cpu_gib": "auto", "model.max_model_len": 65536}
+    )
     assert auto.kv.dtype_bytes == 2 and auto.weights.offloaded_bytes > 0
 
 
@@ -186,8 +206,9 @@ def test_concurrent_requests_are_held_or_refused(tmp_path: Path) -> None:
 
 
 def test_plan_prints_its_decisions(tmp_path: Path) -> None:
-    text = render(plan_of(LLAMA3_70B, 80, **{"model.max_model_len": 32768,
-                                             "weights_offload.cpu_gib": "auto"}))  # fmt: skip
+    text = render(
+        plan_of(LLAMA3_70B, 80, **{"model.max_model_len": 32768, "weights_offload.cpu_gib": "auto"})
+    )
     assert "chose: weights_offload.cpu_gib auto -> 71.50 GiB per GPU" in text
     assert "chose: decode speed cost:" in text and "PCIe Gen4 x16, assumed" in text
 
@@ -196,8 +217,9 @@ def test_h2d_speed_follows_the_pcie_link() -> None:
     host = make_host(80)
     gen5 = replace(host, gpus=(GpuFacts(0, "H100", 80 * GIB, 80 * GIB, 5, 16),))
     gen3x8 = replace(host, gpus=(GpuFacts(0, "old", 80 * GIB, 80 * GIB, 3, 8),))
-    config = with_overrides(DeploymentConfig(), {"model.path": str(LLAMA3_70B),
-                                                 "weights_offload.cpu_gib": "auto"})  # fmt: skip
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(LLAMA3_70B), "weights_offload.cpu_gib": "auto"}
+    )
     facts = model_facts.read(LLAMA3_70B)
     fast = make_plan(config, facts, gen5, "cuda")
     slow = make_plan(config, facts, gen3x8, "cuda")
@@ -258,8 +280,9 @@ def test_a_low_memlock_limit_is_not_refused(tmp_path: Path) -> None:
     cudaHostRegister page-locked 4 GiB at 55.4 GB/s under an 8 MiB memlock limit without
     CAP_IPC_LOCK; the driver does not count it. A refusal would block a tier that works."""
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
-    config = with_overrides(DeploymentConfig(), {"model.path": str(directory),
-                                                 "kv_offload.cpu_tier_gib": 16})  # fmt: skip
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(directory), "kv_offload.cpu_tier_gib": 16}
+    )
     limited = replace(make_host(24), memlock_limit_bytes=8 << 20)
     assert make_plan(config, model_facts.read(directory), limited, "cuda").notes.problems == ()
 
@@ -281,8 +304,9 @@ def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
     """examples/config-24gb.toml on the host it describes: an RTX 4090 and 128 GB of RAM,
     whose /dev/shm is half of it (Linux's default), so a 64 GiB tier cannot be mapped."""
     example = load(Path(__file__).parents[1] / "examples/config-24gb.toml")
-    model = write_shape(tmp_path / "Meta-Llama-3.1-8B-Instruct",
-                        dict(LLAMA3_8B, max_position_embeddings=131072))  # fmt: skip
+    model = write_shape(
+        tmp_path / "Meta-Llama-3.1-8B-Instruct", dict(LLAMA3_8B, max_position_embeddings=131072)
+    )
     config = with_overrides(example, {"model.path": str(model), "server.api_key_file": ""})
     host = declared(make_host(None), gpu_mem_gib=24, ram_gib=128)
     assert host.shm_free_bytes == 64 * GIB
@@ -295,14 +319,20 @@ def test_review_findings_fit_baseline_and_a_fixed_pool(tmp_path: Path) -> None:
     """'fit' with several short requests plans what 'auto' plans (its baseline once aimed
     at 4,096-token requests x the count); a fixed pool that cannot fit names its own key."""
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
-    target = {"model.max_model_len": 2048, "gpu.min_concurrent_requests": 8,
-              "weights_offload.cpu_gib": "auto"}  # fmt: skip
+    target = {
+        "model.max_model_len": 2048,
+        "gpu.min_concurrent_requests": 8,
+        "weights_offload.cpu_gib": "auto",
+    }
     auto = plan_of(directory, 8, **target)
     fit = plan_of(directory, 8, **target, **{"model.kv_cache_dtype": "fit"})
     assert auto.weights.offloaded_bytes > 0 and fit.length.max_model_len == 2048
     with pytest.raises(PlanError) as info:
-        plan_of(directory, 24, **{"weights_offload.cpu_gib": "auto",
-                                  "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip
+        plan_of(
+            directory,
+            24,
+            **{"weights_offload.cpu_gib": "auto", "gpu.kv_cache_memory_bytes": 20 * GIB},
+        )
     assert info.value.field == "gpu.kv_cache_memory_bytes"
 
 
@@ -312,14 +342,17 @@ def test_a_fixed_pool_past_the_card_with_weights_kept_there(tmp_path: Path) -> N
     past memory_utilization, then fails after loading the weights)."""
     directory = write_shape(tmp_path / "m", LLAMA3_8B)
     with pytest.raises(PlanError) as info:
-        plan_of(directory, 24, **{"weights_offload.cpu_gib": 0,
-                                  "gpu.kv_cache_memory_bytes": 20 * GIB})  # fmt: skip
+        plan_of(
+            directory, 24, **{"weights_offload.cpu_gib": 0, "gpu.kv_cache_memory_bytes": 20 * GIB}
+        )
     assert info.value.field == "gpu.kv_cache_memory_bytes"
     largest = int(info.value.message.split("<= ")[1].split(" bytes")[0])
     assert 0 < largest < 10 * GIB  # 24 GiB less ~15 GiB of bf16 weights less working memory
-    fits = plan_of(directory, 24, **{"weights_offload.cpu_gib": 0,
-                                     "gpu.kv_cache_memory_bytes": largest})  # fmt: skip
+    fits = plan_of(
+        directory, 24, **{"weights_offload.cpu_gib": 0, "gpu.kv_cache_memory_bytes": largest}
+    )
     assert fits.gpu.kv_pool_bytes == largest
-    offloaded = plan_of(directory, 24, **{"weights_offload.cpu_gib": 8,
-                                          "gpu.kv_cache_memory_bytes": 12 * GIB})  # fmt: skip
+    offloaded = plan_of(
+        directory, 24, **{"weights_offload.cpu_gib": 8, "gpu.kv_cache_memory_bytes": 12 * GIB}
+    )
     assert offloaded.gpu.kv_pool_bytes == 12 * GIB

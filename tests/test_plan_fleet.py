@@ -36,8 +36,15 @@ def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> F
     config = parse(data)
     engines = engine_configs(config)
     facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
-    return plan_fleet(config, engines, facts, host, platform, {},  # type: ignore[arg-type]
-                      {n: None for n in engines})  # fmt: skip
+    return plan_fleet(
+        config,
+        engines,
+        facts,
+        host,
+        platform,
+        {},  # type: ignore[arg-type]
+        {n: None for n in engines},
+    )
 
 
 def big_host() -> HostFacts:
@@ -165,8 +172,10 @@ def test_auto_keeps_two_models_that_fit_together_on_the_gpu(tmp_path: Path) -> N
     # nobody sleeps: no engine keeps a host copy of its weights (one put away by hand stops)
     assert {m.idle for m in fleet.models.values()} == {"stop"}
     assert all(m.away_ram_bytes == 0 for m in fleet.models.values())
-    assert any(d.startswith("residency.idle auto -> stop: every model stays on the GPU")
-               for d in fleet.notes.decisions)  # fmt: skip
+    assert any(
+        d.startswith("residency.idle auto -> stop: every model stays on the GPU")
+        for d in fleet.notes.decisions
+    )
 
 
 def test_auto_takes_as_many_as_fit_and_the_rest_sleep(tmp_path: Path) -> None:
@@ -189,8 +198,10 @@ def test_auto_is_one_when_no_two_fit_and_on_a_cpu_host(tmp_path: Path) -> None:
     small_card = declared(make_host(None), gpu_mem_gib=24, ram_gib=256)
     fleet = fleet_of(two_models(tmp_path), small_card)
     assert fleet.max_resident == 1
-    assert any(d.startswith("residency.max_resident auto -> 1: no two models fit")
-               for d in fleet.notes.decisions)  # fmt: skip
+    assert any(
+        d.startswith("residency.max_resident auto -> 1: no two models fit")
+        for d in fleet.notes.decisions
+    )
     assert {m.idle for m in fleet.models.values()} == {"sleep"}  # one on the GPU, one asleep
     data = two_models(tmp_path)
     data["kv_offload"] = {"backend": "none"}

@@ -28,9 +28,21 @@ def test_offloaded_weights_larger_than_the_ram_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The issue's command: 121.9 GiB of weights offloaded on a 32 GiB host exited 0."""
-    code = main(["plan", "--model", str(LLAMA_70B), "--gpu-mem-gib", "24", "--ram-gib", "32",
-                 "--model-max-model-len", "32768",
-                 "--weights-offload-cpu-gib", "auto"])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "--model",
+            str(LLAMA_70B),
+            "--gpu-mem-gib",
+            "24",
+            "--ram-gib",
+            "32",
+            "--model-max-model-len",
+            "32768",
+            "--weights-offload-cpu-gib",
+            "auto",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     # the most host RAM takes: 32 less the 8 GiB reserve, less ~4 GiB for vLLM itself
@@ -38,9 +50,24 @@ def test_offloaded_weights_larger_than_the_ram_are_refused(
     assert "no request length fits at all" in err
     assert "more host RAM (about 140 GiB available)" in err  # 140 is enough, 139 is not:
     for ram, code in (("140", 0), ("139", 2)):
-        assert main(["plan", "--model", str(LLAMA_70B), "--gpu-mem-gib", "24", "--ram-gib", ram,
-                     "--model-max-model-len", "32768",
-                     "--weights-offload-cpu-gib", "auto"]) == code  # fmt: skip
+        assert (
+            main(
+                [
+                    "plan",
+                    "--model",
+                    str(LLAMA_70B),
+                    "--gpu-mem-gib",
+                    "24",
+                    "--ram-gib",
+                    ram,
+                    "--model-max-model-len",
+                    "32768",
+                    "--weights-offload-cpu-gib",
+                    "auto",
+                ]
+            )
+            == code
+        )
 
 
 def test_configured_offload_past_the_ram_names_the_largest_that_fits(
@@ -91,8 +118,10 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
     for case in range(600):
         model = rng.choice(models)
         overrides = random_config(rng, Path(model.path))
-        host = make_host(gpu_gib=rng.choice([8, 16, 24, 48, 80]),
-                         ram_gib=rng.choice([16, 24, 32, 64, 96, 128, 256]))  # fmt: skip
+        host = make_host(
+            gpu_gib=rng.choice([8, 16, 24, 48, 80]),
+            ram_gib=rng.choice([16, 24, 32, 64, 96, 128, 256]),
+        )
         if overrides["parallel.tensor_parallel_size"] == 2:
             host = replace(host, gpus=host.gpus * 2)
         config = with_overrides(DeploymentConfig(), overrides)
@@ -111,8 +140,7 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
 def fleet_ram_placed(fleet: FleetPlan, level: int) -> int:
     """What the set holds in host RAM at once: every engine alive (asleep or serving) with
     its processes, offloaded weights, host extension, slept weights and CPU tier."""
-    return sum(holds(m.plan, m.idle, level) + m.plan.cpu_tier.bytes
-               for m in fleet.models.values())  # fmt: skip
+    return sum(holds(m.plan, m.idle, level) + m.plan.cpu_tier.bytes for m in fleet.models.values())
 
 
 def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
@@ -123,8 +151,11 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
     for case in range(150):
         entries = []
         for i in range(rng.choice([2, 3])):
-            entry = {"path": str(rng.choice(dirs)), "served_name": f"m{i}",
-                     "max_model_len": rng.choice(["auto", 4096, 16384])}  # fmt: skip
+            entry = {
+                "path": str(rng.choice(dirs)),
+                "served_name": f"m{i}",
+                "max_model_len": rng.choice(["auto", 4096, 16384]),
+            }
             entry["weights_offload"] = {"cpu_gib": rng.choice(["auto", 0, 8])}
             entry["kv_offload"] = {"cpu_tier_gib": rng.choice(["auto", 0, 4, 32])}
             entries.append(entry)
@@ -134,8 +165,7 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
         facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
         host = make_host(gpu_gib=rng.choice([24, 48, 80]), ram_gib=rng.choice([32, 64, 128, 256]))
         try:
-            fleet = plan_fleet(config, engines, facts, host, "cuda", {},
-                               {n: None for n in engines})  # fmt: skip
+            fleet = plan_fleet(config, engines, facts, host, "cuda", {}, {n: None for n in engines})
         except PlanError:
             continue
         if fleet.notes.problems or any(m.plan.notes.problems for m in fleet.models.values()):

@@ -16,34 +16,80 @@ from vllm_offload import model_facts
 from vllm_offload.cli import main
 
 LLAMA2_7B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "max_position_embeddings": 4096, "vocab_size": 32000,
-    "torch_dtype": "float16", "tie_word_embeddings": False,
-}  # fmt: skip
-LLAMA2_13B = dict(LLAMA2_7B, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                  num_attention_heads=40, num_key_value_heads=40)  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 4096,
+    "vocab_size": 32000,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+}
+LLAMA2_13B = dict(
+    LLAMA2_7B,
+    hidden_size=5120,
+    intermediate_size=13824,
+    num_hidden_layers=40,
+    num_attention_heads=40,
+    num_key_value_heads=40,
+)
 LLAMA31_8B: dict[str, Any] = json.loads(
     (Path(__file__).parents[1] / "benchmarks/models/llama-3.1-8b/config.json").read_text()
 )
-AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm",
-       "zero_point": True, "modules_to_not_convert": None}  # fmt: skip
-GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
-        "true_sequential": True, "damp_percent": 0.01}  # fmt: skip
+AWQ = {
+    "quant_method": "awq",
+    "bits": 4,
+    "group_size": 128,
+    "version": "gemm",
+    "zero_point": True,
+    "modules_to_not_convert": None,
+}
+GPTQ = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 128,
+    "desc_act": False,
+    "sym": True,
+    "true_sequential": True,
+    "damp_percent": 0.01,
+}
 COMPRESSED_FP8 = {  # neuralmagic's FP8 checkpoints (llm-compressor)
-    "quant_method": "compressed-tensors", "format": "float-quantized",
-    "quantization_status": "compressed", "ignore": ["lm_head"],
-    "config_groups": {"group_0": {
-        "targets": ["Linear"],
-        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
-                    "dynamic": False, "group_size": None},
-        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                              "dynamic": True},
-    }},
-}  # fmt: skip
-BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
-            "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-            "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_skip_modules": None}  # fmt: skip
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "channel",
+                "symmetric": True,
+                "dynamic": False,
+                "group_size": None,
+            },
+            "input_activations": {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "token",
+                "dynamic": True,
+            },
+        }
+    },
+}
+BNB_4BIT = {
+    "quant_method": "bitsandbytes",
+    "load_in_4bit": True,
+    "load_in_8bit": False,
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": True,
+    "bnb_4bit_compute_dtype": "bfloat16",
+    "llm_int8_skip_modules": None,
+}
 
 GB = 1e9
 
@@ -53,9 +99,11 @@ PUBLISHED = {
     "TheBloke/Llama-2-13B-AWQ": (dict(LLAMA2_13B, quantization_config=AWQ), 7.25),
     "TheBloke/Llama-2-7B-GPTQ": (dict(LLAMA2_7B, quantization_config=GPTQ), 3.90),
     "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8": (
-        dict(LLAMA31_8B, quantization_config=COMPRESSED_FP8), 9.08),
+        dict(LLAMA31_8B, quantization_config=COMPRESSED_FP8),
+        9.08,
+    ),
     "unsloth/llama-3-8b-bnb-4bit": (dict(LLAMA31_8B, quantization_config=BNB_4BIT), 5.70),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -78,8 +126,12 @@ def test_qwen3_moe_awq_is_read_at_4_bits(tmp_path: Path) -> None:
 def test_fp8_block_quantized_moe(tmp_path: Path) -> None:
     """Qwen's own FP8 releases: quant_method fp8, 128x128 blocks; embeddings and the LM head
     stay in bfloat16 (30.5 B parameters: ~29.9 B in linear layers)."""
-    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-           "weight_block_size": [128, 128]}  # fmt: skip
+    fp8 = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
     facts = model_facts.read(write_shape(tmp_path, dict(QWEN3_30B_A3B, quantization_config=fp8)))
     assert facts.weight_bytes / GB == pytest.approx(29.9 + 1.25, rel=0.02)
 
@@ -87,8 +139,9 @@ def test_fp8_block_quantized_moe(tmp_path: Path) -> None:
 def test_modules_left_unquantized_count_at_16_bits(tmp_path: Path) -> None:
     keep_attention = dict(AWQ, modules_to_not_convert=["model.layers.*.self_attn"])
     whole = model_facts.read(write_shape(tmp_path / "a", dict(LLAMA2_7B, quantization_config=AWQ)))
-    kept = model_facts.read(write_shape(tmp_path / "b", dict(LLAMA2_7B,
-                                        quantization_config=keep_attention)))  # fmt: skip
+    kept = model_facts.read(
+        write_shape(tmp_path / "b", dict(LLAMA2_7B, quantization_config=keep_attention))
+    )
     attention = 32 * 4 * 4096 * 4096
     assert kept.weight_bytes - whole.weight_bytes == pytest.approx(attention * 1.48, rel=0.01)
 
@@ -101,8 +154,10 @@ def test_an_unknown_quantization_is_said(tmp_path: Path) -> None:
 
 def write_header(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
     """A safetensors file's header (the data past it is never read)."""
-    header = {name: {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]}
-              for name, (dtype, shape) in tensors.items()}  # fmt: skip
+    header = {
+        name: {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]}
+        for name, (dtype, shape) in tensors.items()
+    }
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
@@ -111,14 +166,17 @@ def test_safetensors_headers_of_packed_tensors(tmp_path: Path) -> None:
     """Packed 4-bit weights (I32, U8), their scales and zeros, and MXFP4's E8M0 scales."""
     write_shape(tmp_path, dict(LLAMA2_7B, quantization_config=AWQ))
     k, n, g = 4096, 4096, 128
-    write_header(tmp_path / "model.safetensors", {
-        "q.qweight": ("I32", [k, n // 8]),
-        "q.qzeros": ("I32", [k // g, n // 8]),
-        "q.scales": ("F16", [k // g, n]),
-        "bnb.weight": ("U8", [k * n // 2, 1]),
-        "mx.blocks": ("U8", [n, k // 32, 16]),
-        "mx.scales": ("F8_E8M0", [n, k // 32]),
-    })  # fmt: skip
+    write_header(
+        tmp_path / "model.safetensors",
+        {
+            "q.qweight": ("I32", [k, n // 8]),
+            "q.qzeros": ("I32", [k // g, n // 8]),
+            "q.scales": ("F16", [k // g, n]),
+            "bnb.weight": ("U8", [k * n // 2, 1]),
+            "mx.blocks": ("U8", [n, k // 32, 16]),
+            "mx.scales": ("F8_E8M0", [n, k // 32]),
+        },
+    )
     facts = model_facts.read(tmp_path)
     assert facts.weight_bytes_source == "safetensors"
     awq = k * n // 2 + k // g * n // 2 + k // g * n * 2
@@ -145,12 +203,15 @@ def test_plan_of_the_issue_reads_17_gb_of_weights(
 def test_the_lm_head_is_quantized_only_where_the_checkpoint_says(tmp_path: Path) -> None:
     head = 32000 * 4096  # Llama-2-7B's untied LM head
     plain = model_facts.read(write_shape(tmp_path / "a", dict(LLAMA2_7B, quantization_config=GPTQ)))
-    with_head = model_facts.read(write_shape(tmp_path / "b", dict(
-        LLAMA2_7B, quantization_config=dict(GPTQ, lm_head=True))))  # fmt: skip
+    with_head = model_facts.read(
+        write_shape(tmp_path / "b", dict(LLAMA2_7B, quantization_config=dict(GPTQ, lm_head=True)))
+    )
     assert plain.weight_bytes - with_head.weight_bytes == pytest.approx(head * 1.48, rel=0.01)
     unignored = dict(COMPRESSED_FP8, ignore=[])
-    fp8_head = model_facts.read(write_shape(tmp_path / "c", dict(
-        LLAMA31_8B, quantization_config=unignored)))  # fmt: skip
-    fp8 = model_facts.read(write_shape(tmp_path / "d", dict(
-        LLAMA31_8B, quantization_config=COMPRESSED_FP8)))  # fmt: skip
+    fp8_head = model_facts.read(
+        write_shape(tmp_path / "c", dict(LLAMA31_8B, quantization_config=unignored))
+    )
+    fp8 = model_facts.read(
+        write_shape(tmp_path / "d", dict(LLAMA31_8B, quantization_config=COMPRESSED_FP8))
+    )
     assert fp8.weight_bytes - fp8_head.weight_bytes == pytest.approx(128256 * 4096, rel=1e-3)

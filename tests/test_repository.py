@@ -23,8 +23,15 @@ def test_a_venv_symlink_is_ignored(tmp_path: Path) -> None:
 
 
 def make_pip_sources(env: dict[str, str]) -> str:
-    done = subprocess.run(["make", "-s", "pip-sources"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["make", "-s", "pip-sources"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -48,8 +55,13 @@ def test_make_install_adds_pytorchs_cpu_index_only_where_torch_cpu_is_missing(
     could not install it. Where pip's configured sources have it (a wheel folder, as on the
     CI machine), that index is never asked; where they lack it, it is added."""
     (tmp_path / "index").mkdir()  # an index without torch's CPU build, as PyPI is
-    stock = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "",
-             "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": (tmp_path / "index").as_uri()}  # fmt: skip
+    stock = {
+        **os.environ,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": "",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_INDEX_URL": (tmp_path / "index").as_uri(),
+    }
     assert make_pip_sources(stock) == "--extra-index-url https://download.pytorch.org/whl/cpu"
     torch_cpu_wheel(tmp_path / "wheels")
     assert make_pip_sources({**stock, "PIP_FIND_LINKS": str(tmp_path / "wheels")}) == ""
@@ -61,11 +73,23 @@ def test_the_seeds_entry_points_still_work(demo_dir: Path) -> None:
     import sys
 
     serve = subprocess.run(
-        [sys.executable, str(ROOT / "tools/vllm_cpu_offload_server.py"), "--model",
-         str(demo_dir), "--dry-run"], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "tools/vllm_cpu_offload_server.py"),
+            "--model",
+            str(demo_dir),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert serve.returncode == 0, serve.stderr
     assert "vllm.entrypoints.openai.api_server" in serve.stdout
-    manager = subprocess.run([sys.executable, str(ROOT / "tools/vllm_manager.py"), "--help"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    manager = subprocess.run(
+        [sys.executable, str(ROOT / "tools/vllm_manager.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert manager.returncode == 0 and "--token-file" in manager.stdout

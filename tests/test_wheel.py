@@ -20,8 +20,21 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(work / "dist"), str(REPO)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(work / "dist"),
+            str(REPO),
+        ],
+        check=True,
+    )
     (wheel,) = (work / "dist").glob("vllm_offload-*.whl")
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=False)
@@ -32,21 +45,42 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         text=True,
     ).stdout
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    site.strip(), str(wheel)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            site.strip(),
+            str(wheel),
+        ],
+        check=True,
+    )
     (Path(site.strip()) / "zz-borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return env_dir
 
 
 def run(env_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(env_dir / "bin" / "python"), "-m", "vllm_offload", *args],
-                          capture_output=True, text=True, cwd="/", timeout=120)  # fmt: skip
+    return subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "vllm_offload", *args],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=120,
+    )
 
 
 def test_the_wheel_is_what_runs(fresh: Path) -> None:
-    where = subprocess.run([str(fresh / "bin" / "python"), "-c", "import vllm_offload; "
-                            "print(vllm_offload.__file__)"], capture_output=True, text=True,
-                           cwd="/", check=True).stdout  # fmt: skip
+    where = subprocess.run(
+        [str(fresh / "bin" / "python"), "-c", "import vllm_offload; print(vllm_offload.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=True,
+    ).stdout
     assert str(fresh) in where and str(REPO) not in where
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 
 def git(tree: Path, *args: str, stdin: bytes | None = None) -> bytes:
-    return subprocess.run(["git", "-C", str(tree), *args], input=stdin, check=True,
-                          capture_output=True).stdout  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(tree), *args], input=stdin, check=True, capture_output=True
+    ).stdout
 
 
 def export(tree: Path, base: str, out: Path) -> None:
@@ -31,8 +32,21 @@ def export(tree: Path, base: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):
         old.unlink()
-    names = git(tree, "format-patch", "--zero-commit", "--no-signature", "--no-numbered",
-                "--full-index", "-o", str(out), f"{base}..HEAD").decode().split()  # fmt: skip
+    names = (
+        git(
+            tree,
+            "format-patch",
+            "--zero-commit",
+            "--no-signature",
+            "--no-numbered",
+            "--full-index",
+            "-o",
+            str(out),
+            f"{base}..HEAD",
+        )
+        .decode()
+        .split()
+    )
     (out / "series").write_text("".join(Path(name).name + "\n" for name in names))
     changed = git(tree, "diff", "--name-status", "--no-renames", f"{base}..HEAD").decode()
     lines = []
@@ -50,8 +64,9 @@ def export(tree: Path, base: str, out: Path) -> None:
 def import_series(tree: Path, series: Path) -> None:
     series = series.resolve()  # git runs in the tree
     names = [n for n in (series / "series").read_text().split() if n]
-    subprocess.run(["git", "-C", str(tree), "am", "-3", *(str(series / n) for n in names)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(tree), "am", "-3", *(str(series / n) for n in names)], check=True
+    )
     print(f"applied {len(names)} patches onto {tree}")
 
 

@@ -54,8 +54,10 @@ def routes(cluster: ClusterSection) -> dict[str, list[str]]:
 
 def render_routes(cluster: ClusterSection) -> str:
     """`plan`'s lines for [cluster]: the router and which boxes serve each model."""
-    lines = [f"cluster: smg on {cluster.router_host}:{cluster.router_port}, policy "
-             f"{cluster.policy}; each box plans its own models (run `plan` there)"]  # fmt: skip
+    lines = [
+        f"cluster: smg on {cluster.router_host}:{cluster.router_port}, policy "
+        f"{cluster.policy}; each box plans its own models (run `plan` there)"
+    ]
     lines += [f"  {model}: {', '.join(boxes)}" for model, boxes in routes(cluster).items()]
     return "\n".join(lines)
 

@@ -221,15 +221,20 @@ def write(model_dir: Path, seed: int = 0) -> Path:
     staging.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(rng)
     tokenizer.save(str(staging / "tokenizer.json"))
-    (staging / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": SPECIAL_TOKENS[0],
-        "eos_token": SPECIAL_TOKENS[1],
-        "pad_token": SPECIAL_TOKENS[1],
-        "chat_template": CHAT_TEMPLATE,
-        "model_max_length": MAX_POSITIONS,
-        "clean_up_tokenization_spaces": False,
-    }, indent=2))  # fmt: skip
+    (staging / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": SPECIAL_TOKENS[0],
+                "eos_token": SPECIAL_TOKENS[1],
+                "pad_token": SPECIAL_TOKENS[1],
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": MAX_POSITIONS,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+    )
     (staging / "config.json").write_text(json.dumps(config_json(), indent=2))
     (staging / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=2)

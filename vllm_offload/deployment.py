@@ -65,8 +65,9 @@ def model_roots(config: DeploymentConfig) -> list[Path]:
     parents: dict[Path, None] = {}
     for path in entries:
         if not (path and hub.hub_ref(path)):
-            one = config.model_copy(update={"model": config.model.model_copy(update={"path": path}),
-                                            "models": []})  # fmt: skip
+            one = config.model_copy(
+                update={"model": config.model.model_copy(update={"path": path}), "models": []}
+            )
             parents[model_dir(one).parent] = None
     return list(parents)
 
@@ -113,9 +114,11 @@ def hub_not_downloaded(config: DeploymentConfig) -> tuple[ModelFacts, str] | Non
     if not refs or hub.cached(refs[0]) is not None:
         return None
     facts, size = hub.remote_facts(refs[0])
-    return facts, (f"{refs[0]} is not downloaded yet (planned from the hub's config.json and "
-                   f"safetensors headers); `vllm-offload pull {refs[0]}` fetches "
-                   f"{size / 2**30:.2f} GiB into {hub.cache_dir()}")  # fmt: skip
+    return facts, (
+        f"{refs[0]} is not downloaded yet (planned from the hub's config.json and "
+        f"safetensors headers); `vllm-offload pull {refs[0]}` fetches "
+        f"{size / 2**30:.2f} GiB into {hub.cache_dir()}"
+    )
 
 
 def plan_for(
@@ -165,8 +168,9 @@ def prepare(
     ]
     if remote is not None:
         problems.append(PreflightError("model.path", remote[1]))
-    api_key, found, notes = machine_checks(config, plan.kv.backend == "lmcache", environ, vllm,
-                                           allow_unpatched)  # fmt: skip
+    api_key, found, notes = machine_checks(
+        config, plan.kv.backend == "lmcache", environ, vllm, allow_unpatched
+    )
     version = vllm.version if vllm is not None else SUPPORTED[0]
     spec = launch.build(config, plan, directory, version, api_key)
     problems += found
@@ -203,11 +207,13 @@ def machine_checks(
         if allow_unpatched:
             notes.append(f"warning: {unpatched}; starting anyway (--allow-unpatched)")
         else:
-            problems.append(PreflightError(
-                "vllm",
-                f"{unpatched}; run `vllm-offload patch apply` (make install does), or pass "
-                "--allow-unpatched",
-            ))  # fmt: skip
+            problems.append(
+                PreflightError(
+                    "vllm",
+                    f"{unpatched}; run `vllm-offload patch apply` (make install does), or pass "
+                    "--allow-unpatched",
+                )
+            )
     return api_key, problems, notes
 
 
@@ -227,8 +233,10 @@ def tier_link(disk_path: str) -> str | None:
     root = disk_layout.tier_root(disk_path)
     if not root.is_symlink():
         return None
-    return (f"{root} is a symbolic link, which the disk tier never makes and will not "
-            "follow; remove it (the server's user, or code it ran, planted it)")  # fmt: skip
+    return (
+        f"{root} is a symbolic link, which the disk tier never makes and will not "
+        "follow; remove it (the server's user, or code it ran, planted it)"
+    )
 
 
 def patch_problem(vllm: InstalledVllm) -> str | None:
@@ -275,11 +283,18 @@ def lmcache_problem(environ: Mapping[str, str], python: str = sys.executable) ->
 
 
 def _probe_lmcache(environ: Mapping[str, str], python: str) -> str | None:
-    fix = (f"`make install LMCACHE=1` (pip install 'vllm-offload[lmcache]': LMCache "
-           f"{LMCACHE_VERSION}), or set kv_offload.backend = native")  # fmt: skip
+    fix = (
+        f"`make install LMCACHE=1` (pip install 'vllm-offload[lmcache]': LMCache "
+        f"{LMCACHE_VERSION}), or set kv_offload.backend = native"
+    )
     try:
-        probe = subprocess.run([python, "-c", _LMCACHE_PROBE], env=dict(environ),
-                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        probe = subprocess.run(
+            [python, "-c", _LMCACHE_PROBE],
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         return f"importing LMCache took over 300 s with {python}; {fix}"
     if probe.returncode == 3:
@@ -287,6 +302,8 @@ def _probe_lmcache(environ: Mapping[str, str], python: str) -> str | None:
     if probe.returncode != 0:
         version = probe.stdout.strip() or "?"
         error = (probe.stderr.strip().splitlines() or ["no error text"])[-1]
-        return (f"LMCache {version}'s compiled ops do not load with this torch ({error}); "
-                f"they are built for one torch release: {fix}")  # fmt: skip
+        return (
+            f"LMCache {version}'s compiled ops do not load with this torch ({error}); "
+            f"they are built for one torch release: {fix}"
+        )
     return None

@@ -63,12 +63,17 @@ def open_root(root: Path, *, create: bool = False) -> int:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(root.name, dir_fd=parent)
         try:
-            return os.open(root.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                           dir_fd=parent)  # fmt: skip
+            return os.open(
+                root.name,
+                os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=parent,
+            )
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(root):
-                raise TierLinked(f"{root} is a symbolic link, which the disk tier never "
-                                 "makes; remove it (it is not followed)") from None  # fmt: skip
+                raise TierLinked(
+                    f"{root} is a symbolic link, which the disk tier never "
+                    "makes; remove it (it is not followed)"
+                ) from None
             raise
     finally:
         os.close(parent)
@@ -218,13 +223,17 @@ def _clear_locked(root: Path, root_fd: int) -> tuple[int, int]:
             "service stop` or the page's Stop), then clear",
         ) from None
     except OSError as exc:
-        raise Refused("kv_offload.disk_path", f"cannot lock {root}: {exc}; run this as the "
-                      "server's user, or as the manager's with install-service's grant"
-                      ) from None  # fmt: skip
+        raise Refused(
+            "kv_offload.disk_path",
+            f"cannot lock {root}: {exc}; run this as the "
+            "server's user, or as the manager's with install-service's grant",
+        ) from None
     try:
         return clear(root_fd)
     except OSError as exc:
-        raise Refused("kv_offload.disk_path", f"cannot clear {root}: {exc.strerror}; run "
-                      "this as the server's user") from None  # fmt: skip
+        raise Refused(
+            "kv_offload.disk_path",
+            f"cannot clear {root}: {exc.strerror}; run this as the server's user",
+        ) from None
     finally:
         os.close(lock_fd)

@@ -89,8 +89,10 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             name = nvml.nvmlDeviceGetName(handle)
             link: list[int | None] = []
-            for query in (nvml.nvmlDeviceGetMaxPcieLinkGeneration,
-                          nvml.nvmlDeviceGetMaxPcieLinkWidth):  # fmt: skip
+            for query in (
+                nvml.nvmlDeviceGetMaxPcieLinkGeneration,
+                nvml.nvmlDeviceGetMaxPcieLinkWidth,
+            ):
                 try:
                     link.append(int(query(handle)))
                 except nvml.NVMLError:  # not a PCIe device (SXM boards still report it)
@@ -149,10 +151,25 @@ def probe() -> HostFacts:
 # Filesystems that are RAM (a disk tier there takes the RAM the CPU tier needs) and ones
 # reached over the network (every KV read a round trip).
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "fuse.sshfs", "9p",
-    "lustre", "gpfs", "beegfs", "fuse.s3fs", "fuse.glusterfs", "afs",
-})  # fmt: skip
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "fuse.sshfs",
+        "9p",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "fuse.s3fs",
+        "fuse.glusterfs",
+        "afs",
+    }
+)
 
 
 @dataclass(frozen=True)

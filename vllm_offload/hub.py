@@ -33,8 +33,7 @@ _HUB_ID = re.compile(rf"(?P<repo>{_PART}/{_PART})(@(?P<rev>[A-Za-z0-9][A-Za-z0-9
 # What a pull leaves out: the weights in formats vLLM does not load here (it loads the
 # safetensors), and the 'original/' copies some repos ship beside them (Llama: twice the
 # download).
-IGNORED = ["*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot",
-           "original/*"]  # fmt: skip
+IGNORED = ["*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot", "original/*"]
 
 
 class HubUnreachable(ModelFactsError):
@@ -79,8 +78,13 @@ def cached(ref: HubRef, cache: str | None = None) -> Path | None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        folder = snapshot_download(ref.repo_id, revision=ref.revision, local_files_only=True,
-                                   ignore_patterns=IGNORED, cache_dir=cache)  # fmt: skip
+        folder = snapshot_download(
+            ref.repo_id,
+            revision=ref.revision,
+            local_files_only=True,
+            ignore_patterns=IGNORED,
+            cache_dir=cache,
+        )
     except LocalEntryNotFoundError:  # none, or an incomplete one
         return None
     return Path(str(folder))
@@ -123,11 +127,14 @@ def pull(ref: HubRef, progress: Progress | None = None) -> Path:
         info = HfApi().model_info(ref.repo_id, revision=ref.revision)
         names = [s.rfilename for s in info.siblings or []]
         if not any(name.endswith(".safetensors") for name in names):
-            raise ModelFactsError(f"{ref}: the repo has no safetensors weights (files: "
-                                  f"{', '.join(names[:8]) or 'none'})")  # fmt: skip
+            raise ModelFactsError(
+                f"{ref}: the repo has no safetensors weights (files: "
+                f"{', '.join(names[:8]) or 'none'})"
+            )
         bars = _recorder(progress) if progress else None
-        folder = snapshot_download(ref.repo_id, revision=ref.revision, ignore_patterns=IGNORED,
-                                   tqdm_class=bars)  # fmt: skip
+        folder = snapshot_download(
+            ref.repo_id, revision=ref.revision, ignore_patterns=IGNORED, tqdm_class=bars
+        )
     return Path(str(folder))
 
 
@@ -163,11 +170,15 @@ def remote_facts(ref: HubRef) -> tuple[ModelFacts, int]:
         info = api.model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
         files = [s for s in info.siblings or [] if not _ignored(s.rfilename)]
         with tempfile.TemporaryDirectory() as scratch:  # not the HF cache: no partial snapshot
-            config = hf_hub_download(ref.repo_id, "config.json", revision=info.sha,
-                                     cache_dir=scratch)  # fmt: skip
+            config = hf_hub_download(
+                ref.repo_id, "config.json", revision=info.sha, cache_dir=scratch
+            )
             data = read_regular(config, model_facts.MAX_CONFIG_BYTES)
-        shards = [s.rfilename for s in files
-                  if s.rfilename.endswith(".safetensors") and "/" not in s.rfilename]  # fmt: skip
+        shards = [
+            s.rfilename
+            for s in files
+            if s.rfilename.endswith(".safetensors") and "/" not in s.rfilename
+        ]
         if len(shards) > model_facts.MAX_WEIGHT_FILES:
             raise ModelFactsError(f"{ref}: more than {model_facts.MAX_WEIGHT_FILES} weight files")
         headers = {name: _header(api, ref, info.sha, name) for name in shards}
@@ -186,8 +197,10 @@ def _ignored(name: str) -> bool:
 def _header(api: Any, ref: HubRef, sha: str | None, name: str) -> dict[str, Any]:
     """One safetensors file's header as the file holds it (tensor: dtype and shape)."""
     meta = api.parse_safetensors_file_metadata(ref.repo_id, name, revision=sha)
-    return {tensor: {"dtype": info.dtype, "shape": list(info.shape)}
-            for tensor, info in meta.tensors.items()}  # fmt: skip
+    return {
+        tensor: {"dtype": info.dtype, "shape": list(info.shape)}
+        for tensor, info in meta.tensors.items()
+    }
 
 
 @contextmanager
@@ -208,12 +221,15 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
     try:
         yield
     except GatedRepoError:
-        raise ModelFactsError(f"{ref}: the repo is gated; accept its terms at {where}/"
-                              f"{ref.repo_id} and set HF_TOKEN to a token of that account"
-                              ) from None  # fmt: skip
+        raise ModelFactsError(
+            f"{ref}: the repo is gated; accept its terms at {where}/"
+            f"{ref.repo_id} and set HF_TOKEN to a token of that account"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelFactsError(f"{ref}: no such model on {where} (or a private one: set "
-                              "HF_TOKEN to a token that can read it)") from None  # fmt: skip
+        raise ModelFactsError(
+            f"{ref}: no such model on {where} (or a private one: set "
+            "HF_TOKEN to a token that can read it)"
+        ) from None
     except RevisionNotFoundError:
         raise ModelFactsError(f"{ref}: the repo has no revision '{ref.revision}'") from None
     except HfHubHTTPError as exc:
@@ -221,7 +237,9 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         fix = "set HF_TOKEN to a token that can read it" if status in (401, 403) else "try again"
         raise ModelFactsError(f"{ref}: {where} answered {status}; {fix}") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as exc:
-        raise HubUnreachable(f"{ref}: cannot reach {where} ({str(exc)[:200]}); check the "
-                             "network, HF_ENDPOINT and HF_HUB_OFFLINE") from None  # fmt: skip
+        raise HubUnreachable(
+            f"{ref}: cannot reach {where} ({str(exc)[:200]}); check the "
+            "network, HF_ENDPOINT and HF_HUB_OFFLINE"
+        ) from None
     except OSError as exc:  # the disk (full, or the cache not writable)
         raise ModelFactsError(f"{ref}: fetching from {where} failed ({str(exc)[:200]})") from None

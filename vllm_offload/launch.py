@@ -96,9 +96,15 @@ class LaunchSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchSpec:
-        return cls(tuple(data["args"]), dict(data["env"]), data["kv_transfer_config"],
-                   tuple(data["notes"]), tuple(data["secret_env"]), dict(data["owned"]),
-                   tuple(data["extra_args"]))  # fmt: skip
+        return cls(
+            tuple(data["args"]),
+            dict(data["env"]),
+            data["kv_transfer_config"],
+            tuple(data["notes"]),
+            tuple(data["secret_env"]),
+            dict(data["owned"]),
+            tuple(data["extra_args"]),
+        )
 
 
 def _dest(flag: str) -> str:
@@ -161,14 +167,16 @@ def kv_transfer_config(
             # vLLM's tiering spec: the CPU tier in front, its filesystem tier behind, bounded
             # by our subclass (vLLM's own out-of-tree tier hook loads it by module path).
             extra["spec_name"] = DISK_TIER_SPEC
-            extra["secondary_tiers"] = [{
-                "type": "BoundedFsTier",
-                "module_path": "vllm_offload.vllm_ext.disk_tier",
-                "root_dir": plan.disk.root,
-                "budget_root": str(disk_layout.tier_root(plan.disk.path)),
-                "max_bytes": plan.disk.bytes,
-                "min_free_bytes": plan.disk.reserve_bytes,
-            }]  # fmt: skip
+            extra["secondary_tiers"] = [
+                {
+                    "type": "BoundedFsTier",
+                    "module_path": "vllm_offload.vllm_ext.disk_tier",
+                    "root_dir": plan.disk.root,
+                    "budget_root": str(disk_layout.tier_root(plan.disk.path)),
+                    "max_bytes": plan.disk.bytes,
+                    "min_free_bytes": plan.disk.reserve_bytes,
+                }
+            ]
         connector = {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
@@ -251,8 +259,7 @@ def build(
     if parallel.distributed_executor_backend != "auto":
         options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
 
-    notes: list[str] = [f"KV offload backend: {plan.kv.backend} "
-                        f"({plan.kv.backend_reason})"]  # fmt: skip
+    notes: list[str] = [f"KV offload backend: {plan.kv.backend} ({plan.kv.backend_reason})"]
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
@@ -276,8 +283,9 @@ def build(
         env[API_KEY_ENV] = api_key
         secret = (API_KEY_ENV,)
     extra = tuple(config.extra_args)
-    return LaunchSpec(tuple(options.args) + extra, env, kv_config, tuple(notes), secret,
-                      options.owned, extra)  # fmt: skip
+    return LaunchSpec(
+        tuple(options.args) + extra, env, kv_config, tuple(notes), secret, options.owned, extra
+    )
 
 
 def _weight_offload(options: _Options, config: DeploymentConfig, plan: Plan) -> None:

@@ -265,17 +265,23 @@ def headers_bytes(headers: dict[str, dict[str, Any]]) -> int:
     return int(total)
 
 
-def _shape(cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int,
-           head_dim: int) -> weight_estimate.Shape:  # fmt: skip
+def _shape(
+    cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
+) -> weight_estimate.Shape:
     """The parameter counts of config.json, each checked against its range."""
     inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
     return weight_estimate.Shape(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        vocab=_optional_int(cfg, "vocab_size", 32000, MAX_VOCAB), intermediate=inter,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=_optional_int(cfg, "vocab_size", 32000, MAX_VOCAB),
+        intermediate=inter,
         experts=_optional_int(cfg, "num_experts", 0) or _optional_int(cfg, "n_routed_experts", 0),
         moe_intermediate=_optional_int(cfg, "moe_intermediate_size", inter),
         tied_embeddings=bool(cfg.get("tie_word_embeddings")),
-    )  # fmt: skip
+    )
 
 
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")

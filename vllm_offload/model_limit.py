@@ -11,9 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-               "model_max_length", "max_target_positions", "max_sequence_length",
-               "max_seq_length", "seq_len")  # fmt: skip
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # Rope types whose max_position_embeddings already holds the scaled length.
 PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 

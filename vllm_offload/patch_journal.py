@@ -42,8 +42,9 @@ def replace_file(site: Path, rel: str, data: bytes | None) -> None:
         raise PatchError(f"{site}: {exc}; refusing to write there") from None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise PatchError(f"{site / rel}: a link on the way; refusing to write through "
-                             "it") from None  # fmt: skip
+            raise PatchError(
+                f"{site / rel}: a link on the way; refusing to write through it"
+            ) from None
         raise
 
 
@@ -54,14 +55,17 @@ def _open_journal(site: Path, *, create: bool) -> int | None:
     try:
         if create:
             os.mkdir(JOURNAL_DIR, 0o755, dir_fd=vllm)
-        return os.open(JOURNAL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=vllm)  # fmt: skip
+        return os.open(
+            JOURNAL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=vllm
+        )
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise PatchError(f"{site / 'vllm' / JOURNAL_DIR}: not vllm-offload's journal (a "
-                             "link or a file); check it, then remove it") from None  # fmt: skip
+            raise PatchError(
+                f"{site / 'vllm' / JOURNAL_DIR}: not vllm-offload's journal (a "
+                "link or a file); check it, then remove it"
+            ) from None
         raise
     finally:
         os.close(vllm)
@@ -95,8 +99,7 @@ def _journal_entries(site: Path, journal: int, targets: set[str]) -> list[tuple[
     series' own files, from backups N.orig that are regular files in the journal."""
     where = site / "vllm" / JOURNAL_DIR
     try:
-        manifest = read_regular("manifest.json", MAX_FILE_BYTES, follow_links=False,
-                                dir_fd=journal)  # fmt: skip
+        manifest = read_regular("manifest.json", MAX_FILE_BYTES, follow_links=False, dir_fd=journal)
     except FileNotFoundError:
         return []  # cut off before its manifest: nothing was replaced yet
     try:
@@ -106,12 +109,13 @@ def _journal_entries(site: Path, journal: int, targets: set[str]) -> list[tuple[
     replay: list[tuple[str, bytes | None]] = []
     for rel, backup in entries:
         if rel not in targets or not (backup is None or BACKUP_NAME.fullmatch(str(backup))):
-            raise PatchError(f"{where}: names {rel!r}, not a file of vllm-offload's series; "
-                             "not replayed (check and remove it)")  # fmt: skip
+            raise PatchError(
+                f"{where}: names {rel!r}, not a file of vllm-offload's series; "
+                "not replayed (check and remove it)"
+            )
         original = None
         if backup is not None:
-            original = read_regular(str(backup), MAX_FILE_BYTES, follow_links=False,
-                                    dir_fd=journal)  # fmt: skip
+            original = read_regular(str(backup), MAX_FILE_BYTES, follow_links=False, dir_fd=journal)
         replay.append((rel, original))
     return replay
 

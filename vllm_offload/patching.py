@@ -88,8 +88,11 @@ class Series:
 def load_series(version: str, patches_dir: Traversable = PATCHES_DIR) -> Series:
     directory = patches_dir / f"vllm-{version}"
     if not (directory / "series").is_file():
-        known = sorted(p.name.removeprefix("vllm-") for p in patches_dir.iterdir()
-                       if p.name.startswith("vllm-"))  # fmt: skip
+        known = sorted(
+            p.name.removeprefix("vllm-")
+            for p in patches_dir.iterdir()
+            if p.name.startswith("vllm-")
+        )
         raise PatchError(
             f"no patches for vLLM {version}; vllm-offload supports {', '.join(known)}. "
             "Install a supported release (make install) or start with --allow-unpatched"
@@ -213,9 +216,10 @@ def status(site: Path, patches_dir: Traversable = PATCHES_DIR) -> State:
     ):
         return State.APPLIED
     changed = [
-        rel for rel, data in hashes.items()
+        rel
+        for rel, data in hashes.items()
         if series.pristine[rel] and not _is_release_file(series, recorded, rel, data)
-    ]  # fmt: skip
+    ]
     raise PatchError(
         f"vLLM {series.version} at {site} differs from its release in "
         f"{', '.join(changed) or 'files vllm-offload adds'} and is not in a state vllm-offload "

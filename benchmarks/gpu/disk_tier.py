@@ -58,8 +58,11 @@ def disk_read_gb_per_s(directory: Path, gib: int = 4) -> dict[str, Any]:
         began = time.perf_counter()
         if subprocess.run(read).returncode == 0:
             seconds = time.perf_counter() - began
-            result |= {"o_direct": direct, "seconds": seconds,
-                       "gb_per_s": result["bytes"] / seconds / 1e9}  # fmt: skip
+            result |= {
+                "o_direct": direct,
+                "seconds": seconds,
+                "gb_per_s": result["bytes"] / seconds / 1e9,
+            }
             break
     probe.unlink(missing_ok=True)
     return result
@@ -85,8 +88,7 @@ def main() -> None:
     shutil.rmtree(args.disk, ignore_errors=True)
     args.disk.mkdir(parents=True)
     rng = random.Random(0)
-    docs = [[rng.randrange(1000, 100000) for _ in range(args.doc_tokens)]
-            for _ in range(args.docs)]  # fmt: skip
+    docs = [[rng.randrange(1000, 100000) for _ in range(args.doc_tokens)] for _ in range(args.docs)]
     doc_bytes = args.doc_tokens * KV_BYTES_PER_TOKEN
     result: dict[str, Any] = {
         "options": vars(args) | {"out": str(args.out), "disk": str(args.disk)},
@@ -124,16 +126,24 @@ def main() -> None:
                 ttfts, sizes = [], []
                 for doc in docs:
                     began = time.perf_counter()
-                    response = http.post("/v1/completions", json={"model": "m", "prompt": doc,
-                                                                  "max_tokens": 1})  # fmt: skip
+                    response = http.post(
+                        "/v1/completions", json={"model": "m", "prompt": doc, "max_tokens": 1}
+                    )
                     response.raise_for_status()
                     ttfts.append(time.perf_counter() - began)
                     sizes.append(tier_bytes(args.disk))
                 arm[f"pass{number}_ttft_s"] = ttfts
                 arm[f"pass{number}_disk_bytes_after_each"] = sizes
-                print(name, f"pass {number}", "median TTFT",
-                      round(statistics.median(ttfts) * 1000, 1), "ms; disk",
-                      round(sizes[-1] / 2**30, 2), "GiB", flush=True)  # fmt: skip
+                print(
+                    name,
+                    f"pass {number}",
+                    "median TTFT",
+                    round(statistics.median(ttfts) * 1000, 1),
+                    "ms; disk",
+                    round(sizes[-1] / 2**30, 2),
+                    "GiB",
+                    flush=True,
+                )
             time.sleep(3)  # stores in flight land
             arm["disk_bytes_at_end"] = tier_bytes(args.disk)
             metrics = http.get("/metrics").text

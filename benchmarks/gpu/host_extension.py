@@ -68,10 +68,17 @@ def write_model(folder: Path, weights: Path | None) -> Path:
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0",
-        "bos_token": "t128000", "eos_token": "t128001", "model_max_length": 131072,
-    }))  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "t0",
+                "bos_token": "t128000",
+                "eos_token": "t128001",
+                "model_max_length": 131072,
+            }
+        )
+    )
     return folder
 
 
@@ -82,8 +89,16 @@ def stream(http: httpx.Client, prompt: list[int], max_tokens: int) -> dict[str, 
     tokens: list[str] = []
     logprobs: list[float] = []
     top: list[dict[str, float]] = []
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0.0, "logprobs": 5, "stream": True}  # fmt: skip
+    body = {
+        "model": "m",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "logprobs": 5,
+        "stream": True,
+    }
     with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
@@ -126,13 +141,20 @@ def compare(answer: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]
 
 def split_line(log: str) -> dict[str, int] | None:
     """Patch 0006's log line: the GPU and host blocks/tokens of the pool."""
-    found = re.search(r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
-                      r"then (\d+) blocks \((\d+) tokens", log)  # fmt: skip
+    found = re.search(
+        r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
+        r"then (\d+) blocks \((\d+) tokens",
+        log,
+    )
     if not found:
         return None
     gpu_blocks, gpu_tokens, host_blocks, host_tokens = map(int, found.groups())
-    return {"gpu_blocks": gpu_blocks, "gpu_tokens": gpu_tokens, "host_blocks": host_blocks,
-            "host_tokens": host_tokens}  # fmt: skip
+    return {
+        "gpu_blocks": gpu_blocks,
+        "gpu_tokens": gpu_tokens,
+        "host_blocks": host_blocks,
+        "host_tokens": host_tokens,
+    }
 
 
 def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
@@ -206,20 +228,41 @@ def main() -> None:
     long_prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens)]
     shorts = [[rng.randrange(1000, 100000) for _ in range(512)] for _ in range(args.short_repeats)]
 
-    common = ["--model", str(model), "--gpu-memory-utilization", "0.3",
-              "--kv-offload-cpu-tier-gib", "8"]  # fmt: skip
+    common = [
+        "--model",
+        str(model),
+        "--gpu-memory-utilization",
+        "0.3",
+        "--kv-offload-cpu-tier-gib",
+        "8",
+    ]
     dummy = [] if args.weights else ["--load-format", "dummy"]
     vllm = ["--", *dummy, "--enforce-eager", "--max-num-batched-tokens", str(args.chunk_tokens)]
-    pool = {name: ["--gpu-kv-cache-memory-bytes", str(int(gib * GIB))]
-            for name, gib in (("reference", args.reference_gib), ("extended", args.pool_gib),
-                              ("ext-none", args.pool_gib))}  # fmt: skip
+    pool = {
+        name: ["--gpu-kv-cache-memory-bytes", str(int(gib * GIB))]
+        for name, gib in (
+            ("reference", args.reference_gib),
+            ("extended", args.pool_gib),
+            ("ext-none", args.pool_gib),
+        )
+    }
     flags = {
         "reference": ["--kv-offload-backend", "native"],
-        "extended": ["--kv-offload-backend", "native",
-                     "--kv-offload-host-extension-gib", str(args.extension_gib)],
-        "ext-none": ["--kv-offload-backend", "none", "--kv-offload-block-size", "128",
-                     "--kv-offload-host-extension-gib", str(args.extension_gib)],
-    }  # fmt: skip
+        "extended": [
+            "--kv-offload-backend",
+            "native",
+            "--kv-offload-host-extension-gib",
+            str(args.extension_gib),
+        ],
+        "ext-none": [
+            "--kv-offload-backend",
+            "none",
+            "--kv-offload-block-size",
+            "128",
+            "--kv-offload-host-extension-gib",
+            str(args.extension_gib),
+        ],
+    }
     flags["ext-graphs"] = flags["extended"]
     pool["ext-graphs"] = pool["extended"]
     arms = args.arms.split(",")
@@ -250,8 +293,14 @@ def main() -> None:
             try:
                 with httpx.Client(base_url=servers[name].base_url, timeout=900) as http:
                     arm["long"] = stream(http, long_prompt, args.output_tokens)
-                print(name, "long: TTFT", arm["long"]["ttft_s"], "TPOT",
-                      arm["long"]["tpot_median_s"], flush=True)  # fmt: skip
+                print(
+                    name,
+                    "long: TTFT",
+                    arm["long"]["ttft_s"],
+                    "TPOT",
+                    arm["long"]["tpot_median_s"],
+                    flush=True,
+                )
             except Exception as exc:
                 arm["error"] = repr(exc)
                 print(name, "failed:", exc, flush=True)
@@ -313,7 +362,9 @@ def main() -> None:
         shorts_ref = result["arms"]["reference"].get("short_tpot_s") or []
         if shorts_here and shorts_ref:
             arm["short_tpot_median_vs_reference"] = [
-                statistics.median(shorts_here), statistics.median(shorts_ref)]  # fmt: skip
+                statistics.median(shorts_here),
+                statistics.median(shorts_ref),
+            ]
     for name, arm in result["arms"].items():
         summary = {k: v for k, v in arm.items() if k not in ("long", "flags")}
         if arm.get("long"):

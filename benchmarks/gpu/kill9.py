@@ -42,8 +42,10 @@ def smi(query: str, what: str) -> list[list[str]]:
     try:
         text = subprocess.run(
             ["nvidia-smi", f"--query-{query}={what}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
@@ -86,12 +88,18 @@ def vllm_processes() -> list[psutil.Process]:
 
 
 def stream(port: int, state: dict[str, Any]) -> None:
-    body = {"model": "m", "prompt": list(range(1000, 1512)), "max_tokens": 4000,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": "m",
+        "prompt": list(range(1000, 1512)),
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})  # fmt: skip
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
         response = conn.getresponse()
         state["status"] = response.status
         while True:
@@ -123,8 +131,17 @@ def main() -> int:
     opts = parser.parse_args()
     out: Path = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    args = ["--model", MODEL, "--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib",
-            str(opts.tier_gib), *opts.serve_flag, "--", *DUMMY]  # fmt: skip
+    args = [
+        "--model",
+        MODEL,
+        "--kv-offload-backend",
+        "native",
+        "--kv-offload-cpu-tier-gib",
+        str(opts.tier_gib),
+        *opts.serve_flag,
+        "--",
+        *DUMMY,
+    ]
     row: dict[str, Any] = {"name": opts.name, "serve_args": args, "date": time.strftime("%F")}
     row["gpu_before"] = gpu_state()
     base_mib = row["gpu_before"]["used_mib"] or 0
@@ -136,8 +153,11 @@ def main() -> int:
         row["first_healthy_s"] = round(first.wait_healthy(opts.start_timeout), 1)
         root = psutil.Process(first.proc.pid)
         children = root.children(recursive=True)
-        row["api_server"] = {"pid": root.pid, "name": root.name(),
-                             "cmdline": " ".join(root.cmdline())[:200]}  # fmt: skip
+        row["api_server"] = {
+            "pid": root.pid,
+            "name": root.name(),
+            "cmdline": " ".join(root.cmdline())[:200],
+        }
         row["children"] = [{"pid": c.pid, "name": c.name()} for c in children]
         row["gpu_serving"] = gpu_state()
         state: dict[str, Any] = {}
@@ -155,8 +175,14 @@ def main() -> int:
             t = round(time.monotonic() - killed, 2)
             g = gpu_state()
             living = alive(children)
-            samples.append({"t": t, "apps": len(g["apps"]), "used_mib": g["used_mib"],
-                            "children_alive": len(living)})  # fmt: skip
+            samples.append(
+                {
+                    "t": t,
+                    "apps": len(g["apps"]),
+                    "used_mib": g["used_mib"],
+                    "children_alive": len(living),
+                }
+            )
             if apps_empty_s is None and not g["apps"]:
                 apps_empty_s = t
             if mem_back_s is None and g["used_mib"] is not None and g["used_mib"] < base_mib + 1024:

@@ -44,10 +44,18 @@ def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[int
     """The output's token ids. Dummy weights barely depend on the context, so equal tokens
     alone could hide KV that was never loaded (vLLM refuses logprobs without a tokenizer):
     the loaded bytes are checked too."""
-    response = http.post("/v1/completions", json={
-        "model": "m", "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-        "ignore_eos": True, "temperature": 0.0, "return_token_ids": True,
-    })  # fmt: skip
+    response = http.post(
+        "/v1/completions",
+        json={
+            "model": "m",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        },
+    )
     response.raise_for_status()
     return list(response.json()["choices"][0]["token_ids"])
 
@@ -72,8 +80,12 @@ def main() -> None:
     parser.add_argument("--arms", default="layerwise,async")
     parser.add_argument("--cuda-graphs", action="store_true", help="serve without --enforce-eager")
     parser.add_argument("--tail-tokens", type=int, default=64)
-    parser.add_argument("--decoy-tokens", type=int, default=0,
-                        help="a request decoding this many tokens beside each CPU hit")  # fmt: skip
+    parser.add_argument(
+        "--decoy-tokens",
+        type=int,
+        default=0,
+        help="a request decoding this many tokens beside each CPU hit",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
@@ -94,8 +106,10 @@ def main() -> None:
     result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
     for name in args.arms.split(","):
         flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
-        server = ServerProcess(serve_args=["--model", args.model, *pool, *flags, "--", *dummy],
-                               log_path=args.out / f"{name}.log")  # fmt: skip
+        server = ServerProcess(
+            serve_args=["--model", args.model, *pool, *flags, "--", *dummy],
+            log_path=args.out / f"{name}.log",
+        )
         arm: dict[str, Any] = {"flags": flags}
         result["arms"][name] = arm
         server.start()
@@ -111,8 +125,7 @@ def main() -> None:
                 if not args.decoy_tokens:
                     return complete(http, prompt, args.output_tokens)
                 other = httpx.Client(base_url=http.base_url, timeout=600)
-                decoding = threading.Thread(target=complete,
-                                            args=(other, decoy, args.decoy_tokens))  # fmt: skip
+                decoding = threading.Thread(target=complete, args=(other, decoy, args.decoy_tokens))
                 decoding.start()
                 time.sleep(0.5)  # the decoy is past its prefill, decoding
                 answer = complete(http, prompt, args.output_tokens)
@@ -140,8 +153,7 @@ def main() -> None:
             # the tier holds the document's whole 256-token chunks
             expected = args.doc_tokens // 256 * 256 * KV_BYTES_PER_TOKEN
             arm["loaded_whole_document"] = all(b == expected for b in loads.values())
-            print(name, {k: v for k, v in arm.items() if k not in ("tokens", "flags")},
-                  flush=True)  # fmt: skip
+            print(name, {k: v for k, v in arm.items() if k not in ("tokens", "flags")}, flush=True)
         except Exception as exc:  # record and go on: the other arm still measures
             arm["error"] = repr(exc)
             print(name, "failed:", exc, flush=True)

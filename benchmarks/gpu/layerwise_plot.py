@@ -31,8 +31,10 @@ def pass2_stages(arm: dict[str, Any]) -> dict[str, float]:
     pass; median of the repeats), and the client's remainder over the median TTFT."""
     per_doc = [doc for run in arm["runs"] for doc in run["reuse"]["server_per_doc"][1:]]
     ttfts = [r["ttft_s"] for run in arm["runs"] for r in run["reuse"]["passes"][1]]
-    stages = {label: statistics.median(d.get(key, 0.0) for d in per_doc) * 1000
-              for key, label in STAGES.items()}  # fmt: skip
+    stages = {
+        label: statistics.median(d.get(key, 0.0) for d in per_doc) * 1000
+        for key, label in STAGES.items()
+    }
     server_ttft = statistics.median(d["vllm:time_to_first_token_seconds_sum"] for d in per_doc)
     stages["client, HTTP, detokenize"] = (statistics.median(ttfts) - server_ttft) * 1000
     return stages
@@ -54,8 +56,14 @@ def main() -> None:
     for i, (name, arm) in enumerate(arms.items()):
         for p in range(2):
             mid, low, high = spread([r["reuse"]["ttft_pass_s"][p] * 1000 for r in arm["runs"]])
-            left.bar(p + i * width, mid, width, color=f"C{i}", label=name if p == 0 else None,
-                     yerr=[[mid - low], [high - mid]])  # fmt: skip
+            left.bar(
+                p + i * width,
+                mid,
+                width,
+                color=f"C{i}",
+                label=name if p == 0 else None,
+                yerr=[[mid - low], [high - mid]],
+            )
             print(f"{name} pass {p + 1}: {mid:.1f} ms ({low:.1f}-{high:.1f})")
     left.axhline(floor_ms, color="k", ls="--", label=f"CPU-hit floor {floor_ms:.1f} ms")
     left.set_xticks([x + width * (len(arms) - 1) / 2 for x in range(2)], ["pass 1", "pass 2"])

@@ -58,14 +58,18 @@ def prose(root: Path = REPO) -> list[str]:
         for block in re.split(r"\n\s*\n", text):
             lines = [ln.strip() for ln in block.strip().splitlines()]
             paragraph = " ".join(lines)
-            if lines and not any(ln.startswith(("#", "|", "<", "    ")) for ln in lines) \
-                    and "key" not in paragraph.lower():  # fmt: skip
+            if (
+                lines
+                and not any(ln.startswith(("#", "|", "<", "    ")) for ln in lines)
+                and "key" not in paragraph.lower()
+            ):
                 paragraphs.append(paragraph)
     return paragraphs
 
 
-def build_prompt(tokenizer: Any, paragraphs: list[str], *, prompt_tokens: int,
-                 needle_at: float, key: str = KEY) -> list[int]:  # fmt: skip
+def build_prompt(
+    tokenizer: Any, paragraphs: list[str], *, prompt_tokens: int, needle_at: float, key: str = KEY
+) -> list[int]:
     """Token ids: paragraphs filling ~prompt_tokens, the needle as its own paragraph after
     ``needle_at`` of them, then the question (a completion, no chat template)."""
     needle = NEEDLE.format(key=key)
@@ -85,8 +89,14 @@ def ask(base_url: str, prompt: list[int], max_tokens: int, model: str = "m") -> 
     """Greedy, 5 logprobs a token; the text and the token ids."""
     import httpx
 
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "logprobs": 5, "return_tokens_as_token_ids": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 5,
+        "return_tokens_as_token_ids": True,
+    }
     with httpx.Client(base_url=base_url, timeout=900) as http:
         choice = http.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
     lp = choice["logprobs"]
@@ -95,8 +105,11 @@ def ask(base_url: str, prompt: list[int], max_tokens: int, model: str = "m") -> 
 
 def split_line(log: str) -> dict[str, int] | None:
     """Patch 0006's log line: the GPU and host tokens of the pool."""
-    found = re.search(r"KV pool host extension: \d+ blocks \((\d+) tokens\) in GPU memory, "
-                      r"then \d+ blocks \((\d+) tokens", log)  # fmt: skip
+    found = re.search(
+        r"KV pool host extension: \d+ blocks \((\d+) tokens\) in GPU memory, "
+        r"then \d+ blocks \((\d+) tokens",
+        log,
+    )
     return None if not found else {"gpu_tokens": int(found[1]), "host_tokens": int(found[2])}
 
 
@@ -120,22 +133,52 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     paragraphs = prose()
-    prompts = {key: build_prompt(tokenizer, paragraphs, prompt_tokens=args.prompt_tokens,
-                                 needle_at=args.needle_at, key=key)
-               for key in (KEY, CONTROL_KEY)}  # fmt: skip
-    common = ["--model", str(args.model), "--model-dtype", args.dtype,
-              "--gpu-memory-utilization", "0.3", "--kv-offload-backend", "native",
-              "--kv-offload-cpu-tier-gib", "2"]  # fmt: skip
+    prompts = {
+        key: build_prompt(
+            tokenizer,
+            paragraphs,
+            prompt_tokens=args.prompt_tokens,
+            needle_at=args.needle_at,
+            key=key,
+        )
+        for key in (KEY, CONTROL_KEY)
+    }
+    common = [
+        "--model",
+        str(args.model),
+        "--model-dtype",
+        args.dtype,
+        "--gpu-memory-utilization",
+        "0.3",
+        "--kv-offload-backend",
+        "native",
+        "--kv-offload-cpu-tier-gib",
+        "2",
+    ]
     kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
     pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
-    servers = {name: ServerProcess([*common, "--gpu-kv-cache-memory-bytes",
-                                    str(tokens * kv_bytes_per_token), *extension[name], "--",
-                                    "--enforce-eager"], args.out / f"{name}.log")
-               for name, tokens in pools.items()}  # fmt: skip
-    result: dict[str, Any] = {"options": {k: str(v) for k, v in vars(args).items()},
-                              "prompt_tokens": len(prompts[KEY]), "needle": NEEDLE,
-                              "question": QUESTION, "arms": {}}  # fmt: skip
+    servers = {
+        name: ServerProcess(
+            [
+                *common,
+                "--gpu-kv-cache-memory-bytes",
+                str(tokens * kv_bytes_per_token),
+                *extension[name],
+                "--",
+                "--enforce-eager",
+            ],
+            args.out / f"{name}.log",
+        )
+        for name, tokens in pools.items()
+    }
+    result: dict[str, Any] = {
+        "options": {k: str(v) for k, v in vars(args).items()},
+        "prompt_tokens": len(prompts[KEY]),
+        "needle": NEEDLE,
+        "question": QUESTION,
+        "arms": {},
+    }
     try:
         for server in servers.values():
             server.start()
@@ -154,10 +197,15 @@ def main() -> None:
         "big_names_key": KEY in big["text"],
         "spill_names_key": KEY in spill["text"],
         "spill_same_tokens_as_big": spill["tokens"] == big["tokens"],
-        "max_logprob_gap": max((abs(a - b) for a, b in zip(spill["token_logprobs"],
-                                big["token_logprobs"], strict=False)), default=None),
+        "max_logprob_gap": max(
+            (
+                abs(a - b)
+                for a, b in zip(spill["token_logprobs"], big["token_logprobs"], strict=False)
+            ),
+            default=None,
+        ),
         "control_names_its_key": CONTROL_KEY in control["text"] and KEY not in control["text"],
-    }  # fmt: skip
+    }
     (args.out / "needle.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["verdict"], indent=1))
 

@@ -43,15 +43,19 @@ VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model
 
 
 def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
-    residency = (f'idle = "{args.idle}"\nsleep_level = {args.level}\nmin_resident_s = 0.0\n'
-                 f'runtime_dir = "{run_dir}"\n')  # fmt: skip
+    residency = (
+        f'idle = "{args.idle}"\nsleep_level = {args.level}\nmin_resident_s = 0.0\n'
+        f'runtime_dir = "{run_dir}"\n'
+    )
     model = f'path = "{args.checkpoint}"\n'
     extra = json.dumps(["--skip-tokenizer-init", *args.vllm_arg])
-    return (f'extra_args = {extra}\n[gpu]\n'
-            f'kv_cache_memory_bytes = {args.pool_bytes}\n'
-            f'[kv_offload]\ncpu_tier_gib = {args.tier_gib}\n[server]\nport = {port}\n'
-            f'[[models]]\n{model}served_name = "a"\n[[models]]\n{model}served_name = "b"\n'
-            f"[residency]\n{residency}")  # fmt: skip
+    return (
+        f"extra_args = {extra}\n[gpu]\n"
+        f"kv_cache_memory_bytes = {args.pool_bytes}\n"
+        f"[kv_offload]\ncpu_tier_gib = {args.tier_gib}\n[server]\nport = {port}\n"
+        f'[[models]]\n{model}served_name = "a"\n[[models]]\n{model}served_name = "b"\n'
+        f"[residency]\n{residency}"
+    )
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -59,11 +63,19 @@ def tokens(n: int, seed: int) -> list[int]:
     return [rng.randrange(*VOCAB) for _ in range(n)]
 
 
-async def first_token(client: httpx.AsyncClient, model: str, prompt: list[int],
-                      max_tokens: int = 8) -> tuple[float, int]:  # fmt: skip
+async def first_token(
+    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int = 8
+) -> tuple[float, int]:
     """(seconds to the first streamed token, tokens received)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
     began = time.perf_counter()
     ttft, got = None, 0
     async with client.stream("POST", "/v1/completions", json=body, timeout=600) as answer:
@@ -77,8 +89,11 @@ async def first_token(client: httpx.AsyncClient, model: str, prompt: list[int],
 
 
 def control(run_dir: Path) -> dict[str, Any]:
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "control.sock")),
-                      base_url="http://front", timeout=30) as c:  # fmt: skip
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(run_dir / "control.sock")),
+        base_url="http://front",
+        timeout=30,
+    ) as c:
         data: dict[str, Any] = c.get("/models").json()
         return data
 
@@ -97,9 +112,12 @@ def gpu_bytes_by_pid() -> dict[int, int]:
     """Each process's GPU memory, from nvidia-smi (MiB); none without one."""
     if shutil.which("nvidia-smi") is None:
         return {}
-    rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                           "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                          check=False).stdout.splitlines()  # fmt: skip
+    rows = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.splitlines()
     found = {}
     for row in rows:
         pid, used = (part.strip() for part in row.split(","))
@@ -120,9 +138,17 @@ def engine_gpu(pid: int | None, by_pid: dict[int, int]) -> int | None:
 def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
     models = control(run_dir)["models"]
     by_pid = gpu_bytes_by_pid()
-    return {"when": when, **{n: {"state": m["state"], "rss_bytes": rss(m["pid"]),
-                                 "gpu_bytes": engine_gpu(m["pid"], by_pid)}
-                             for n, m in models.items()}}  # fmt: skip
+    return {
+        "when": when,
+        **{
+            n: {
+                "state": m["state"],
+                "rss_bytes": rss(m["pid"]),
+                "gpu_bytes": engine_gpu(m["pid"], by_pid),
+            }
+            for n, m in models.items()
+        },
+    }
 
 
 async def switches(front: httpx.AsyncClient, run_dir: Path, count: int) -> list[dict[str, Any]]:
@@ -132,16 +158,23 @@ async def switches(front: httpx.AsyncClient, run_dir: Path, count: int) -> list[
         before = len(control(run_dir)["events"])
         ttft, _ = await first_token(front, model, tokens(64, 1000 + k))
         events = control(run_dir)["events"][before:]
-        out.append({"to": model, "first_token_s": round(ttft, 4),
-                    "steps": [(e["text"], e["seconds"]) for e in events]})  # fmt: skip
+        out.append(
+            {
+                "to": model,
+                "first_token_s": round(ttft, 4),
+                "steps": [(e["text"], e["seconds"]) for e in events],
+            }
+        )
         print(f"switch to {model}: {ttft * 1000:.0f} ms {out[-1]['steps']}", flush=True)
     return out
 
 
 def hits(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("vllm:external_prefix_cache_hits_total")
-               and 'model_name="a"' in line)  # fmt: skip
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:external_prefix_cache_hits_total") and 'model_name="a"' in line
+    )
 
 
 async def tier_survives(front: httpx.AsyncClient) -> dict[str, Any]:
@@ -154,12 +187,16 @@ async def tier_survives(front: httpx.AsyncClient) -> dict[str, Any]:
     again, _ = await first_token(front, "a", doc)
     new, _ = await first_token(front, "a", fresh)
     after = hits((await front.get("/metrics")).text)
-    return {"doc_again_ttft_s": round(again, 4), "new_doc_ttft_s": round(new, 4),
-            "cpu_tier_hit_tokens": after - before}  # fmt: skip
+    return {
+        "doc_again_ttft_s": round(again, 4),
+        "new_doc_ttft_s": round(new, 4),
+        "cpu_tier_hit_tokens": after - before,
+    }
 
 
-async def saturate(client: httpx.AsyncClient, seconds: float, clients: int = 48
-                   ) -> dict[str, float]:  # fmt: skip
+async def saturate(
+    client: httpx.AsyncClient, seconds: float, clients: int = 48
+) -> dict[str, float]:
     ttfts: list[float] = []
     out_tokens = 0
     began = time.perf_counter()
@@ -175,26 +212,36 @@ async def saturate(client: httpx.AsyncClient, seconds: float, clients: int = 48
 
     await asyncio.gather(*(loop(i) for i in range(clients)))
     elapsed = time.perf_counter() - began
-    return {"tokens_per_s": round(out_tokens / elapsed, 1),
-            "ttft_p50_s": round(statistics.median(ttfts), 4), "requests": len(ttfts)}  # fmt: skip
+    return {
+        "tokens_per_s": round(out_tokens / elapsed, 1),
+        "ttft_p50_s": round(statistics.median(ttfts), 4),
+        "requests": len(ttfts),
+    }
 
 
-async def front_door_cost(front: httpx.AsyncClient, engine: httpx.AsyncClient,
-                          windows: int, clients: int) -> dict[str, Any]:  # fmt: skip
+async def front_door_cost(
+    front: httpx.AsyncClient, engine: httpx.AsyncClient, windows: int, clients: int
+) -> dict[str, Any]:
     arms: dict[str, dict[str, list[Any]]] = {"direct": {}, "front": {}}
     for w in range(windows):
         for name, client in (("direct", engine), ("front", front))[:: 1 if w % 2 else -1]:
-            seq = [(await first_token(client, "a", tokens(512, 50000 + w * 100 + i), 1))[0]
-                   for i in range(10)]  # fmt: skip
+            seq = [
+                (await first_token(client, "a", tokens(512, 50000 + w * 100 + i), 1))[0]
+                for i in range(10)
+            ]
             arms[name].setdefault("sequential_ttft_s", []).append(statistics.median(seq))
             arms[name].setdefault("saturated", []).append(await saturate(client, 8, clients))
-            print(f"window {w} {name}: seq {statistics.median(seq) * 1000:.2f} ms "
-                  f"{arms[name]['saturated'][-1]}", flush=True)  # fmt: skip
+            print(
+                f"window {w} {name}: seq {statistics.median(seq) * 1000:.2f} ms "
+                f"{arms[name]['saturated'][-1]}",
+                flush=True,
+            )
     return arms
 
 
-async def measure(args: argparse.Namespace, port: int, run_dir: Path, result: dict[str, Any]
-                  ) -> None:  # fmt: skip
+async def measure(
+    args: argparse.Namespace, port: int, run_dir: Path, result: dict[str, Any]
+) -> None:
     front = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600)
     result["rss"] = [rss_now(run_dir, "after start")]
     await first_token(front, "a", tokens(64, 1))
@@ -206,10 +253,14 @@ async def measure(args: argparse.Namespace, port: int, run_dir: Path, result: di
     if args.front_windows:
         await first_token(front, "a", tokens(64, 2))
         socket = run_dir / "engines" / "0.sock"
-        engine = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket)),
-                                   base_url="http://engine", timeout=600)  # fmt: skip
-        result["front_door"] = await front_door_cost(front, engine, args.front_windows,
-                                                     args.clients)  # fmt: skip
+        engine = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(socket)),
+            base_url="http://engine",
+            timeout=600,
+        )
+        result["front_door"] = await front_door_cost(
+            front, engine, args.front_windows, args.clients
+        )
         await engine.aclose()
     await front.aclose()
 
@@ -244,9 +295,13 @@ def main() -> int:
     result: dict[str, Any] = {"arm": name, "config": config.read_text()}
     began = time.monotonic()
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "vllm_offload", "serve", "--config",
-                                 str(config)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_offload", "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         while not healthy(args.port):
             if proc.poll() is not None:

@@ -42,18 +42,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     pool_bytes = args.pool_tokens * 128 * 1024  # Llama-3-8B: 128 KiB of KV per token
     server = ServerProcess(
-        serve_args=["--model", MODEL, "--kv-offload-backend", "native",
-                    "--kv-offload-cpu-tier-gib", str(args.tier_gib),
-                    "--gpu-kv-cache-memory-bytes", str(pool_bytes), "--", *DUMMY],
+        serve_args=[
+            "--model",
+            MODEL,
+            "--kv-offload-backend",
+            "native",
+            "--kv-offload-cpu-tier-gib",
+            str(args.tier_gib),
+            "--gpu-kv-cache-memory-bytes",
+            str(pool_bytes),
+            "--",
+            *DUMMY,
+        ],
         log_path=args.out / "tier_card-server.log",
-    )  # fmt: skip
+    )
     server.start()
     phases: list[dict[str, object]] = []
     try:
         server.wait_healthy()
         rng = random.Random(0)
-        docs = [[rng.randrange(1000, 100000) for _ in range(args.doc_tokens)]
-                for _ in range(args.docs)]  # fmt: skip
+        docs = [
+            [rng.randrange(1000, 100000) for _ in range(args.doc_tokens)] for _ in range(args.docs)
+        ]
         http = httpx.Client(base_url=server.base_url, timeout=600)
 
         def ask(prompt: list[int]) -> None:
@@ -65,11 +75,13 @@ def main() -> None:
             scraped = sum_samples(text, VLLM_METRICS)
             totals = tier_report.Totals.from_metrics(scraped)
             tier_bytes = int(args.tier_gib * (1 << 30))
-            phases.append({
-                "phase": name,
-                "card": tier_report.report(totals, None, tier_bytes, served_quiet_s=0),
-                "counters": asdict(c) if (c := wedge.Counters.from_metrics(scraped)) else None,
-            })  # fmt: skip
+            phases.append(
+                {
+                    "phase": name,
+                    "card": tier_report.report(totals, None, tier_bytes, served_quiet_s=0),
+                    "counters": asdict(c) if (c := wedge.Counters.from_metrics(scraped)) else None,
+                }
+            )
             print(name, json.dumps(phases[-1]), flush=True)
             return text
 
@@ -80,13 +92,20 @@ def main() -> None:
             ask(doc)
         scrape("pass 2: documents again (from the CPU tier)")
         with ThreadPoolExecutor(16) as pool:
-            list(pool.map(ask, [[rng.randrange(1000, 100000) for _ in range(2000)]
-                                for _ in range(64)]))  # fmt: skip
+            list(
+                pool.map(
+                    ask, [[rng.randrange(1000, 100000) for _ in range(2000)] for _ in range(64)]
+                )
+            )
         text = scrape("burst: 64 unique prompts")
-        lines = [line for line in text.splitlines()
-                 if "kv_offload" in line or "fetch" in line or "prefill_time" in line]  # fmt: skip
-        (args.out / "tier_card.json").write_text(json.dumps(
-            {"phases": phases, "metric_lines": lines}, indent=1) + "\n")  # fmt: skip
+        lines = [
+            line
+            for line in text.splitlines()
+            if "kv_offload" in line or "fetch" in line or "prefill_time" in line
+        ]
+        (args.out / "tier_card.json").write_text(
+            json.dumps({"phases": phases, "metric_lines": lines}, indent=1) + "\n"
+        )
     finally:
         server.stop()
 

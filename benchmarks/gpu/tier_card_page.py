@@ -39,8 +39,9 @@ def main() -> None:
         demo_model.write(root / "models" / "demo", seed=0)
         deployment = stack.install(root, root / "models" / "demo")
         with stack.manager(root, deployment, TOKEN) as url, sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=stack.CHROMIUM_ARGS)  # fmt: skip
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium", args=stack.CHROMIUM_ARGS
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1400})
             page.goto(url + "/login")
             page.fill("#token", TOKEN)

@@ -71,8 +71,10 @@ class MixedRange:
         self.size = self.gpu_bytes + self.host_bytes
         self.va = int(ok(cu.cuMemAddressReserve(self.size, 0, 0, 0)))
         self.handles = []
-        for offset, nbytes, prop in ((0, self.gpu_bytes, device),
-                                     (self.gpu_bytes, self.host_bytes, host)):  # fmt: skip
+        for offset, nbytes, prop in (
+            (0, self.gpu_bytes, device),
+            (self.gpu_bytes, self.host_bytes, host),
+        ):
             if nbytes:
                 handle = ok(cu.cuMemCreate(nbytes, prop, 0))
                 ok(cu.cuMemMap(self.va + offset, nbytes, 0, handle, 0))
@@ -92,8 +94,12 @@ class MixedRange:
         class Span:
             def __init__(self, address: int) -> None:
                 data = (address, False)
-                self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2",
-                                                 "data": data, "version": 3}  # fmt: skip
+                self.__cuda_array_interface__ = {
+                    "shape": (numel,),
+                    "typestr": "<i2",
+                    "data": data,
+                    "version": 3,
+                }
 
         return torch.as_tensor(Span(self.va), device="cuda").view(DTYPE).view(shape)
 
@@ -123,25 +129,53 @@ def kernels(block: int) -> dict[str, Callable[..., torch.Tensor]]:
     def fa(version: int) -> Callable[..., torch.Tensor]:
         def run(q, k, v, table, lens, starts, max_q, max_k):
             return flash_attn_varlen_func(
-                q, k, v, max_seqlen_q=max_q, cu_seqlens_q=starts, max_seqlen_k=max_k,
-                seqused_k=lens, softmax_scale=DIM**-0.5, causal=True, block_table=table,
+                q,
+                k,
+                v,
+                max_seqlen_q=max_q,
+                cu_seqlens_q=starts,
+                max_seqlen_k=max_k,
+                seqused_k=lens,
+                softmax_scale=DIM**-0.5,
+                causal=True,
+                block_table=table,
                 fa_version=version,
-            )  # fmt: skip
+            )
 
         return run
 
     def triton(q, k, v, table, lens, starts, max_q, max_k):
         out = torch.empty_like(q)
-        unified_attention(q, k, v, out, starts, max_q, lens, max_k, DIM**-0.5, True,
-                          (-1, -1), table, 0.0, None, None, None)  # fmt: skip
+        unified_attention(
+            q,
+            k,
+            v,
+            out,
+            starts,
+            max_q,
+            lens,
+            max_k,
+            DIM**-0.5,
+            True,
+            (-1, -1),
+            table,
+            0.0,
+            None,
+            None,
+            None,
+        )
         return out
 
     return {"FA3": fa(3), "FA2": fa(2), "Triton": triton}
 
 
-def measure(run: Callable[..., torch.Tensor], mixed: tuple[torch.Tensor, torch.Tensor],
-            all_gpu: tuple[torch.Tensor, torch.Tensor], want: torch.Tensor | None,
-            *args: Any) -> dict[str, Any]:  # fmt: skip
+def measure(
+    run: Callable[..., torch.Tensor],
+    mixed: tuple[torch.Tensor, torch.Tensor],
+    all_gpu: tuple[torch.Tensor, torch.Tensor],
+    want: torch.Tensor | None,
+    *args: Any,
+) -> dict[str, Any]:
     """One kernel on the mixed pool and on its all-GPU copy: equal? right? how fast?"""
     q, rest = args[0], args[1:]
     got, same = run(q, *mixed, *rest), run(q, *all_gpu, *rest)
@@ -188,8 +222,12 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int) -
 def main() -> None:
     torch.manual_seed(0)
     torch.zeros(1, device="cuda")
-    out: dict[str, Any] = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                           "shape": [Q_HEADS, KV_HEADS, DIM], "gpu_tokens": GPU_TOKENS}  # fmt: skip
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "shape": [Q_HEADS, KV_HEADS, DIM],
+        "gpu_tokens": GPU_TOKENS,
+    }
     for block in (16, 128):
         per_block = 2 * block * KV_HEADS * DIM * 2  # K and V, bf16
         rows: dict[str, Any] = {}
@@ -209,8 +247,10 @@ def main() -> None:
             table = order[None]
             flat_k = k[order.long()].reshape(context, KV_HEADS, DIM)
             flat_v = v[order.long()].reshape(context, KV_HEADS, DIM)
-            row: dict[str, Any] = {"context": context, "host_bytes_per_layer":
-                                   (blocks - gpu_blocks) * per_block}  # fmt: skip
+            row: dict[str, Any] = {
+                "context": context,
+                "host_bytes_per_layer": (blocks - gpu_blocks) * per_block,
+            }
             for name, query_len in (("decode", 1), ("prefill_chunk", PREFILL_CHUNK)):
                 q = torch.randn(query_len, Q_HEADS, DIM, dtype=DTYPE, device="cuda") * 0.5
                 lens = torch.tensor([context], dtype=torch.int32, device="cuda")
@@ -219,16 +259,18 @@ def main() -> None:
                 for kernel, run in kernels(block).items():
                     key = f"{name}/{kernel}"
                     try:
-                        row[key] = measure(run, (k, v), (kd, vd), want, q, table, lens,
-                                           starts, query_len, context)  # fmt: skip
+                        row[key] = measure(
+                            run, (k, v), (kd, vd), want, q, table, lens, starts, query_len, context
+                        )
                     except Exception as exc:  # a kernel that cannot: say which, go on
                         row[key] = {"error": repr(exc)[:400]}
                     print(block, host_tokens, key, row[key], flush=True)
             if host_tokens:
                 row["decode/cpu_attention_ms"] = cpu_attention_ms(flat_k, flat_v)
                 row["stream_copy_ms"] = stream_copy_ms(cache[gpu_blocks:])
-                row["stream_copy_gb_per_s"] = row["host_bytes_per_layer"] / row[
-                    "stream_copy_ms"] * 1e-6  # fmt: skip
+                row["stream_copy_gb_per_s"] = (
+                    row["host_bytes_per_layer"] / row["stream_copy_ms"] * 1e-6
+                )
                 mixed = row.get("decode/FA3", {})
                 if "ms_mixed" not in mixed:
                     mixed = row.get("decode/Triton", {})

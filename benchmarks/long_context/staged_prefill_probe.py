@@ -102,25 +102,36 @@ class Range:
 
     def tokens(self, offset: int, count: int) -> torch.Tensor:
         """``count`` tokens of K or V, (tokens, kv heads, dim), at byte ``offset``."""
-        return torch.as_tensor(_Span(self.va + offset, count * KV_HEADS * DIM),
-                               device="cuda").view(DTYPE).view(count, KV_HEADS, DIM)  # fmt: skip
+        return (
+            torch.as_tensor(_Span(self.va + offset, count * KV_HEADS * DIM), device="cuda")
+            .view(DTYPE)
+            .view(count, KV_HEADS, DIM)
+        )
 
 
 class _Span:
     """``numel`` 2-byte elements of device-visible memory at ``address``, for torch."""
 
     def __init__(self, address: int, numel: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2",
-                                         "data": (address, False), "version": 3}  # fmt: skip
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": "<i2",
+            "data": (address, False),
+            "version": 3,
+        }
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """FlashAttention 2 (torch's), grouped heads, causal aligned to the last key (a chunk
     of queries at the end of its context): q (C, 32, 128), k/v (ctx, 8, 128)."""
     out = torch.ops.aten._scaled_dot_product_flash_attention(
-        q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
-        v.unsqueeze(0).transpose(1, 2), 0.0, is_causal=True, scale=DIM**-0.5,
-    )[0]  # fmt: skip
+        q.unsqueeze(0).transpose(1, 2),
+        k.unsqueeze(0).transpose(1, 2),
+        v.unsqueeze(0).transpose(1, 2),
+        0.0,
+        is_causal=True,
+        scale=DIM**-0.5,
+    )[0]
     return out.transpose(1, 2)[0]
 
 
@@ -176,8 +187,9 @@ class AllGpu:
         ]
         self.v = [torch.empty_like(t) for t in self.k]
 
-    def layer(self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor,
-              q: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def layer(
+        self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor
+    ) -> torch.Tensor:
         end = start + k_new.shape[0]
         self.k[layer][start:end], self.v[layer][start:end] = k_new, v_new
         return attend(q, self.k[layer][:end], self.v[layer][:end])
@@ -193,8 +205,9 @@ class Backing:
     def __init__(self) -> None:
         gpu_bytes = GPU_TOKENS * TOKEN_BYTES
         self.gpu = [(create(gpu_bytes), create(gpu_bytes)) for _ in range(LAYERS)]
-        self.host_k = [torch.empty(SPILLED, KV_HEADS, DIM, dtype=DTYPE, pin_memory=True)
-                       for _ in range(LAYERS)]  # fmt: skip
+        self.host_k = [
+            torch.empty(SPILLED, KV_HEADS, DIM, dtype=DTYPE, pin_memory=True) for _ in range(LAYERS)
+        ]
         self.host_v = [torch.empty_like(t, pin_memory=True) for t in self.host_k]
 
 
@@ -212,8 +225,9 @@ class Staged:
         self.ranges = []
         for layer, (gk, gv) in enumerate(backing.gpu):
             sk, sv = scratch[layer % buffers]
-            self.ranges.append(Range([(gk, gpu_bytes), (sk, spill_bytes),
-                                      (gv, gpu_bytes), (sv, spill_bytes)]))  # fmt: skip
+            self.ranges.append(
+                Range([(gk, gpu_bytes), (sk, spill_bytes), (gv, gpu_bytes), (sv, spill_bytes)])
+            )
         self.k = [r.tokens(0, CONTEXT) for r in self.ranges]
         self.v = [r.tokens(CONTEXT * TOKEN_BYTES, CONTEXT) for r in self.ranges]
         self.host_k, self.host_v = backing.host_k, backing.host_v
@@ -246,8 +260,9 @@ class Staged:
                 )
             self.copied[layer].record(stream)
 
-    def layer(self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor,
-              q: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def layer(
+        self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor
+    ) -> torch.Tensor:
         end = start + k_new.shape[0]
         main = torch.cuda.current_stream()
         if not self.overlap:
@@ -316,8 +331,10 @@ def copy_rate(nbytes: int) -> dict[str, float]:
         torch.cuda.synchronize()
         return nbytes * 10 / (time.perf_counter() - began) / 1e9
 
-    return {"h2d_gb_per_s": rate(lambda: dst.copy_(src, non_blocking=True)),
-            "d2h_gb_per_s": rate(lambda: src.copy_(dst, non_blocking=True))}  # fmt: skip
+    return {
+        "h2d_gb_per_s": rate(lambda: dst.copy_(src, non_blocking=True)),
+        "d2h_gb_per_s": rate(lambda: src.copy_(dst, non_blocking=True)),
+    }
 
 
 def one_layer(chunk: int) -> dict[str, Any]:
@@ -328,8 +345,14 @@ def one_layer(chunk: int) -> dict[str, Any]:
     v = torch.randn(CONTEXT, KV_HEADS, DIM, dtype=DTYPE, device="cuda", generator=g)
     q = torch.randn(chunk, Q_HEADS, DIM, dtype=DTYPE, device="cuda", generator=g)
     gpu_b, spill_b = GPU_TOKENS * TOKEN_BYTES, SPILLED * TOKEN_BYTES
-    mapped = Range([(create(gpu_b), gpu_b), (create(spill_b, on_host=True), spill_b),
-                    (create(gpu_b), gpu_b), (create(spill_b, on_host=True), spill_b)])  # fmt: skip
+    mapped = Range(
+        [
+            (create(gpu_b), gpu_b),
+            (create(spill_b, on_host=True), spill_b),
+            (create(gpu_b), gpu_b),
+            (create(spill_b, on_host=True), spill_b),
+        ]
+    )
     mk, mv = mapped.tokens(0, CONTEXT), mapped.tokens(CONTEXT * TOKEN_BYTES, CONTEXT)
     mk.copy_(k)
     mv.copy_(v)
@@ -342,8 +365,11 @@ def one_layer(chunk: int) -> dict[str, Any]:
         scratch_v[GPU_TOKENS:].copy_(host_v, non_blocking=True)
         return attend(q, scratch_k[:end], scratch_v[:end])
 
-    arms = {"all_gpu": lambda: attend(q, k[:end], v[:end]), "staged_copy_then_attend": staged,
-            "in_place_host_mapped": lambda: attend(q, mk[:end], mv[:end])}  # fmt: skip
+    arms = {
+        "all_gpu": lambda: attend(q, k[:end], v[:end]),
+        "staged_copy_then_attend": staged,
+        "in_place_host_mapped": lambda: attend(q, mk[:end], mv[:end]),
+    }
     outs = {name: run() for name, run in arms.items()}
     k2 = k.clone()
     k2[GPU_TOKENS + 1000] += 1.0  # the control: one spilled token's K changed
@@ -358,8 +384,11 @@ def one_layer(chunk: int) -> dict[str, Any]:
             torch.cuda.synchronize()
             ms.append((time.perf_counter() - began) * 1e3)
         same = bool(torch.equal(outs[name], outs["all_gpu"]))
-        result[name] = {"ms_median": statistics.median(ms), "ms_min_max": [min(ms), max(ms)],
-                        "bit_identical_to_all_gpu": same}  # fmt: skip
+        result[name] = {
+            "ms_median": statistics.median(ms),
+            "ms_min_max": [min(ms), max(ms)],
+            "bit_identical_to_all_gpu": same,
+        }
     result["control_changed_output"] = not torch.equal(control, outs["all_gpu"])
     result["in_place_extra_ms"] = (
         result["in_place_host_mapped"]["ms_median"] - result["all_gpu"]["ms_median"]
@@ -371,12 +400,22 @@ def main() -> None:
     torch.manual_seed(0)
     torch.zeros(1, device="cuda")
     out: dict[str, Any] = {
-        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-        "shape": {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "dim": DIM, "hidden": HIDDEN,
-                  "mlp": MLP, "layers": LAYERS, "dtype": "bfloat16"},
-        "context_tokens": CONTEXT, "gpu_tokens": GPU_TOKENS, "spilled_tokens": SPILLED,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "shape": {
+            "q_heads": Q_HEADS,
+            "kv_heads": KV_HEADS,
+            "dim": DIM,
+            "hidden": HIDDEN,
+            "mlp": MLP,
+            "layers": LAYERS,
+            "dtype": "bfloat16",
+        },
+        "context_tokens": CONTEXT,
+        "gpu_tokens": GPU_TOKENS,
+        "spilled_tokens": SPILLED,
         "kv_bytes_per_token_all_layers": 2 * TOKEN_BYTES * LAYERS,
-    }  # fmt: skip
+    }
     target = os.environ.get("OUT", ".")
 
     def save() -> None:
@@ -399,8 +438,12 @@ def main() -> None:
     weights = Weights()
     prompt = torch.randn(CONTEXT, HIDDEN, dtype=DTYPE, device="cuda")
     backing = Backing()
-    arms: list[Any] = [AllGpu(), Staged(backing, 2, True), Staged(backing, 1, True),
-                       Staged(backing, 1, False)]  # fmt: skip
+    arms: list[Any] = [
+        AllGpu(),
+        Staged(backing, 2, True),
+        Staged(backing, 1, True),
+        Staged(backing, 1, False),
+    ]
     rate = out["copy"]["h2d_gb_per_s"] * 1e9
     out["stack"] = {}
     for chunk in CHUNKS:
@@ -419,18 +462,23 @@ def main() -> None:
         all_gpu = statistics.median(ttft["all_gpu"])
         h2d = h2d_tokens(chunk) * 2 * TOKEN_BYTES * LAYERS
         row: dict[str, Any] = {
-            "h2d_bytes": h2d, "d2h_bytes": SPILLED * 2 * TOKEN_BYTES * LAYERS,
-            "floor_ms": all_gpu + h2d / rate * 1e3, "copy_ms_at_measured_rate": h2d / rate * 1e3,
-        }  # fmt: skip
+            "h2d_bytes": h2d,
+            "d2h_bytes": SPILLED * 2 * TOKEN_BYTES * LAYERS,
+            "floor_ms": all_gpu + h2d / rate * 1e3,
+            "copy_ms_at_measured_rate": h2d / rate * 1e3,
+        }
         for name, values in ttft.items():
             med = statistics.median(values)
             row[name] = {
-                "ttft_model_ms_median": med, "ttft_model_ms_min_max": [min(values), max(values)],
+                "ttft_model_ms_median": med,
+                "ttft_model_ms_min_max": [min(values), max(values)],
                 "vs_all_gpu": med / all_gpu,
                 "chunk_ms_median": [statistics.median(c) for c in zip(*runs[name], strict=True)],
-                "bit_identical_to_all_gpu": all(torch.equal(a, b) for a, b in zip(
-                    outputs[name], outputs["all_gpu"], strict=True)),
-            }  # fmt: skip
+                "bit_identical_to_all_gpu": all(
+                    torch.equal(a, b)
+                    for a, b in zip(outputs[name], outputs["all_gpu"], strict=True)
+                ),
+            }
             if name != "all_gpu" and h2d:
                 row[name]["copy_hidden_fraction"] = (
                     1 - (med - all_gpu) / row["copy_ms_at_measured_rate"]

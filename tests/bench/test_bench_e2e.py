@@ -22,17 +22,54 @@ pytestmark = pytest.mark.e2e
 
 def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
-            "--arm", "base=baseline -- --max-num-seqs 8", "--repeats", "1", "--docs", "3",
-            "--doc-tokens", "300", "--settle-seconds", "0.1",
-            "--conversations", "2", "--turns", "2", "--turn-tokens", "100",
-            "--workloads", "reuse,chat,sweep,decode,memory",
-            "--rates", "sync,2,max", "--rate-seconds", "3", "--max-concurrency", "4",
-            "--decode-batch", "3", "--prompt-tokens", "64",
-            "--output-tokens", "8", "--pool-bytes", str(64 << 20), "--token-ids",
-            "--out", str(out), "--", "--enforce-eager"]  # fmt: skip
-    done = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_offload",
+        "bench",
+        "--model",
+        str(demo_dir),
+        "--arm",
+        "base=baseline -- --max-num-seqs 8",
+        "--repeats",
+        "1",
+        "--docs",
+        "3",
+        "--doc-tokens",
+        "300",
+        "--settle-seconds",
+        "0.1",
+        "--conversations",
+        "2",
+        "--turns",
+        "2",
+        "--turn-tokens",
+        "100",
+        "--workloads",
+        "reuse,chat,sweep,decode,memory",
+        "--rates",
+        "sync,2,max",
+        "--rate-seconds",
+        "3",
+        "--max-concurrency",
+        "4",
+        "--decode-batch",
+        "3",
+        "--prompt-tokens",
+        "64",
+        "--output-tokens",
+        "8",
+        "--pool-bytes",
+        str(64 << 20),
+        "--token-ids",
+        "--out",
+        str(out),
+        "--",
+        "--enforce-eager",
+    ]
+    done = subprocess.run(
+        argv, env=server_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["options"]["arms"] == [
@@ -59,9 +96,14 @@ def test_bench_writes_results_and_plots(demo_dir: Path, tmp_path: Path) -> None:
     assert run["decode"]["errors"] == 0 and run["decode"]["decode_tok_per_s"] > 0
     assert results["decode_floor"] == {}  # no weights offloaded, no ceiling
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    expected = {"reuse.ttft_pass1", "sweep.sync.output_tok_per_s", "sweep.max.output_tok_per_s",
-                "decode.decode_tok_per_s", "reuse.pass2.server.time_to_first_token",
-                "sweep.max.ttft_mean_s"}  # fmt: skip
+    expected = {
+        "reuse.ttft_pass1",
+        "sweep.sync.output_tok_per_s",
+        "sweep.max.output_tok_per_s",
+        "decode.decode_tok_per_s",
+        "reuse.pass2.server.time_to_first_token",
+        "sweep.max.ttft_mean_s",
+    }
     assert expected <= {r["metric"] for r in rows}
     assert "| base | reuse.ttft_pass2 | s |" in (out / "summary.md").read_text()
     import matplotlib.image
@@ -77,13 +119,42 @@ def test_hit_bursts_read_documents_again_at_once(demo_dir: Path, tmp_path: Path)
     all at once, then once more. On the CPU demo server (no tier) the second read
     recomputes every token and the third hits the GPU prefix cache."""
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
-            "--arms", "baseline", "--repeats", "1", "--workloads", "reuse", "--docs", "2",
-            "--doc-tokens", "300", "--settle-seconds", "0.1", "--hit-concurrency", "1,3",
-            "--pool-bytes", str(64 << 20), "--token-ids", "--h2d-gbps", "50",
-            "--out", str(out), "--", "--enforce-eager", "--max-num-seqs", "4"]  # fmt: skip
-    done = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_offload",
+        "bench",
+        "--model",
+        str(demo_dir),
+        "--arms",
+        "baseline",
+        "--repeats",
+        "1",
+        "--workloads",
+        "reuse",
+        "--docs",
+        "2",
+        "--doc-tokens",
+        "300",
+        "--settle-seconds",
+        "0.1",
+        "--hit-concurrency",
+        "1,3",
+        "--pool-bytes",
+        str(64 << 20),
+        "--token-ids",
+        "--h2d-gbps",
+        "50",
+        "--out",
+        str(out),
+        "--",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "4",
+    ]
+    done = subprocess.run(
+        argv, env=server_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["options"]["hit_concurrency"] == [1, 3]
@@ -108,8 +179,12 @@ def test_hit_bursts_read_documents_again_at_once(demo_dir: Path, tmp_path: Path)
         assert gpu["vllm:prefix_cache_hits"] >= 200 * n
         assert burst["load_gbps"] is None  # no tier, nothing loaded
     rows = {r["metric"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert {"burst1.cpu_hit_ttft.requests", "burst3.gpu_hit_ttft.requests",
-            "burst3.cpu_over_gpu", "burst3.load_bytes"} <= set(rows)  # fmt: skip
+    assert {
+        "burst1.cpu_hit_ttft.requests",
+        "burst3.gpu_hit_ttft.requests",
+        "burst3.cpu_over_gpu",
+        "burst3.load_bytes",
+    } <= set(rows)
     assert float(rows["burst3.load_bytes"]["median"]) == 0
     assert rows["burst3.cpu_over_floor"]["median"] == ""  # no load, no floor
     assert "VLLM_SERVER_DEV_MODE" not in os.environ  # only the servers got it
@@ -121,20 +196,51 @@ def test_an_arm_whose_server_dies_ends_alone(demo_dir: Path, tmp_path: Path) -> 
     every repeat, results.json is written and the command exits 1. (On the H200 a dead
     native engine once ended a whole three-arm run at its next request.)"""
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(demo_dir),
-            "--arm", "base=baseline", "--arm", "doomed=baseline", "--repeats", "3",
-            "--workloads", "reuse", "--docs", "3", "--doc-tokens", "300",
-            "--settle-seconds", "0.5", "--pool-bytes", str(64 << 20), "--token-ids",
-            "--out", str(out), "--", "--enforce-eager", "--max-num-seqs", "4"]  # fmt: skip
-    bench = subprocess.Popen(argv, env=server_env(tmp_path), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_offload",
+        "bench",
+        "--model",
+        str(demo_dir),
+        "--arm",
+        "base=baseline",
+        "--arm",
+        "doomed=baseline",
+        "--repeats",
+        "3",
+        "--workloads",
+        "reuse",
+        "--docs",
+        "3",
+        "--doc-tokens",
+        "300",
+        "--settle-seconds",
+        "0.5",
+        "--pool-bytes",
+        str(64 << 20),
+        "--token-ids",
+        "--out",
+        str(out),
+        "--",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "4",
+    ]
+    bench = subprocess.Popen(
+        argv, env=server_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         partial = out / "results.partial.json"
-        wait_until(partial.exists, 600, "the first repeat", alive=lambda: bench.poll() is None,
-                   poll_s=0.2)  # fmt: skip
-        doomed = [p for p in psutil.process_iter(["cmdline"])
-                  if "--model-served-name" in (p.info["cmdline"] or [])
-                  and log_of(p) == out / "doomed.log"]  # fmt: skip
+        wait_until(
+            partial.exists, 600, "the first repeat", alive=lambda: bench.poll() is None, poll_s=0.2
+        )
+        doomed = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "--model-served-name" in (p.info["cmdline"] or [])
+            and log_of(p) == out / "doomed.log"
+        ]
         assert len(doomed) == 1, "the doomed arm's `vllm-offload serve`"
         os.killpg(os.getpgid(doomed[0].pid), signal.SIGKILL)
         _, stderr = bench.communicate(timeout=600)
@@ -159,24 +265,42 @@ def log_of(process: psutil.Process) -> Path | None:
 
 
 def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "vllm_offload", "bench", "--model",
-                           str(tmp_path), "--arms", "baseline,disk"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload",
+            "bench",
+            "--model",
+            str(tmp_path),
+            "--arms",
+            "baseline,disk",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "choose from baseline, native, lmcache" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "vllm_offload", "bench", "--model",
-                           str(tmp_path)], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "bench", "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "no config.json there" in done.stderr
     bench = [sys.executable, "-m", "vllm_offload", "bench", "--model", str(tmp_path)]
-    for arm, message in (("x=disk", "KIND one of baseline, native, lmcache"),
-                         ("a b=native", "the label may hold")):  # fmt: skip
+    for arm, message in (
+        ("x=disk", "KIND one of baseline, native, lmcache"),
+        ("a b=native", "the label may hold"),
+    ):
         done = subprocess.run([*bench, "--arm", arm], capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr, done.stderr
     for counts in ("0", "1,x"):
-        done = subprocess.run([*bench, "--hit-concurrency", counts], capture_output=True,
-                              text=True)  # fmt: skip
+        done = subprocess.run([*bench, "--hit-concurrency", counts], capture_output=True, text=True)
         assert done.returncode == 2 and "--hit-concurrency" in done.stderr, done.stderr
-    done = subprocess.run([*bench, "--arms", "native", "--arm", "native=native --max-num-seqs 2"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*bench, "--arms", "native", "--arm", "native=native --max-num-seqs 2"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "labels must differ" in done.stderr
 
 

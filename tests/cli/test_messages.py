@@ -56,15 +56,20 @@ def test_another_vllm_flag_is_shown_where_it_goes(capsys: pytest.CaptureFixture[
     ("toml", "message"),
     [
         ("[model]\nmax_len = 4096\n", "model.max_len: unknown key; did you mean max_model_len?"),
-        ("[gpu]\nmax_model_len = 4096\n",
-         "gpu.max_model_len: unknown key; it belongs in [model] (model.max_model_len)"),
-        ("[weight_offload]\ncpu_gib = 4\n",
-         "weight_offload: unknown key; did you mean [weights_offload]?"),
-        ('[model]\nmax_model_len = "4k"\n',
-         "model.max_model_len: \"4k\" is neither \"auto\" nor a whole number of tokens "
-         "(e.g. 4096)"),
+        (
+            "[gpu]\nmax_model_len = 4096\n",
+            "gpu.max_model_len: unknown key; it belongs in [model] (model.max_model_len)",
+        ),
+        (
+            "[weight_offload]\ncpu_gib = 4\n",
+            "weight_offload: unknown key; did you mean [weights_offload]?",
+        ),
+        (
+            '[model]\nmax_model_len = "4k"\n',
+            'model.max_model_len: "4k" is neither "auto" nor a whole number of tokens (e.g. 4096)',
+        ),
     ],
-)  # fmt: skip
+)
 def test_config_mistakes_name_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], toml: str, message: str
 ) -> None:

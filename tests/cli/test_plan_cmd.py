@@ -12,8 +12,13 @@ from vllm_offload.cli import main
 def test_unknown_architecture_is_planned_from_its_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    odd = dict(LLAMA3_8B, architectures=["FooForCausalLM"], model_type="foo", num_hidden_layers=2,
-               layer_types=["full_attention", "hyper_attention"])  # fmt: skip
+    odd = dict(
+        LLAMA3_8B,
+        architectures=["FooForCausalLM"],
+        model_type="foo",
+        num_hidden_layers=2,
+        layer_types=["full_attention", "hyper_attention"],
+    )
     model = write_shape(tmp_path / "foo", odd)
     assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -41,8 +46,22 @@ def test_declared_gpu_smaller_than_the_weights(
     assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24"]) == 2
     err = capsys.readouterr().err
     assert "weights_offload.cpu_gib" in err and "do not fit" in err
-    assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128",
-                 "--weights-offload-cpu-gib", "auto"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(model),
+                "--gpu-mem-gib",
+                "24",
+                "--ram-gib",
+                "128",
+                "--weights-offload-cpu-gib",
+                "auto",
+            ]
+        )
+        == 0
+    )
     assert "on GPU / offloaded" in capsys.readouterr().out
 
 
@@ -66,13 +85,33 @@ def test_plan_exits_2_when_the_plan_cannot_start(
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 README_EXAMPLES = {  # the README's two plan examples: `plan --json`, byte for byte
-    "plan-24gb.json": ["--config", "examples/config-24gb.toml", "--server-api-key-file", "",
-                       "--model-max-model-len", "65536", "--model-kv-cache-dtype", "fit",
-                       "--weights-offload-cpu-gib", "auto", "--gpu-mem-gib", "24",
-                       "--ram-gib", "128"],
-    "plan-70b.json": ["--gpu-mem-gib", "80", "--ram-gib", "256", "--model-max-model-len",
-                      "32768", "--weights-offload-cpu-gib", "auto"],
-}  # fmt: skip
+    "plan-24gb.json": [
+        "--config",
+        "examples/config-24gb.toml",
+        "--server-api-key-file",
+        "",
+        "--model-max-model-len",
+        "65536",
+        "--model-kv-cache-dtype",
+        "fit",
+        "--weights-offload-cpu-gib",
+        "auto",
+        "--gpu-mem-gib",
+        "24",
+        "--ram-gib",
+        "128",
+    ],
+    "plan-70b.json": [
+        "--gpu-mem-gib",
+        "80",
+        "--ram-gib",
+        "256",
+        "--model-max-model-len",
+        "32768",
+        "--weights-offload-cpu-gib",
+        "auto",
+    ],
+}
 
 
 @pytest.mark.parametrize("golden", sorted(README_EXAMPLES))
@@ -81,8 +120,9 @@ def test_readme_examples_plan_json_is_unchanged(
 ) -> None:
     monkeypatch.chdir(Path(__file__).parents[2])
     if golden == "plan-24gb.json":
-        model = write_shape(tmp_path / "Meta-Llama-3.1-8B-Instruct",
-                            dict(LLAMA3_8B, max_position_embeddings=131072))  # fmt: skip
+        model = write_shape(
+            tmp_path / "Meta-Llama-3.1-8B-Instruct", dict(LLAMA3_8B, max_position_embeddings=131072)
+        )
     else:
         model = Path("benchmarks/models/llama-3.1-70b").absolute()
     assert main(["plan", "--model", str(model), *README_EXAMPLES[golden], "--json"]) == 0

@@ -123,10 +123,17 @@ def test_preflight_errors_exit_2_and_start_nothing(
 
 @pytest.mark.parametrize(
     "passthrough",
-    [["--max-model-len", "8192"], ["--max_model_len=8192"], ["--max-model", "8192"],
-     ["--block-size", "16"], ["--port", "9"], ["-tp", "2"], ["--api-server-count", "2"],
-     ["--kv-transfer-config.kv_connector", "X"]],
-)  # fmt: skip
+    [
+        ["--max-model-len", "8192"],
+        ["--max_model_len=8192"],
+        ["--max-model", "8192"],
+        ["--block-size", "16"],
+        ["--port", "9"],
+        ["-tp", "2"],
+        ["--api-server-count", "2"],
+        ["--kv-transfer-config.kv_connector", "X"],
+    ],
+)
 def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
     demo_dir: Path,
     started: list[launch.LaunchSpec],
@@ -135,8 +142,15 @@ def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
 ) -> None:
     """Issue #13: vLLM keeps the last of a repeated flag, so `-- --max-model-len 8192` after
     the planner's 8,064 served a length the pool cannot hold (and passed --dry-run)."""
-    code = serve("--model", str(demo_dir), "--gpu-kv-cache-memory-bytes", "1073741824",
-                 "--dry-run", "--", *passthrough)  # fmt: skip
+    code = serve(
+        "--model",
+        str(demo_dir),
+        "--gpu-kv-cache-memory-bytes",
+        "1073741824",
+        "--dry-run",
+        "--",
+        *passthrough,
+    )
     out, err = capsys.readouterr()
     assert code == 2
     assert f"error: extra_args: {passthrough[0]} is " in err
@@ -230,8 +244,15 @@ def test_every_commands_help_renders(capsys: pytest.CaptureFixture[str]) -> None
 def test_dry_run_with_a_host_extension_on_a_cpu_host(
     demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = serve("--model", str(demo_dir), "--kv-offload-backend", "none",
-                 "--kv-offload-host-extension-gib", "1", "--dry-run")  # fmt: skip
+    code = serve(
+        "--model",
+        str(demo_dir),
+        "--kv-offload-backend",
+        "none",
+        "--kv-offload-host-extension-gib",
+        "1",
+        "--dry-run",
+    )
     out, err = capsys.readouterr()
     assert code == 2
     assert "'--additional-config={\"kv_host_extension_bytes\":1073741824}'" in out

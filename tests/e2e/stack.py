@@ -52,16 +52,29 @@ def install(tmp_path: Path, model: Path) -> Deployment:
     rendered from it, as `vllm-offload install-service --root` writes them."""
     port = free_port()
     config = tmp_path / "etc" / "config.toml"
-    save(with_overrides(DeploymentConfig(), {
-        "model.path": str(model), "server.port": port,
-        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
-        "manager.model_roots": [str(model.parent)],
-    }), config)  # fmt: skip
+    save(
+        with_overrides(
+            DeploymentConfig(),
+            {
+                "model.path": str(model),
+                "server.port": port,
+                "gpu.kv_cache_memory_bytes": 64 << 20,
+                "extra_args": ["--enforce-eager"],
+                "manager.model_roots": [str(model.parent)],
+            },
+        ),
+        config,
+    )
     state = tmp_path / "state"
     state.mkdir()
     root = tmp_path / "a" / "b" / "root"
-    units.install(units.validate(units.InstallOptions(
-        root=root, user="root", config=config, config_given=True, state_dir=state)))  # fmt: skip
+    units.install(
+        units.validate(
+            units.InstallOptions(
+                root=root, user="root", config=config, config_given=True, state_dir=state
+            )
+        )
+    )
     return Deployment(config, root, port, Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root))
 
 
@@ -76,12 +89,24 @@ def manager(
     token_file.chmod(0o600)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port),
-         "--token-file", str(token_file), "--config", str(deployment.config),
-         "--systemd-root", str(deployment.root)],
-        env={**server_env(tmp_path), **(env or {})}, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload",
+            "manager",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token_file),
+            "--config",
+            str(deployment.config),
+            "--systemd-root",
+            str(deployment.root),
+        ],
+        env={**server_env(tmp_path), **(env or {})},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "the manager")
         yield f"http://127.0.0.1:{port}"

@@ -21,15 +21,33 @@ POOL_BYTES = 4 << 20  # demo model: 2,048 B/token -> 16 blocks of 128 -> 1,920 t
 
 
 def test_too_long_max_model_len_fails_fast(demo_dir: Path, tmp_path: Path) -> None:
-    kv = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20}}  # fmt: skip
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(demo_dir),
-            "--port", str(free_port()), "--max-model-len", "8192", "--block-size", "128",
-            "--kv-cache-memory-bytes", str(POOL_BYTES), "--enforce-eager",
-            "--kv-transfer-config", json.dumps(kv)]  # fmt: skip
+    kv = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20},
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(demo_dir),
+        "--port",
+        str(free_port()),
+        "--max-model-len",
+        "8192",
+        "--block-size",
+        "128",
+        "--kv-cache-memory-bytes",
+        str(POOL_BYTES),
+        "--enforce-eager",
+        "--kv-transfer-config",
+        json.dumps(kv),
+    ]
     began = time.monotonic()
-    proc = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        argv, env=server_env(tmp_path), capture_output=True, text=True, timeout=240
+    )
     elapsed = time.monotonic() - began
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
@@ -47,17 +65,26 @@ def post(url: str, body: dict[str, object]) -> tuple[int, str, float]:
 
 
 def test_auto_clamps_and_over_long_prompt_gets_400(demo_dir: Path, tmp_path: Path) -> None:
-    server = Server(["--model", str(demo_dir), "--model-served-name", "demo",
-                     "--gpu-kv-cache-memory-bytes", str(POOL_BYTES), "--", "--enforce-eager"],
-                    tmp_path)  # fmt: skip
+    server = Server(
+        [
+            "--model",
+            str(demo_dir),
+            "--model-served-name",
+            "demo",
+            "--gpu-kv-cache-memory-bytes",
+            str(POOL_BYTES),
+            "--",
+            "--enforce-eager",
+        ],
+        tmp_path,
+    )
     server.start()
     try:
         assert "max_model_len         1,920 tokens (auto" in server.log_path.read_text()
         url = server.base_url
         long_prompt = "hello world " * 2000
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            long = pool.submit(post, url, {"model": "demo", "prompt": long_prompt,
-                                           "max_tokens": 4})  # fmt: skip
+            long = pool.submit(post, url, {"model": "demo", "prompt": long_prompt, "max_tokens": 4})
             short = pool.submit(post, url, {"model": "demo", "prompt": "hello", "max_tokens": 4})
             long_status, long_body, long_s = long.result(timeout=90)
             short_status, short_body, _ = short.result(timeout=90)

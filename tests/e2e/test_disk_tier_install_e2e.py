@@ -77,8 +77,11 @@ def users() -> Iterator[tuple[str, str]]:
     suffix = secrets.token_hex(3)
     names = (f"vo-srv-{suffix}", f"vo-mgr-{suffix}")
     for name in names:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", name], check=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+            timeout=60,
+        )
     try:
         yield names
     finally:
@@ -107,8 +110,10 @@ def test_the_server_writes_the_tier_and_the_manager_clears_it(
 ) -> None:
     server_user, manager_user = users
     python = python_for_others()
-    env = {"PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
-           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+    }
     disk, config, state, root = (
         base / "nvme",
         base / "etc/config.toml",
@@ -117,19 +122,35 @@ def test_the_server_writes_the_tier_and_the_manager_clears_it(
     )
     save(with_overrides(DeploymentConfig(), {"kv_offload.disk_path": str(disk)}), config)
     state.mkdir(mode=0o755)
-    install.install(install.validate(install.InstallOptions(
-        root=root, user=server_user, manager_user=manager_user, config=config,
-        config_given=True, state_dir=state, python=python)))  # fmt: skip
+    install.install(
+        install.validate(
+            install.InstallOptions(
+                root=root,
+                user=server_user,
+                manager_user=manager_user,
+                config=config,
+                config_given=True,
+                state_dir=state,
+                python=python,
+            )
+        )
+    )
     disk.symlink_to(root / str(disk).lstrip("/"))  # the image's folder at the unit's path
     tier = disk_layout.tier_root(str(disk))
     units = root / "etc/systemd/system"
     assert writable_paths(units / "vllm.service") == [str(state), f"-{disk}"]
-    assert writable_paths(units / "vllm-manager.service") == [str(config.parent), str(state),
-                                                              f"-{tier}"]  # fmt: skip
+    assert writable_paths(units / "vllm-manager.service") == [
+        str(config.parent),
+        str(state),
+        f"-{tier}",
+    ]
     server_unit = units / "vllm.service"
-    server_unit.write_text("\n".join(
-        f"ExecStart={python} {base / 'stand_in.py'} {disk}" if s.startswith("ExecStart=") else s
-        for s in server_unit.read_text().splitlines()))  # fmt: skip
+    server_unit.write_text(
+        "\n".join(
+            f"ExecStart={python} {base / 'stand_in.py'} {disk}" if s.startswith("ExecStart=") else s
+            for s in server_unit.read_text().splitlines()
+        )
+    )
     (base / "stand_in.py").write_text(STAND_IN)
     (root / "etc/default/vllm-offload").write_text(f"PYTHONPATH={env['PYTHONPATH']}\n")
     systemctl = [SYSTEMCTL3, f"--root={root}"]
@@ -137,24 +158,45 @@ def test_the_server_writes_the_tier_and_the_manager_clears_it(
     port = free_port()
     manager = None
     try:
-        subprocess.run([*systemctl, "start", "vllm.service"], check=True, timeout=120,
-                       umask=UMASK)  # fmt: skip
+        subprocess.run([*systemctl, "start", "vllm.service"], check=True, timeout=120, umask=UMASK)
         wait_until(chunk.exists, 300, "the server's chunk file")
         assert chunk.stat().st_uid == pwd.getpwnam(server_user).pw_uid
         token_file = root / str(config.parent).lstrip("/") / "manager-token"  # install's
         token = token_file.read_text().strip()
         manager = subprocess.Popen(
-            [python, "-m", "vllm_offload", "manager", "--port", str(port), "--token-file",
-             str(token_file), "--config", str(config),
-             "--systemd-root", str(root)],
-            user=manager_user, group=grp.getgrgid(pwd.getpwnam(manager_user).pw_gid).gr_name,
-            extra_groups=[], umask=UMASK, env={**env, "HOME": str(state)}, cwd=state,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                python,
+                "-m",
+                "vllm_offload",
+                "manager",
+                "--port",
+                str(port),
+                "--token-file",
+                str(token_file),
+                "--config",
+                str(config),
+                "--systemd-root",
+                str(root),
+            ],
+            user=manager_user,
+            group=grp.getgrgid(pwd.getpwnam(manager_user).pw_gid).gr_name,
+            extra_groups=[],
+            umask=UMASK,
+            env={**env, "HOME": str(state)},
+            cwd=state,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: answers(f"{url}/healthz"), 120, "the manager")
-        clear = lambda: httpx.post(f"{url}/api/cache/clear", timeout=60,  # noqa: E731
-                                   headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+
+        def clear() -> httpx.Response:
+            return httpx.post(
+                f"{url}/api/cache/clear",
+                timeout=60,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+
         busy = clear()
         assert busy.status_code == 409 and "running server" in busy.text, busy.text
         subprocess.run([*systemctl, "stop", "vllm.service"], check=True, timeout=120)
@@ -163,9 +205,13 @@ def test_the_server_writes_the_tier_and_the_manager_clears_it(
         assert done.json() == {"files": 1, "bytes": 4096}
         assert not chunk.exists() and not (tier / "fp").exists()
         # and nothing wider: the manager's user cannot write beside the tier's folder
-        beside = subprocess.run([python, "-c", "import sys; open(sys.argv[1], 'w')",
-                                 str(disk / "planted")], user=manager_user, timeout=60,
-                                capture_output=True, text=True)  # fmt: skip
+        beside = subprocess.run(
+            [python, "-c", "import sys; open(sys.argv[1], 'w')", str(disk / "planted")],
+            user=manager_user,
+            timeout=60,
+            capture_output=True,
+            text=True,
+        )
         assert beside.returncode != 0 and "PermissionError" in beside.stderr
     finally:
         subprocess.run([*systemctl, "stop", "vllm.service"], timeout=120)

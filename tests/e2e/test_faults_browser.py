@@ -30,8 +30,11 @@ def start_limit_in_service_section(unit_file: Path) -> None:
     `systemd-analyze verify` checks them, tests/test_units.py): copy them over, values
     unchanged, so the replacement enforces the unit's own limit instead of its default."""
     text = unit_file.read_text()
-    keys = [line for line in text.splitlines()
-            if line.startswith(("StartLimitBurst=", "StartLimitIntervalSec="))]  # fmt: skip
+    keys = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("StartLimitBurst=", "StartLimitIntervalSec="))
+    ]
     assert keys == ["StartLimitIntervalSec=600", "StartLimitBurst=5"], keys
     unit_file.write_text(text.replace("[Service]\n", "[Service]\n" + "\n".join(keys) + "\n", 1))
 
@@ -50,9 +53,12 @@ def supervised(tmp_path: Path) -> Iterator[Stack]:
     deployment = deploy.install(tmp_path, model)
     root = deployment.root
     start_limit_in_service_section(root / "etc/systemd/system/vllm.service")
-    init = subprocess.Popen([SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    init = subprocess.Popen(
+        [SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
             wait_server(deployment.server_port)

@@ -26,10 +26,19 @@ def stack(tmp_path: Path) -> Iterator[str]:
     demo_model.write(models / "demo-b", seed=1)
     deployment = deploy.install(tmp_path, models / "demo-a")
     single = load(deployment.config).model_dump(exclude={"model"})
-    save(parse({**single, "models": [{"path": str(models / "demo-a"), "served_name": "chat"},
-                                     {"path": str(models / "demo-b"), "served_name": "coder"}],
-                "residency": {"runtime_dir": str(tmp_path / "run")}}),
-         deployment.config)  # fmt: skip
+    save(
+        parse(
+            {
+                **single,
+                "models": [
+                    {"path": str(models / "demo-a"), "served_name": "chat"},
+                    {"path": str(models / "demo-b"), "served_name": "coder"},
+                ],
+                "residency": {"runtime_dir": str(tmp_path / "run")},
+            }
+        ),
+        deployment.config,
+    )
     deployment.systemd.start("vllm")
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
@@ -62,8 +71,9 @@ def test_two_models_two_cards(stack: str) -> None:
         expect(coder.locator(".badge")).to_have_text("stopped")
         expect(page.locator("#settings-card")).to_be_hidden()  # per model, in its card
         coder.get_by_role("button", name="Bring in").click()  # a stop, then a start
-        expect(page.locator("#models-msg")).to_contain_text("'coder' is on the GPU",
-                                                            timeout=600_000)  # fmt: skip
+        expect(page.locator("#models-msg")).to_contain_text(
+            "'coder' is on the GPU", timeout=600_000
+        )
         expect(coder.locator(".badge")).to_have_text("serving", timeout=30_000)
         expect(chat.locator(".badge")).to_have_text("stopped")
         expect(page.locator("#events")).to_contain_text("started 'coder'")

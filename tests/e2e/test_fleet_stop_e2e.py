@@ -56,9 +56,13 @@ def test_sigterm_while_an_engine_starts_stops_everything(tmp_path: Path) -> None
     save(two_models(tmp_path, free_port()), config)
     log = tmp_path / "front.log"
     with log.open("wb") as out:
-        front = subprocess.Popen([VLLM_OFFLOAD, "serve", "--config", str(config)],
-                                 stdout=out, stderr=subprocess.STDOUT,
-                                 env=server_env(tmp_path), start_new_session=True)  # fmt: skip
+        front = subprocess.Popen(
+            [VLLM_OFFLOAD, "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=server_env(tmp_path),
+            start_new_session=True,
+        )
     control = tmp_path / "run" / "control.sock"
     seen: set[psutil.Process] = set()
 
@@ -77,8 +81,10 @@ def test_sigterm_while_an_engine_starts_stops_everything(tmp_path: Path) -> None
         while alive(seen | tree(front.pid)) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = alive(seen | tree(front.pid))
-        assert not left, (f"still running {time.monotonic() - began:.0f} s after SIGTERM: "
-                          f"{sorted(left)}\n{log.read_text(errors='replace')[-4000:]}")  # fmt: skip
+        assert not left, (
+            f"still running {time.monotonic() - began:.0f} s after SIGTERM: "
+            f"{sorted(left)}\n{log.read_text(errors='replace')[-4000:]}"
+        )
         assert front.wait(timeout=10) == 0
         print(f"everything ended {time.monotonic() - began:.1f} s after SIGTERM")
     finally:

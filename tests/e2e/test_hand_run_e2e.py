@@ -33,8 +33,11 @@ def deployment(tmp_path: Path, demo_dir: Path) -> Iterator[stack.Deployment]:
     """The units installed (not started) and the same config served by hand."""
     deployment = stack.install(tmp_path, demo_dir)
     (tmp_path / "hand").mkdir()
-    server = Server(["--config", str(deployment.config), "--model-served-name", "by-hand"],
-                    tmp_path / "hand", port=deployment.server_port)  # fmt: skip
+    server = Server(
+        ["--config", str(deployment.config), "--model-served-name", "by-hand"],
+        tmp_path / "hand",
+        port=deployment.server_port,
+    )
     server.start()
     try:
         yield deployment
@@ -76,16 +79,28 @@ def test_bring_in_reaches_a_fleet_started_by_hand(tmp_path: Path) -> None:
     runtime = Path(tempfile.mkdtemp(prefix="vo-xdg-", dir="/tmp"))  # socket paths are short
     env = {"XDG_RUNTIME_DIR": str(runtime)}
     root = tmp_path / "a" / "b" / "root"
-    install.install(install.validate(install.InstallOptions(
-        root=root, user="root", config=config, config_given=True,
-        state_dir=tmp_path / "state")))  # fmt: skip
+    install.install(
+        install.validate(
+            install.InstallOptions(
+                root=root,
+                user="root",
+                config=config,
+                config_given=True,
+                state_dir=tmp_path / "state",
+            )
+        )
+    )
     systemd = Systemd((stack.SYSTEMCTL3,), (str(stack.BIN / "journalctl3"),), root)
     deployment = stack.Deployment(config, root, port, systemd)
     log = tmp_path / "front.log"
     with log.open("wb") as out:
-        front = subprocess.Popen([VLLM_OFFLOAD, "serve", "--config", str(config)], stdout=out,
-                                 stderr=subprocess.STDOUT, env={**server_env(tmp_path), **env},
-                                 start_new_session=True)  # fmt: skip
+        front = subprocess.Popen(
+            [VLLM_OFFLOAD, "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**server_env(tmp_path), **env},
+            start_new_session=True,
+        )
     headers = {"Authorization": f"Bearer {TOKEN}"}
     try:
         with VllmClient(f"http://127.0.0.1:{port}") as server:

@@ -24,8 +24,9 @@ def test_the_page_fetches_a_hub_model_with_its_progress(tmp_path: Path, demo_dir
     hub = Hub(repos={"org/tiny": _repo()}, pause_after=11 * 1024 * 1024)
     deployment = stack.install(tmp_path, demo_dir)
     saved = config_mod.load(deployment.config)
-    config_mod.save(config_mod.with_overrides(saved, {"manager.hub_models": ["org/*"]}),
-                    deployment.config)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(saved, {"manager.hub_models": ["org/*"]}), deployment.config
+    )
     with serve_hub(hub) as endpoint:
         env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1"}
         with stack.manager(tmp_path, deployment, TOKEN, env) as url, sync_playwright() as p:
@@ -44,6 +45,7 @@ def test_the_page_fetches_a_hub_model_with_its_progress(tmp_path: Path, demo_dir
             expect(page.locator("#hub-pulls")).to_contain_text("fetching: 0.01 of 0.02 GiB")
             hub.go.set()
             expect(page.locator("#hub-pulls")).to_contain_text("fetched into")
-            expect(page.locator("#f-model option", has_text="org/tiny (Hugging Face)")
-                   ).to_have_count(1)  # fmt: skip
+            expect(
+                page.locator("#f-model option", has_text="org/tiny (Hugging Face)")
+            ).to_have_count(1)
             browser.close()

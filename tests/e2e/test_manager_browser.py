@@ -64,8 +64,10 @@ def test_manager_in_a_browser(stack: tuple[str, str]) -> None:
         expect(page.locator("#control-msg")).to_contain_text("restart requested", timeout=300_000)
         page.wait_for_function(
             f"fetch('/api/status').then(r => r.json()).then(s => s.pid && s.pid !== {pid_before}"
-            " && s.health === 'healthy')", timeout=300_000, polling=2000,
-        )  # fmt: skip
+            " && s.health === 'healthy')",
+            timeout=300_000,
+            polling=2000,
+        )
 
         # A refused form: nothing is written, the field is named.
         page.fill("#f-util", "2")

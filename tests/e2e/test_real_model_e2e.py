@@ -88,8 +88,11 @@ def test_a_wrong_rope_permutation_fails(
 
 
 def test_chat_answers_in_english(client: openai.OpenAI) -> None:
-    out = client.chat.completions.create(model=NAME, temperature=0, max_tokens=24,
-                                         messages=[{"role": "user", "content":
-                                                    "Name three primary colors."}])  # fmt: skip
+    out = client.chat.completions.create(
+        model=NAME,
+        temperature=0,
+        max_tokens=24,
+        messages=[{"role": "user", "content": "Name three primary colors."}],
+    )
     text = (out.choices[0].message.content or "").lower()
     assert all(color in text for color in ("red", "blue", "yellow")), text

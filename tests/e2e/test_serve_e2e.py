@@ -21,8 +21,11 @@ pytestmark = pytest.mark.e2e
 def server(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     scratch = tmp_path_factory.mktemp("serve")
     # The pool size comes from VLLM_CPU_KVCACHE_SPACE, which the planner must honour.
-    srv = Server(["--model", str(demo_dir), "--model-served-name", "demo", "--",
-                  "--enforce-eager"], scratch, env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    srv = Server(
+        ["--model", str(demo_dir), "--model-served-name", "demo", "--", "--enforce-eager"],
+        scratch,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     srv.start()
     yield srv
     if srv.proc is not None and srv.proc.poll() is None:
@@ -61,9 +64,15 @@ def test_streamed_chat(client: openai.OpenAI) -> None:
 
 
 def test_plan_predicts_the_logged_pool(server: Server, demo_dir: Path) -> None:
-    plan = json.loads(subprocess.run(
-        [VLLM_OFFLOAD, "plan", "--json", "--model", str(demo_dir)], env=server.env,
-        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    plan = json.loads(
+        subprocess.run(
+            [VLLM_OFFLOAD, "plan", "--json", "--model", str(demo_dir)],
+            env=server.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     log = server.log_path.read_text()
     logged = re.search(r"KV cache size: ([\d,]+) tokens", log)
     assert logged is not None, log

@@ -44,15 +44,32 @@ def installed(tmp_path: Path, demo_dir: Path) -> Iterator[tuple[Systemd, int, Pa
     root = tmp_path / "a" / "b" / "root"
     port = free_port()
     config = tmp_path / "config.toml"
-    save(with_overrides(DeploymentConfig(), {
-        "model.path": str(demo_dir), "model.served_name": "demo", "server.port": port,
-        "gpu.kv_cache_memory_bytes": 64 << 20, "extra_args": ["--enforce-eager"],
-    }), config)  # fmt: skip
+    save(
+        with_overrides(
+            DeploymentConfig(),
+            {
+                "model.path": str(demo_dir),
+                "model.served_name": "demo",
+                "server.port": port,
+                "gpu.kv_cache_memory_bytes": 64 << 20,
+                "extra_args": ["--enforce-eager"],
+            },
+        ),
+        config,
+    )
     state = tmp_path / "state"
     state.mkdir()  # where the unit's WorkingDirectory points on this host
-    install.install(install.validate(install.InstallOptions(
-        root=root, user="root", config=config, config_given=True, state_dir=state,
-    )))  # fmt: skip
+    install.install(
+        install.validate(
+            install.InstallOptions(
+                root=root,
+                user="root",
+                config=config,
+                config_given=True,
+                state_dir=state,
+            )
+        )
+    )
     systemd = Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root)
     yield systemd, port, root
     subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
@@ -84,24 +101,32 @@ def test_start_status_restart_stop(installed: tuple[Systemd, int, Path]) -> None
 def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -> None:
     systemd, port, root = installed
     # systemctl3 supervises (Restart=) only as an init process.
-    init = subprocess.Popen([SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    init = subprocess.Popen(
+        [SYSTEMCTL3, f"--root={root}", "--init", "start", "vllm.service"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: healthy(port), 300, "the server to answer")
         first = systemd.status("vllm").main_pid
         assert first is not None
         # Requests in flight when the server dies get an error, not a hang.
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
-                               timeout=30, max_retries=0)  # fmt: skip
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=30, max_retries=0
+        )
         outcomes: list[str] = []
         streaming = [threading.Event() for _ in range(4)]
 
         def stream(started: threading.Event) -> None:
             try:
-                for _ in client.completions.create(model="demo", prompt="hello", stream=True,
-                                                   max_tokens=8000,
-                                                   extra_body={"ignore_eos": True}):  # fmt: skip
+                for _ in client.completions.create(
+                    model="demo",
+                    prompt="hello",
+                    stream=True,
+                    max_tokens=8000,
+                    extra_body={"ignore_eos": True},
+                ):
                     started.set()
                 outcomes.append("finished")
             except openai.APIError as exc:
@@ -122,10 +147,14 @@ def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -
         assert len(outcomes) == 4 and "finished" not in outcomes, outcomes
         # None of them outlives the API server (patch 0003): an orphaned engine would hold
         # the GPU and the restarted server could not start.
-        wait_until(lambda: not any(psutil.pid_exists(p) for p in old[1:]), 60,
-                   f"the killed server's processes {old[1:]} to exit")  # fmt: skip
-        wait_until(lambda: systemd.status("vllm").main_pid not in (None, first), 60,
-                   "a new main PID")  # fmt: skip
+        wait_until(
+            lambda: not any(psutil.pid_exists(p) for p in old[1:]),
+            60,
+            f"the killed server's processes {old[1:]} to exit",
+        )
+        wait_until(
+            lambda: systemd.status("vllm").main_pid not in (None, first), 60, "a new main PID"
+        )
         wait_until(lambda: healthy(port), 300, "the restarted server to answer")
         assert systemd.status("vllm").main_pid != first
     finally:

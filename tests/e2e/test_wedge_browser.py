@@ -72,17 +72,22 @@ def long_stream(supervised: Stack) -> Iterator[dict[str, object]]:  # noqa: F811
     always generating (the demo model makes 8,000 tokens in under 30 s here); counts the
     chunks read. Ends at the first error (the server it streamed from was restarted)."""
     port = config_mod.load(supervised.config).server.port
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                           timeout=600, max_retries=0)  # fmt: skip
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0
+    )
     seen: dict[str, object] = {"chunks": 0, "done": False}
     stop = threading.Event()
 
     def read() -> None:
         try:
             while not stop.is_set():
-                for _ in client.completions.create(model="demo", prompt="hello", stream=True,
-                                                   max_tokens=8000,
-                                                   extra_body={"ignore_eos": True}):  # fmt: skip
+                for _ in client.completions.create(
+                    model="demo",
+                    prompt="hello",
+                    stream=True,
+                    max_tokens=8000,
+                    extra_body={"ignore_eos": True},
+                ):
                     seen["chunks"] = int(seen["chunks"]) + 1  # type: ignore[call-overload]
         except (openai.APIError, httpx.HTTPError) as exc:
             seen["error"] = repr(exc)
@@ -174,8 +179,9 @@ def test_wedged_server_is_reported_then_restarted(
         expect(events).to_contain_text("restarting the server (manager.restart_wedged)")
         expect(state).to_have_text("healthy", timeout=300_000)
         assert systemd.status("vllm").main_pid not in (None, main_pid)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                               max_retries=0)  # fmt: skip
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0
+        )
         answer = client.completions.create(model="demo", prompt="hello", max_tokens=5)
         assert answer.choices[0].text
         assert api.get("/api/status").json()["wedge"]["restarts_last_hour"] == 1

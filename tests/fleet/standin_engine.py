@@ -32,10 +32,14 @@ def make_app(name: str, record: Path | None = None) -> FastAPI:
         request: Request, call_next: Callable[[Request], Awaitable[object]]
     ) -> object:
         if record is not None:
-            seen = {"method": request.method, "raw_path": request.scope["raw_path"].decode(
-                "latin-1"), "query": request.scope["query_string"].decode("latin-1"),
-                "headers": {k.decode("latin-1"): v.decode("latin-1")
-                            for k, v in request.scope["headers"]}}  # fmt: skip
+            seen = {
+                "method": request.method,
+                "raw_path": request.scope["raw_path"].decode("latin-1"),
+                "query": request.scope["query_string"].decode("latin-1"),
+                "headers": {
+                    k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]
+                },
+            }
             with record.open("a") as f:
                 f.write(json.dumps(seen) + "\n")
         return await call_next(request)

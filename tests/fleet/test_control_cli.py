@@ -24,8 +24,12 @@ from vllm_offload.fleet.residency import Event, Residency, ResidencySettings
 from vllm_offload.hardware import GIB
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
-PLANNED = {"gpu_bytes_serving": 20 * GIB, "host_bytes_serving": 7 * GIB,
-           "gpu_bytes_away": 3 * GIB, "host_bytes_away": 23 * GIB}  # fmt: skip
+PLANNED = {
+    "gpu_bytes_serving": 20 * GIB,
+    "host_bytes_serving": 7 * GIB,
+    "gpu_bytes_away": 3 * GIB,
+    "host_bytes_away": 23 * GIB,
+}
 
 
 @contextlib.asynccontextmanager
@@ -33,8 +37,10 @@ async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
     """A front door (chat on the GPU, coder stopped) with its control socket; yields the
     socket and a config of the same two models."""
     residency_ref: list[Residency] = []
-    engines = {n: standin(tmp_path, n, lambda name, _c: residency_ref[0].engine_exited(name))
-               for n in ("chat", "coder")}  # fmt: skip
+    engines = {
+        n: standin(tmp_path, n, lambda name, _c: residency_ref[0].engine_exited(name))
+        for n in ("chat", "coder")
+    }
     residency = Residency(engines, ResidencySettings(min_resident_s=60, keep_alive_s=600))
     residency_ref.append(residency)
     front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096})
@@ -60,9 +66,13 @@ async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
 
 
 async def cli(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(VLLM_OFFLOAD, *args, env=dict(os.environ),
-                                                stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        VLLM_OFFLOAD,
+        *args,
+        env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode()

@@ -221,8 +221,10 @@ def test_an_engine_that_never_said_our_sleep_backend_runs_is_stopped_not_slept(
     backend and keep more host RAM than planned: the front door stops it instead."""
 
     async def test() -> None:
-        ours, theirs = standin(tmp_path, "chat", lambda *_: None), standin(
-            tmp_path, "coder", lambda *_: None)  # fmt: skip
+        ours, theirs = (
+            standin(tmp_path, "chat", lambda *_: None),
+            standin(tmp_path, "coder", lambda *_: None),
+        )
         theirs.spec = replace(theirs.spec, command=(*theirs.spec.command, "--vllm-own-sleep"))
         for engine in (ours, theirs):
             await engine.start()

@@ -17,8 +17,9 @@ def test_the_turn_and_the_expected_wait() -> None:
         clock = FakeClock()
         log: list[str] = []
         engines = {n: TimedStandIn(n, log, clock) for n in "ab"}
-        residency = Residency(engines, ResidencySettings(min_resident_s=5.0), clock=clock,
-                              sleep=clock.sleep)  # fmt: skip
+        residency = Residency(
+            engines, ResidencySettings(min_resident_s=5.0), clock=clock, sleep=clock.sleep
+        )
         residency.start()
 
         async def ask(model: str) -> None:

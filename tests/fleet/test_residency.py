@@ -41,8 +41,9 @@ class StandIn:
         return "slept"
 
 
-def fleet(settings: ResidencySettings, move_s: float = 0.0, names: str = "ab"
-          ) -> tuple[Residency, list[str], list[Event], dict[str, StandIn]]:  # fmt: skip
+def fleet(
+    settings: ResidencySettings, move_s: float = 0.0, names: str = "ab"
+) -> tuple[Residency, list[str], list[Event], dict[str, StandIn]]:
     log: list[str] = []
     events: list[Event] = []
     engines = {n: StandIn(n, log, move_s) for n in names}

@@ -68,8 +68,13 @@ def test_the_engine_process_refuses_to_start_without_it(tmp_path: Path) -> None:
     path = tmp_path / "0.json"
     path.write_text(json.dumps(spec.to_json()))
     env = {**os.environ, "VLLM_PLUGINS": "lora_filesystem_resolver"}
-    done = subprocess.run([sys.executable, "-m", "vllm_offload.fleet.engine", str(path)],
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_offload.fleet.engine", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "this engine sleeps" in done.stderr and "VLLM_PLUGINS" in done.stderr
 

@@ -43,7 +43,10 @@ def test_a_model_that_will_be_away_sleeps_once_before_the_default_comes_in(
     tmp_path: Path,
 ) -> None:
     assert started(tmp_path, two_models(tmp_path), gpu_gib=24) == [
-        "in coder", "out coder", "in chat"]  # fmt: skip
+        "in coder",
+        "out coder",
+        "in chat",
+    ]
 
 
 def test_two_resident_models_that_sleep_when_away_are_not_slept_at_start(

@@ -43,17 +43,23 @@ def env(tmp_path: Path, demo_dir: Path) -> Iterator[Env]:
     shutil.copytree(demo_dir, models / "demo-a")
     shutil.copytree(demo_dir, models / "demo-b")
     config_path = tmp_path / "etc" / "config.toml"
-    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
-        "model.path": str(models / "demo-a"), "manager.model_roots": [str(models)],
-        "server.port": 1,  # nothing listens: the sampler sees no server
-    }), config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(
+            config_mod.DeploymentConfig(),
+            {
+                "model.path": str(models / "demo-a"),
+                "manager.model_roots": [str(models)],
+                "server.port": 1,  # nothing listens: the sampler sees no server
+            },
+        ),
+        config_path,
+    )
     root = tmp_path / "a" / "b" / "root"
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/vllm.service").write_text(UNIT)
     systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
     yield Env(config_path, models, root, systemd)
-    subprocess.run([str(BIN / "systemctl3"), f"--root={root}", "stop", "vllm.service"],
-                   timeout=60)  # fmt: skip
+    subprocess.run([str(BIN / "systemctl3"), f"--root={root}", "stop", "vllm.service"], timeout=60)
 
 
 @pytest.fixture
@@ -74,8 +80,9 @@ def anyio_backend() -> str:
 
 async def login(client: httpx.AsyncClient) -> str:
     """Log in through the form; returns the page's CSRF token."""
-    response = await client.post("/login", data={"token": TOKEN},
-                                 headers={"Origin": "http://testserver"})  # fmt: skip
+    response = await client.post(
+        "/login", data={"token": TOKEN}, headers={"Origin": "http://testserver"}
+    )
     assert response.status_code == 303
     page = await client.get("/")
     marker = '<meta name="csrf" content="'

@@ -18,8 +18,13 @@ from vllm_offload.manager.metrics import parse_vllm_metrics
 pytestmark = pytest.mark.anyio
 ORIGIN = {"Origin": "http://testserver"}
 GETS = ["/api/status", "/api/metrics", "/api/models", "/api/config", "/api/logs", "/api/detect"]
-UNSAFE = [("post", "/api/service/restart"), ("post", "/api/config/preview"),
-          ("put", "/api/config"), ("post", "/api/probe"), ("post", "/api/cache/clear")]  # fmt: skip
+UNSAFE = [
+    ("post", "/api/service/restart"),
+    ("post", "/api/config/preview"),
+    ("put", "/api/config"),
+    ("post", "/api/probe"),
+    ("post", "/api/cache/clear"),
+]
 
 
 async def test_healthz_is_open(client: httpx.AsyncClient) -> None:
@@ -37,8 +42,9 @@ async def test_every_endpoint_needs_the_token(client: httpx.AsyncClient, path: s
 
 
 @pytest.mark.parametrize(("method", "path"), UNSAFE)
-async def test_unsafe_endpoints_need_the_token(client: httpx.AsyncClient, method: str,
-                                               path: str) -> None:  # fmt: skip
+async def test_unsafe_endpoints_need_the_token(
+    client: httpx.AsyncClient, method: str, path: str
+) -> None:
     response = await client.request(method, path, json={"config": {}})
     assert response.status_code == 401
 
@@ -52,8 +58,9 @@ async def test_dashboard_redirects_to_login(client: httpx.AsyncClient) -> None:
 async def test_login_sets_a_strict_http_only_cookie(client: httpx.AsyncClient) -> None:
     bad = await client.post("/login", data={"token": "wrong"}, headers=ORIGIN)
     assert bad.status_code == 401 and "not right" in bad.text
-    cross = await client.post("/login", data={"token": TOKEN},
-                              headers={"Origin": "http://evil.example"})  # fmt: skip
+    cross = await client.post(
+        "/login", data={"token": TOKEN}, headers={"Origin": "http://evil.example"}
+    )
     assert cross.status_code == 403
     good = await client.post("/login", data={"token": TOKEN}, headers=ORIGIN)
     assert good.status_code == 303
@@ -148,7 +155,7 @@ async def put_config(client: httpx.AsyncClient, **changes: object) -> httpx.Resp
         ({"kv_offload__backend": "native"}, 409, "kv_offload.backend", "needs an NVIDIA GPU"),
         ({"extra_args": ["--port", "9"]}, 422, "extra_args", "from server.port"),
     ],
-)  # fmt: skip
+)
 async def test_invalid_config_is_refused_and_nothing_is_written(
     client: httpx.AsyncClient,
     env: Env,
@@ -183,9 +190,16 @@ async def test_save_writes_atomically_keeps_a_backup_and_restarts(
     await client.post("/api/service/start", headers=BEARER)
     pid = (await client.get("/api/status", headers=BEARER)).json()["pid"]
     before = env.config_path.read_bytes()
-    preview = await client.post("/api/config/preview", headers=BEARER, json={
-        "config": {**config_mod.load(env.config_path).model_dump(),
-                   "model": {"path": str(env.models / "demo-b")}}})  # fmt: skip
+    preview = await client.post(
+        "/api/config/preview",
+        headers=BEARER,
+        json={
+            "config": {
+                **config_mod.load(env.config_path).model_dump(),
+                "model": {"path": str(env.models / "demo-b")},
+            }
+        },
+    )
     assert preview.status_code == 200 and preview.json()["plan"]["model_path"].endswith("demo-b")
     response = await put_config(client, model__path=str(env.models / "demo-b"))
     assert response.status_code == 202
@@ -196,8 +210,7 @@ async def test_save_writes_atomically_keeps_a_backup_and_restarts(
 
 
 async def test_huge_body_is_refused(client: httpx.AsyncClient) -> None:
-    response = await client.put("/api/config", headers=BEARER,
-                                content=b"{" + b" " * 100_000 + b"}")  # fmt: skip
+    response = await client.put("/api/config", headers=BEARER, content=b"{" + b" " * 100_000 + b"}")
     assert response.status_code == 413
     assert "larger than 65536 bytes" in response.json()["detail"]["message"]
 
@@ -394,8 +407,10 @@ async def test_tuning_flags_and_what_the_administrator_allowed_pass(
     refused = await put_config(client, extra_args=["--trust-remote-code"])
     assert refused.status_code == 403
     saved = config_mod.load(env.config_path)
-    config_mod.save(config_mod.with_overrides(saved, {
-        "manager.api_extra_args": ["--trust-remote-code"]}), env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(saved, {"manager.api_extra_args": ["--trust-remote-code"]}),
+        env.config_path,
+    )
     assert (await put_config(client, extra_args=["--trust-remote-code"])).status_code == 202
 
 
@@ -405,8 +420,10 @@ async def test_start_and_save_refuse_what_serve_refuses(
     """Issue #14: the manager ran no preflight and no API-key read, so it saved and started
     configs `serve` refuses; the unit then only showed a crash loop."""
     saved = config_mod.load(env.config_path)
-    config_mod.save(config_mod.with_overrides(saved, {
-        "server.api_key_file": "/nonexistent/key"}), env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(saved, {"server.api_key_file": "/nonexistent/key"}),
+        env.config_path,
+    )
     start = await client.post("/api/service/start", headers=BEARER)
     assert start.status_code == 409
     assert start.json()["detail"]["field"] == "server.api_key_file"
@@ -444,8 +461,9 @@ async def test_the_probe_sends_the_api_key_only_to_the_units_server(
     import sys
 
     another = ["nobody"] if as_another_user else []
-    fake = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, *another],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    fake = subprocess.Popen(
+        [sys.executable, "-c", FAKE_SERVER, *another], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert fake.stdout is not None
         port = int(fake.stdout.readline())
@@ -453,8 +471,12 @@ async def test_the_probe_sends_the_api_key_only_to_the_units_server(
         key.write_text("the-key")
         key.chmod(0o600)
         saved = config_mod.load(env.config_path)
-        config_mod.save(config_mod.with_overrides(saved, {
-            "server.port": port, "server.api_key_file": str(key)}), env.config_path)  # fmt: skip
+        config_mod.save(
+            config_mod.with_overrides(
+                saved, {"server.port": port, "server.api_key_file": str(key)}
+            ),
+            env.config_path,
+        )
         assert (await client.post("/api/service/start", headers=BEARER)).status_code == 200
         response = await client.post("/api/probe", headers=BEARER)
         fake.terminate()
@@ -477,13 +499,15 @@ async def test_a_save_on_a_stale_copy_is_refused(client: httpx.AsyncClient, env:
     assert loaded.headers["etag"] == tag
     config = loaded.json()["config"]
     config["gpu"]["memory_utilization"] = 0.8
-    first = await client.put("/api/config", json={"config": config},
-                             headers={**BEARER, "If-Match": tag})  # fmt: skip
+    first = await client.put(
+        "/api/config", json={"config": config}, headers={**BEARER, "If-Match": tag}
+    )
     assert first.status_code == 202, first.text
     saved = env.config_path.read_bytes()
     config["gpu"]["memory_utilization"] = 0.7
-    second = await client.put("/api/config", json={"config": config},
-                              headers={**BEARER, "If-Match": tag})  # fmt: skip
+    second = await client.put(
+        "/api/config", json={"config": config}, headers={**BEARER, "If-Match": tag}
+    )
     assert second.status_code == 409 and "changed since you loaded it" in second.text
     assert env.config_path.read_bytes() == saved
 
@@ -535,8 +559,9 @@ async def test_clearing_the_disk_tier(client: httpx.AsyncClient, env: Env, tmp_p
     block.parent.mkdir(parents=True)
     block.write_bytes(b"kv" * 512)
     config = config_mod.load(env.config_path)  # the administrator sets the path, in the file
-    config_mod.save(config_mod.with_overrides(config, {"kv_offload.disk_path": str(disk)}),
-                    env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(config, {"kv_offload.disk_path": str(disk)}), env.config_path
+    )
     server = disk_layout.hold(tier)  # a running server's disk tier
     try:
         busy = await client.post("/api/cache/clear", headers=BEARER)
@@ -559,7 +584,8 @@ async def test_the_tier_card_says_lmcache_feeds_no_counters(
     from vllm_offload.manager.routes import status as status_routes
 
     config = config_mod.load(env.config_path)
-    config_mod.save(config_mod.with_overrides(config, {"kv_offload.backend": "lmcache"}),
-                    env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(config, {"kv_offload.backend": "lmcache"}), env.config_path
+    )
     tier = (await client.get("/api/status", headers=BEARER)).json()["tier"]
     assert tier == {"available": False, "why": status_routes.LMCACHE_CARD}

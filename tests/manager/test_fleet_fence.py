@@ -27,21 +27,33 @@ async def put_models(client: httpx.AsyncClient, env: Env, second: dict[str, Any]
 @pytest.mark.parametrize(
     ("second", "status", "field", "words"),
     [
-        ({"kv_offload": {"disk_path": "/etc"}}, 403, "models[1].kv_offload.disk_path",
-         "administrator"),
+        (
+            {"kv_offload": {"disk_path": "/etc"}},
+            403,
+            "models[1].kv_offload.disk_path",
+            "administrator",
+        ),
         ({"extra_args": ["--trust-remote-code"]}, 403, "models[1].extra_args", "administrator"),
-        ({"extra_args": ["--chat-template=/etc/passwd"]}, 403, "models[1].extra_args",
-         "tuning flags"),
+        (
+            {"extra_args": ["--chat-template=/etc/passwd"]},
+            403,
+            "models[1].extra_args",
+            "tuning flags",
+        ),
         ({"path": "/etc"}, 422, "models[1].path", "outside the model roots"),
         ({"path": "demo-b"}, 422, "models[1].path", "absolute path"),
         # A hub id would download at a client's word: only the file names one (#38).
         ({"path": "org/name"}, 403, "models[1].path", "vllm-offload pull org/name"),
     ],
-)  # fmt: skip
+)
 async def test_each_model_is_fenced_like_the_one(
-    client: httpx.AsyncClient, env: Env, second: dict[str, Any], status: int, field: str,
+    client: httpx.AsyncClient,
+    env: Env,
+    second: dict[str, Any],
+    status: int,
+    field: str,
     words: str,
-) -> None:  # fmt: skip
+) -> None:
     before = env.config_path.read_bytes()
     response = await put_models(client, env, second)
     assert response.status_code == status, response.text

@@ -33,15 +33,28 @@ _scratch = Path(__import__("tempfile").mkdtemp(prefix="manager-fuzz-"))
 _models = _scratch / "models"
 demo_model.write(_models / "demo")
 CONFIG = _scratch / "etc" / "config.toml"
-config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
-    "model.path": str(_models / "demo"), "manager.model_roots": [str(_models)],
-    "server.port": 1,
-}), CONFIG)  # fmt: skip
+config_mod.save(
+    config_mod.with_overrides(
+        config_mod.DeploymentConfig(),
+        {
+            "model.path": str(_models / "demo"),
+            "manager.model_roots": [str(_models)],
+            "server.port": 1,
+        },
+    ),
+    CONFIG,
+)
 _root = _scratch / "a" / "b" / "root"
 (_root / "etc/systemd/system").mkdir(parents=True)
 (_root / "etc/systemd/system/vllm.service").write_text(UNIT)
-APP = create_app(ManagerSettings(CONFIG, TOKEN, "vllm", Systemd(
-    (str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), _root)))  # fmt: skip
+APP = create_app(
+    ManagerSettings(
+        CONFIG,
+        TOKEN,
+        "vllm",
+        Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), _root),
+    )
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 # the dashboard itself redirects to /login; the static files hold no secret
@@ -88,9 +101,20 @@ def _restore_config() -> object:
     CONFIG.write_bytes(saved)
 
 
-RISKY_FLAGS = ["--trust-remote-code", "--trust-remote", "--chat-template", "--middleware",
-               "--ssl-keyfile", "--allowed-local-media-path", "--tool-parser-plugin",
-               "--host", "--model", "--port", "--max-model-len", "--api-key"]  # fmt: skip
+RISKY_FLAGS = [
+    "--trust-remote-code",
+    "--trust-remote",
+    "--chat-template",
+    "--middleware",
+    "--ssl-keyfile",
+    "--allowed-local-media-path",
+    "--tool-parser-plugin",
+    "--host",
+    "--model",
+    "--port",
+    "--max-model-len",
+    "--api-key",
+]
 
 
 @FUZZ
@@ -113,8 +137,9 @@ def test_fuzz_the_fence(flag: str, value: str, fenced: str) -> None:
         config["server"][fenced] = value or "0.0.0.0"
     before = digest()
     with TestClient(APP) as client:
-        response = client.put("/api/config", json={"config": config},
-                              headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        response = client.put(
+            "/api/config", json={"config": config}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
     assert response.status_code in (403, 422), response.text
     check(response, before)
 
@@ -141,8 +166,9 @@ def test_fuzz_every_string_field(field: tuple[str, bool], value: str) -> None:
     before = digest()
     with TestClient(APP) as client:
         for method, path in (("post", "/api/config/preview"), ("put", "/api/config")):
-            response = client.request(method, path, json={"config": config},
-                                      headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+            response = client.request(
+                method, path, json={"config": config}, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
             check(response, before)
     try:
         if digest() != before:  # accepted and saved: the last line of defence agrees
@@ -154,16 +180,35 @@ def test_fuzz_every_string_field(field: tuple[str, bool], value: str) -> None:
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                               max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
-MODEL_KEYS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "max_position_embeddings", "vocab_size", "intermediate_size",
-              "sliding_window", "sliding_window_pattern", "layer_types", "kv_lora_rank",
-              "qk_rope_head_dim", "num_experts", "moe_intermediate_size", "torch_dtype",
-              "quantization_config", "architectures", "text_config", "tie_word_embeddings",
-              "use_sliding_window", "model_type"]  # fmt: skip
+)
+MODEL_KEYS = [
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "vocab_size",
+    "intermediate_size",
+    "sliding_window",
+    "sliding_window_pattern",
+    "layer_types",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "torch_dtype",
+    "quantization_config",
+    "architectures",
+    "text_config",
+    "tie_word_embeddings",
+    "use_sliding_window",
+    "model_type",
+]
 FUZZED = _models / "fuzzed"
 shutil.copytree(_models / "demo", FUZZED)
 BASE_CONFIG = json.loads((FUZZED / "config.json").read_text())
@@ -191,8 +236,9 @@ def plant(path: Path, kind: str, content: bytes) -> None:
     header=st.binary(max_size=64) | JSON_VALUES.map(lambda v: json.dumps({"w": v}).encode()),
     kinds=st.tuples(*[st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"])] * 2),
 )
-def test_fuzz_the_model_folder(changes: dict[str, Any], header: bytes,
-                               kinds: tuple[str, str]) -> None:  # fmt: skip
+def test_fuzz_the_model_folder(
+    changes: dict[str, Any], header: bytes, kinds: tuple[str, str]
+) -> None:
     """A planted config.json and safetensors file: the preview answers (422 naming
     model.path, or a plan), never a 500 nor a hang, and a plan has no negative size."""
     from starlette.testclient import TestClient
@@ -204,8 +250,11 @@ def test_fuzz_the_model_folder(changes: dict[str, Any], header: bytes,
     config["model"]["path"] = str(FUZZED)
     before = digest()
     with TestClient(APP) as client:
-        response = client.post("/api/config/preview", json={"config": config},
-                               headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        response = client.post(
+            "/api/config/preview",
+            json={"config": config},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
     check(response, before)
     if response.status_code == 200:
         plan = response.json()["plan"]
@@ -215,8 +264,10 @@ def test_fuzz_the_model_folder(changes: dict[str, Any], header: bytes,
 
 
 @FUZZ
-@given(content=st.binary(max_size=200) | JSON_VALUES.map(lambda v: json.dumps(v).encode()),
-       kind=st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"]))  # fmt: skip
+@given(
+    content=st.binary(max_size=200) | JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+    kind=st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"]),
+)
 def test_fuzz_the_tier_status_file(content: bytes, kind: str) -> None:
     root = disk_layout.tier_root(str(_scratch / "nvme"))
     root.mkdir(parents=True, exist_ok=True)
@@ -275,8 +326,10 @@ PLANTED = st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"])
 
 
 @FUZZ
-@given(content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
-       kinds=st.tuples(PLANTED, PLANTED))  # fmt: skip
+@given(
+    content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
+    kinds=st.tuples(PLANTED, PLANTED),
+)
 def test_fuzz_the_config_and_api_key_files(content: bytes, kinds: tuple[str, str]) -> None:
     """The other files the manager opens on every poll: config.toml and the API key file
     each answer with a refusal naming them, or a value; never a hang or a traceback."""
@@ -289,8 +342,9 @@ def test_fuzz_the_config_and_api_key_files(content: bytes, kinds: tuple[str, str
         (folder / "key").chmod(0o600)
     with contextlib.suppress(config_mod.ConfigError):
         config_mod.load(folder / "config.toml")
-    keyed = config_mod.with_overrides(config_mod.DeploymentConfig(),
-                                      {"server.api_key_file": str(folder / "key")})  # fmt: skip
+    keyed = config_mod.with_overrides(
+        config_mod.DeploymentConfig(), {"server.api_key_file": str(folder / "key")}
+    )
     try:
         assert launch.read_api_key(keyed)
     except launch.PreflightError as exc:

@@ -49,9 +49,14 @@ async def test_several_models_without_model_roots_keep_their_cards(
     """Without manager.model_roots the roots are the models' own folders' parents, as for
     one model (they were the demo model's, so every [[models]] entry was outside them and
     the page hid the Models card behind a plan error)."""
-    config = config_mod.parse({"models": [
-        {"path": str(env.models / "demo-a"), "served_name": "a"},
-        {"path": str(env.models / "demo-b"), "served_name": "b"}]})  # fmt: skip
+    config = config_mod.parse(
+        {
+            "models": [
+                {"path": str(env.models / "demo-a"), "served_name": "a"},
+                {"path": str(env.models / "demo-b"), "served_name": "b"},
+            ]
+        }
+    )
     config_mod.save(config, env.config_path)
     status = (await client.get("/api/status", headers=BEARER)).json()
     assert [card["name"] for card in status["models"]] == ["a", "b"], status["plan"]

@@ -29,10 +29,23 @@ def test_connections_that_send_no_request_are_closed(env: Env, tmp_path: Path) -
     token.chmod(0o600)
     port = free_port()
     manager = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port), "--token-file",
-         str(token), "--config", str(env.config_path), "--systemd-root", str(env.root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload",
+            "manager",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token),
+            "--config",
+            str(env.config_path),
+            "--systemd-root",
+            str(env.root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
 
         def answers() -> bool:

@@ -31,8 +31,9 @@ def test_the_manager_fetches_an_allowed_hub_model(tmp_path: Path, demo_dir: Path
     hub = Hub(repos={"org/tiny": _repo()}, pause_after=11 * 1024 * 1024)
     deployment = stack.install(tmp_path, demo_dir)
     saved = config_mod.load(deployment.config)
-    config_mod.save(config_mod.with_overrides(saved, {"manager.hub_models": ["org/*"]}),
-                    deployment.config)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(saved, {"manager.hub_models": ["org/*"]}), deployment.config
+    )
     with serve_hub(hub) as endpoint:
         env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1"}
         with (

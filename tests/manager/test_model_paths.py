@@ -27,9 +27,12 @@ async def put_model(client: httpx.AsyncClient, path: str) -> httpx.Response:
 
 
 async def test_a_tilde_path_cannot_leave_the_roots(
-    client: httpx.AsyncClient, env: Env, tmp_path: Path, demo_dir: Path,
+    client: httpx.AsyncClient,
+    env: Env,
+    tmp_path: Path,
+    demo_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     """``~user/../x``: the old check read it relative to the manager's working directory
     (inside the roots there), the launcher expanded ``~user`` (outside)."""
     elsewhere = tmp_path / "elsewhere"
@@ -61,8 +64,10 @@ def test_the_server_checks_the_roots_at_its_own_start(tmp_path: Path, demo_dir: 
     models.mkdir()
     shutil.copytree(demo_dir, elsewhere)
     (models / "chosen").symlink_to(elsewhere)
-    config = config_mod.with_overrides(config_mod.DeploymentConfig(), {
-        "model.path": str(models / "chosen"), "manager.model_roots": [str(models)]})  # fmt: skip
+    config = config_mod.with_overrides(
+        config_mod.DeploymentConfig(),
+        {"model.path": str(models / "chosen"), "manager.model_roots": [str(models)]},
+    )
     with pytest.raises(ConfigError) as info:
         deployment.prepare(config, make_host(None), {}, None)
     assert info.value.field == "model.path" and info.value.exit_code == 2

@@ -48,9 +48,17 @@ async def test_a_fifo_or_dev_zero_status_file_in_the_disk_tier(
     root = disk_layout.tier_root(str(disk))
     root.mkdir(parents=True)
     config = config_mod.load(env.config_path)
-    config_mod.save(config_mod.with_overrides(config, {
-        "kv_offload.disk_path": str(disk), "kv_offload.backend": "native",
-        "kv_offload.cpu_tier_gib": 1}), env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(
+            config,
+            {
+                "kv_offload.disk_path": str(disk),
+                "kv_offload.backend": "native",
+                "kv_offload.cpu_tier_gib": 1,
+            },
+        ),
+        env.config_path,
+    )
     os.mkfifo(root / disk_layout.STATUS_FILE)
     for response in await poll_status(client):
         assert response.status_code == 200

@@ -82,8 +82,13 @@ def free_port_on_both() -> int:
 def test_the_host_is_resolved_as_vllm_binds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "getaddrinfo", debian_localhost(socket.getaddrinfo))
     config = config_mod.DeploymentConfig()
-    for host, address in [("localhost", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("::", "::1"),
-                          ("::1", "::1"), ("127.0.0.1", "127.0.0.1")]:  # fmt: skip
+    for host, address in [
+        ("localhost", "127.0.0.1"),
+        ("0.0.0.0", "127.0.0.1"),
+        ("::", "::1"),
+        ("::1", "::1"),
+        ("127.0.0.1", "127.0.0.1"),
+    ]:
         resolved = config_mod.with_overrides(config, {"server.host": host})
         assert reach.server_address(resolved) == address, host
     localhost = config_mod.with_overrides(config, {"server.host": "localhost"})
@@ -109,9 +114,17 @@ async def test_the_key_goes_only_to_the_address_checked(
     key.write_text("the-key")
     key.chmod(0o600)
     saved = config_mod.load(env.config_path)
-    config_mod.save(config_mod.with_overrides(saved, {  # the administrator's own file
-        "server.host": "localhost", "server.port": port, "server.api_key_file": str(key)}),
-        env.config_path)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(
+            saved,
+            {  # the administrator's own file
+                "server.host": "localhost",
+                "server.port": port,
+                "server.api_key_file": str(key),
+            },
+        ),
+        env.config_path,
+    )
     assert (await client.post("/api/service/start", headers=BEARER)).status_code == 200
     with (
         listening("127.0.0.1", port, as_nobody=False) as server,  # the unit's user: root
@@ -126,8 +139,9 @@ async def test_the_key_goes_only_to_the_address_checked(
 
 
 def test_a_host_that_does_not_resolve_still_lets_the_manager_start() -> None:
-    config = config_mod.with_overrides(config_mod.DeploymentConfig(),
-                                       {"server.host": "no-such-host.invalid"})  # fmt: skip
+    config = config_mod.with_overrides(
+        config_mod.DeploymentConfig(), {"server.host": "no-such-host.invalid"}
+    )
     assert reach.server_url(config) == "http://no-such-host.invalid:8000"
     with pytest.raises(Refused, match="does not resolve"):
         reach.server_address(config)

@@ -49,8 +49,9 @@ async def test_a_stranger_guessing_is_slowed_alone(app: object) -> None:
         for _ in range(FAILURES_PER_MINUTE):  # nor out of the form, by the stranger's
             wrong = await stranger.post("/login", data={"token": "guess"}, headers=ORIGIN)
             assert wrong.status_code == 401
-        assert (await stranger.post("/login", data={"token": TOKEN},
-                                    headers=ORIGIN)).status_code == 429  # fmt: skip
+        assert (
+            await stranger.post("/login", data={"token": TOKEN}, headers=ORIGIN)
+        ).status_code == 429
         csrf = await login(admin)
         assert csrf
         page = await admin.get("/")
@@ -80,10 +81,23 @@ def manager(env: Env, tmp_path: Path) -> Iterator[int]:
     token.chmod(0o600)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "vllm_offload", "manager", "--port", str(port), "--token-file",
-         str(token), "--config", str(env.config_path), "--systemd-root", str(env.root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_offload",
+            "manager",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token),
+            "--config",
+            str(env.config_path),
+            "--systemd-root",
+            str(env.root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def answers() -> bool:
         try:
@@ -103,8 +117,10 @@ def test_another_local_user_cannot_lock_the_administrator_out(manager: int) -> N
     """Every local user reaches the manager from 127.0.0.1: the budget is per user."""
     guesser = subprocess.run(
         [sys.executable, "-c", GUESSER, str(manager), str(FAILURES_PER_MINUTE), TOKEN],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     codes = guesser.stdout.strip()
     assert codes == str([401] * FAILURES_PER_MINUTE + [429]), guesser.stdout + guesser.stderr
     right = httpx.get(f"http://127.0.0.1:{manager}/metrics", headers=bearer(TOKEN), timeout=30)

@@ -13,17 +13,25 @@ RESULTS = Path(__file__).parents[2] / "benchmarks/results/h200-vllm-0.32.0"
 
 
 def metrics(**values: float) -> dict[str, float]:
-    names = {"served": "vllm:external_prefix_cache_hits", "gpu": "vllm:prefix_cache_hits",
-             "prompt": "vllm:prompt_tokens", "prefill": "vllm:request_prefill_time_seconds_sum",
-             "stored": "vllm:kv_offload_store_bytes", "loaded": "vllm:kv_offload_load_bytes",
-             "usage": "vllm:kv_offload_cpu_cache_usage_perc"}  # fmt: skip
+    names = {
+        "served": "vllm:external_prefix_cache_hits",
+        "gpu": "vllm:prefix_cache_hits",
+        "prompt": "vllm:prompt_tokens",
+        "prefill": "vllm:request_prefill_time_seconds_sum",
+        "stored": "vllm:kv_offload_store_bytes",
+        "loaded": "vllm:kv_offload_load_bytes",
+        "usage": "vllm:kv_offload_cpu_cache_usage_perc",
+    }
     return {names[key]: value for key, value in values.items()}
 
 
 def test_served_against_computed_and_the_prefill_time_saved() -> None:
     then = Totals.from_metrics(metrics(served=1000, gpu=0, prompt=11_000, prefill=1, stored=GIB))
-    now = Totals.from_metrics(metrics(served=9000, gpu=1000, prompt=30_000, prefill=2,
-                                      stored=3 * GIB, loaded=GIB, usage=0.25))  # fmt: skip
+    now = Totals.from_metrics(
+        metrics(
+            served=9000, gpu=1000, prompt=30_000, prefill=2, stored=3 * GIB, loaded=GIB, usage=0.25
+        )
+    )
     card = report(now, then, 16 * GIB, served_quiet_s=5)
     assert now.computed_tokens == 20_000
     assert card["prefill_tokens_per_s"] == 10_000  # 20,000 computed in 2 s of prefill
@@ -44,7 +52,9 @@ def test_a_tier_that_stores_and_never_serves_gets_a_plain_verdict() -> None:
 
 def test_what_is_not_available_is_said() -> None:
     assert report(None, None, 0, 0) == {
-        "available": False, "why": "this server has no CPU tier (kv_offload)"}  # fmt: skip
+        "available": False,
+        "why": "this server has no CPU tier (kv_offload)",
+    }
     assert report(None, None, GIB, 0)["why"] == "the server is not answering /metrics"
     card = report(Totals.from_metrics(metrics(prompt=10, stored=5 * GIB)), None, GIB, 0)
     assert card["filled_bytes"] == GIB  # full: it evicts to store more

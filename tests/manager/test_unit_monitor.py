@@ -120,8 +120,12 @@ def test_any_number_of_readers_cost_one_systemctl_call(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "root"
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/vllm.service").write_text(UNIT)
-    monitor = UnitMonitor(Systemd((str(counting),), ("journalctl3",), root), "vllm",
-                          Sampler("http://127.0.0.1:1"), interval_s=60)  # fmt: skip
+    monitor = UnitMonitor(
+        Systemd((str(counting),), ("journalctl3",), root),
+        "vllm",
+        Sampler("http://127.0.0.1:1"),
+        interval_s=60,
+    )
     with ThreadPoolExecutor(20) as pool:
         shown = list(pool.map(lambda _: monitor.current(), range(20)))
     assert {health for _unit, health in shown} == {"stopped"}

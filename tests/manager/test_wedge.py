@@ -6,10 +6,22 @@ from __future__ import annotations
 from vllm_offload.manager.wedge import Counters, WedgeWatch, prometheus_text
 
 
-def counters(prompt: float = 100, generated: float = 50, kv: float = 0.1, running: float = 1,
-             waiting: float = 0, loads: float = 0) -> Counters:  # fmt: skip
-    return Counters(running=running, waiting=waiting, prompt_tokens=prompt,
-                    generation_tokens=generated, gpu_kv_usage=kv, kv_loads=loads)  # fmt: skip
+def counters(
+    prompt: float = 100,
+    generated: float = 50,
+    kv: float = 0.1,
+    running: float = 1,
+    waiting: float = 0,
+    loads: float = 0,
+) -> Counters:
+    return Counters(
+        running=running,
+        waiting=waiting,
+        prompt_tokens=prompt,
+        generation_tokens=generated,
+        gpu_kv_usage=kv,
+        kv_loads=loads,
+    )
 
 
 def test_no_progress_with_work_pending_is_a_wedge_once_the_bound_passes() -> None:
@@ -51,9 +63,13 @@ def test_missing_scrape_decides_nothing_and_needs_the_counters() -> None:
     watch.observe(0, counters(), 10, 60)
     assert watch.observe(100, None, 10, 60) == [] and not watch.wedged
     assert Counters.from_metrics({"vllm:num_requests_running": 1}) is None
-    full = {"vllm:num_requests_running": 1, "vllm:num_requests_waiting": 0,
-            "vllm:prompt_tokens": 5, "vllm:generation_tokens": 6,
-            "vllm:kv_cache_usage_perc": 0.5}  # fmt: skip
+    full = {
+        "vllm:num_requests_running": 1,
+        "vllm:num_requests_waiting": 0,
+        "vllm:prompt_tokens": 5,
+        "vllm:generation_tokens": 6,
+        "vllm:kv_cache_usage_perc": 0.5,
+    }
     assert Counters.from_metrics(full) == counters(prompt=5, generated=6, kv=0.5)
 
 

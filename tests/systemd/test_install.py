@@ -21,8 +21,12 @@ def options(root: Path, **kw: object) -> InstallOptions:
 def verify(unit_file: Path) -> str:
     """systemd-analyze verify's complaints about one unit file ('' when none). Nothing is
     filtered: an invalid value is reported only as a "Failed to parse ..." line."""
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit_file)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return (done.stdout + done.stderr).strip()
 
 
@@ -34,13 +38,20 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     for unit in unit_dir.iterdir():
         assert verify(unit) == ""
     server = (unit_dir / "vllm.service").read_text()
-    for directive in ("Restart=on-failure", "RestartPreventExitStatus=2", "StartLimitBurst=5",
-                      "TimeoutStopSec=120",
-                      "LimitMEMLOCK=infinity", "LimitNOFILE=65536", "NoNewPrivileges=yes",
-                      "ProtectSystem=strict", "PrivateTmp=yes", "StandardOutput=journal",
-                      "EnvironmentFile=-/etc/default/vllm-offload",
-                      f"ExecStart={sys.executable} -m vllm_offload serve --config "
-                      "/etc/vllm-offload/config.toml"):  # fmt: skip
+    for directive in (
+        "Restart=on-failure",
+        "RestartPreventExitStatus=2",
+        "StartLimitBurst=5",
+        "TimeoutStopSec=120",
+        "LimitMEMLOCK=infinity",
+        "LimitNOFILE=65536",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "StandardOutput=journal",
+        "EnvironmentFile=-/etc/default/vllm-offload",
+        f"ExecStart={sys.executable} -m vllm_offload serve --config /etc/vllm-offload/config.toml",
+    ):
         assert directive in server
     assert "PrivateDevices=" not in server  # the GPU lives in /dev
     token = root / "etc/vllm-offload/manager-token"
@@ -66,10 +77,12 @@ def test_verify_catches_a_misspelt_directive(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("good", "bad"),
-    [("LimitMEMLOCK=infinity", "LimitMEMLOCK=infinty"),
-     ("NoNewPrivileges=yes", "NoNewPrivileges=yess"),
-     ("Restart=on-failure", "Restart=on-failur")],
-)  # fmt: skip
+    [
+        ("LimitMEMLOCK=infinity", "LimitMEMLOCK=infinty"),
+        ("NoNewPrivileges=yes", "NoNewPrivileges=yess"),
+        ("Restart=on-failure", "Restart=on-failur"),
+    ],
+)
 def test_verify_catches_an_invalid_value(tmp_path: Path, good: str, bad: str) -> None:
     """Issue #14: these are reported only as "Failed to parse ..." lines, which the test
     used to filter out."""
@@ -112,8 +125,16 @@ def test_bad_input_exits_2_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     root = tmp_path / "a" / "b" / "c"
-    argv = ["install-service", "--user", "root", "--root", str(root),
-            "--state-dir", str(tmp_path / "state"), *args]  # fmt: skip
+    argv = [
+        "install-service",
+        "--user",
+        "root",
+        "--root",
+        str(root),
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+    ]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not root.exists() and not (tmp_path / "state").exists()
@@ -144,9 +165,18 @@ def test_both_units_are_sandboxed(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "c"
     install.install(options(root))
     for name in ("vllm.service", "vllm-manager.service"):
-        done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
-                               str(root / "etc/systemd/system" / name)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [
+                "systemd-analyze",
+                "security",
+                "--offline=true",
+                "--no-pager",
+                str(root / "etc/systemd/system" / name),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         match = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
         assert match is not None, done.stdout + done.stderr
         assert float(match.group(1)) <= 4.5, (name, match.group(1))  # 3.6 / 3.8 here
@@ -164,16 +194,23 @@ def test_the_units_grant_exactly_the_disk_tier(tmp_path: Path) -> None:
 
     disk = tmp_path / "nvme" / "kv"
     config = tmp_path / "etc" / "config.toml"
-    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
-        "kv_offload.disk_path": str(disk)}), config)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(
+            config_mod.DeploymentConfig(), {"kv_offload.disk_path": str(disk)}
+        ),
+        config,
+    )
     root = tmp_path / "a" / "b" / "c"
     install.install(options(root, config=config, config_given=True, manager_user="nobody"))
     units = root / "etc/systemd/system"
     writable = {
-        unit.name: next(line for line in unit.read_text().splitlines()
-                        if line.startswith("ReadWritePaths=")).split("=", 1)[1].split()
+        unit.name: next(
+            line for line in unit.read_text().splitlines() if line.startswith("ReadWritePaths=")
+        )
+        .split("=", 1)[1]
+        .split()
         for unit in units.iterdir()
-    }  # fmt: skip
+    }
     state = str(tmp_path / "a" / "b" / "state")
     assert writable["vllm.service"] == [state, f"-{disk}"]
     tier = disk_layout.tier_root(str(disk))
@@ -193,8 +230,12 @@ def test_a_disk_path_a_unit_cannot_name_is_refused(tmp_path: Path, disk_path: st
     from vllm_offload import config as config_mod
 
     config = tmp_path / "config.toml"
-    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
-        "kv_offload.disk_path": disk_path}), config)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(
+            config_mod.DeploymentConfig(), {"kv_offload.disk_path": disk_path}
+        ),
+        config,
+    )
     with pytest.raises(install.InstallError, match=r"kv_offload\.disk_path"):
         install.install(options(tmp_path / "root", config=config, config_given=True))
     assert not (tmp_path / "root" / "etc").exists()  # nothing written
@@ -207,8 +248,10 @@ def test_a_linked_tier_folder_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     disk = "/nvme/kv"
     config = tmp_path / "config.toml"
-    config_mod.save(config_mod.with_overrides(config_mod.DeploymentConfig(), {
-        "kv_offload.disk_path": disk}), config)  # fmt: skip
+    config_mod.save(
+        config_mod.with_overrides(config_mod.DeploymentConfig(), {"kv_offload.disk_path": disk}),
+        config,
+    )
     (root / "nvme/kv").mkdir(parents=True)
     (root / "nvme/kv" / disk_layout.TIER_DIR).symlink_to(tmp_path)
     with pytest.raises(install.InstallError, match="symbolic link"):
@@ -267,11 +310,17 @@ def test_a_cluster_config_adds_the_routers_unit(tmp_path: Path) -> None:
     unit = root / "etc/systemd/system/vllm-router.service"
     assert verify(unit) == ""
     text = unit.read_text()
-    assert (f"ExecStart={sys.executable} -m vllm_offload.cluster_router --config={config} "
-            "--manifest=/run/vllm-router/workers.json") in text  # fmt: skip
+    assert (
+        f"ExecStart={sys.executable} -m vllm_offload.cluster_router --config={config} "
+        "--manifest=/run/vllm-router/workers.json"
+    ) in text
     assert "RuntimeDirectory=vllm-router" in text and key not in text
-    done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
-                           str(unit)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     match = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
     assert match is not None and float(match.group(1)) <= 4.5, done.stdout
     install.install(options(root / "single"))  # one box: no router

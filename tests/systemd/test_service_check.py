@@ -31,8 +31,11 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # others may run it (the venv's may live und
 @pytest.fixture
 def user() -> Iterator[str]:
     name = f"vo-chk-{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    name], check=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+        timeout=60,
+    )
     try:
         yield name
     finally:
@@ -59,8 +62,12 @@ NO_ID = 0xFFFFFFFF
 
 
 def kernel_lets(user: str, flag: str, path: Path) -> bool:
-    return subprocess.run(["runuser", "-u", user, "--", "test", flag, str(path)],
-                          timeout=60).returncode == 0  # fmt: skip
+    return (
+        subprocess.run(
+            ["runuser", "-u", user, "--", "test", flag, str(path)], timeout=60
+        ).returncode
+        == 0
+    )
 
 
 @needs_users
@@ -75,7 +82,7 @@ def kernel_lets(user: str, flag: str, path: Path) -> bool:
         (0o711, 0o600, ("file", 4)),  # ... or the file
         (0o711, 0o600, ("file", 0)),  # an ACL entry that grants nothing
     ],
-)  # fmt: skip
+)
 def test_the_walk_agrees_with_the_kernel(
     user: str, base: Path, folder_mode: int, file_mode: int, named: tuple[str, int] | None
 ) -> None:
@@ -88,9 +95,17 @@ def test_the_walk_agrees_with_the_kernel(
     if named is not None:  # the owner's, group's and others' bits kept, one user added
         target = folder if named[0] == "folder" else file
         mode = target.stat().st_mode
-        os.setxattr(target, "system.posix_acl_access", acl(
-            (0x01, mode >> 6 & 7, NO_ID), (0x02, named[1], access.Who.of(user).uid),
-            (0x04, mode >> 3 & 7, NO_ID), (0x10, 7, NO_ID), (0x20, mode & 7, NO_ID)))  # fmt: skip
+        os.setxattr(
+            target,
+            "system.posix_acl_access",
+            acl(
+                (0x01, mode >> 6 & 7, NO_ID),
+                (0x02, named[1], access.Who.of(user).uid),
+                (0x04, mode >> 3 & 7, NO_ID),
+                (0x10, 7, NO_ID),
+                (0x20, mode & 7, NO_ID),
+            ),
+        )
     who = access.Who.of(user)
     walked = access.blocked(file, who, access.READ)
     assert (walked is None) == kernel_lets(user, "-r", file), walked
@@ -105,8 +120,17 @@ def test_an_interpreter_the_user_cannot_reach_is_refused(
     private.chmod(0o700)
     (private / "bin" / "python").symlink_to(SYSTEM_PYTHON)
     root = tmp_path / "image"
-    argv = ["install-service", "--user", user, "--root", str(root), "--state-dir",
-            str(tmp_path / "state"), "--python", str(private / "bin" / "python")]  # fmt: skip
+    argv = [
+        "install-service",
+        "--user",
+        user,
+        "--root",
+        str(root),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--python",
+        str(private / "bin" / "python"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"the interpreter the units run (ExecStart): {user} cannot enter {private}" in err
@@ -128,13 +152,26 @@ def test_a_model_folder_the_user_cannot_read_is_refused(
     config = base / "config.toml"
     config.write_text(f'[model]\npath = "{model}"\n')
     config.chmod(0o644)
-    argv = ["install-service", "--user", user, "--root", str(tmp_path / "image"), "--config",
-            str(config), "--state-dir", str(tmp_path / "state"), "--python", SYSTEM_PYTHON,
-            "--dry-run"]  # fmt: skip
+    argv = [
+        "install-service",
+        "--user",
+        user,
+        "--root",
+        str(tmp_path / "image"),
+        "--config",
+        str(config),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--python",
+        SYSTEM_PYTHON,
+        "--dry-run",
+    ]
     assert main(argv) == 2
     out = capsys.readouterr().out
-    assert (f"would be refused: model.path {model}: {user} cannot read "
-            f"{model / 'model.safetensors'} (mode 600, owner root)") in out  # fmt: skip
+    assert (
+        f"would be refused: model.path {model}: {user} cannot read "
+        f"{model / 'model.safetensors'} (mode 600, owner root)"
+    ) in out
     (model / "model.safetensors").chmod(0o644)
     assert main(argv) == 0
     assert f"checked: {user} and {user} can run the interpreter" in capsys.readouterr().out
@@ -149,8 +186,7 @@ def test_the_dry_run_works_before_the_user_exists_and_prints_no_token(
     out = capsys.readouterr().out
     first = out.splitlines()[:6]
     assert first[0] == "install-service --dry-run: nothing is written"
-    assert any("would be refused: --user 'vo-not-yet-made': no such user" in line
-               for line in first)  # fmt: skip
+    assert any("would be refused: --user 'vo-not-yet-made': no such user" in line for line in first)
     assert "User=vo-not-yet-made" in out and "they point into" in out
     token_file = out[out.index("manager-token (mode 600)") :]
     assert token_file.splitlines()[1] == "(a new random token, kept if one exists; not shown)"
@@ -164,12 +200,24 @@ def test_a_hub_id_must_be_downloaded_where_the_server_looks(
     config = tmp_path / "config.toml"
     config.write_text('[model]\npath = "org/tiny"\n')
     state = tmp_path / "state"
-    argv = ["install-service", "--user", "root", "--root", "/", "--config", str(config),
-            "--state-dir", str(state), "--dry-run"]  # fmt: skip
+    argv = [
+        "install-service",
+        "--user",
+        "root",
+        "--root",
+        "/",
+        "--config",
+        str(config),
+        "--state-dir",
+        str(state),
+        "--dry-run",
+    ]
     assert main(argv) == 2
     cache = state / ".cache/huggingface/hub"  # the server's HOME is its state directory
-    assert f"would be refused: model.path org/tiny: not downloaded where the server looks " \
-        f"({cache})" in capsys.readouterr().out  # fmt: skip
+    assert (
+        f"would be refused: model.path org/tiny: not downloaded where the server looks "
+        f"({cache})" in capsys.readouterr().out
+    )
     commit = "0123456789abcdef0123456789abcdef01234567"
     snapshot = cache / "models--org--tiny" / "snapshots" / commit
     snapshot.mkdir(parents=True)

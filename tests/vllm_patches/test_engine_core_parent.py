@@ -49,8 +49,12 @@ def test_engine_outlives_the_starting_thread_but_not_the_process(tmp_path: Path)
     EngineCore exited, so an engine started from a worker thread was killed at once."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     try:
         assert parent.stdout is not None
         lines = [parent.stdout.readline(), parent.stdout.readline()]

@@ -115,8 +115,7 @@ def test_a_boundary_off_the_granule_is_refused() -> None:
 def test_the_block_pool_hands_out_gpu_blocks_first() -> None:
     from vllm.v1.core.block_pool import BlockPool
 
-    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=16,
-                     num_host_blocks=4)  # fmt: skip
+    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=16, num_host_blocks=4)
     assert pool.get_num_free_blocks() == 15  # the null block (0) is held back
     long_request = pool.get_new_blocks(13)  # the 11 free GPU blocks, then host blocks
     assert [b.block_id for b in long_request] == [*range(1, 12), 12, 13]
@@ -136,8 +135,7 @@ def test_free_host_blocks_are_touched_and_handed_out_last() -> None:
     right across both queues."""
     from vllm.v1.core.block_pool import BlockPool
 
-    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=16,
-                     num_host_blocks=4)  # fmt: skip
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=16, num_host_blocks=4)
     blocks = pool.get_new_blocks(7)
     host_block = blocks[-1]
     assert host_block.block_id == 7
@@ -161,8 +159,9 @@ def test_only_full_attention_models_are_placed() -> None:
     import torch
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 
-    spec = SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64,
-                             dtype=torch.bfloat16, sliding_window=128)  # fmt: skip
+    spec = SlidingWindowSpec(
+        block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16, sliding_window=128
+    )
     with pytest.raises(ValueError, match=r"all full attention.*SlidingWindowSpec"):
         kv_host_extension.check_groups([KVCacheGroupSpec(["layer.0"], spec)])
 
@@ -187,11 +186,14 @@ def test_pipeline_stages_get_the_same_blocks_and_no_more_host_ram(demo_dir: Path
     stages = [[KVCacheGroupSpec(["l.0", "l.1"], spec)], [KVCacheGroupSpec(["l.2"], spec)]]
     vllm_config = config(demo_dir, 4096, HOST_BYTES)
     memory, host_blocks = kv_host_extension.extend_pools_into_host_ram(
-        vllm_config, stages, [GPU_BYTES, GPU_BYTES],
+        vllm_config,
+        stages,
+        [GPU_BYTES, GPU_BYTES],
         partial(kv_cache_utils._pool_bytes_per_block, vllm_config),
         lambda group, name: kv_cache_utils._get_layer_block_stride(
-            kv_cache_utils._get_per_layer_spec(group, name)),
-    )  # fmt: skip
+            kv_cache_utils._get_per_layer_spec(group, name)
+        ),
+    )
     # stage 0: 32 KiB blocks, 256 GPU + 256 host; stage 1: 16 KiB blocks, 512 + 512
     assert host_blocks == 256
     assert memory == [512 * BYTES_PER_BLOCK, 512 * BYTES_PER_BLOCK // 2]
@@ -213,10 +215,15 @@ def test_the_planners_length_is_vllms(demo_dir: Path) -> None:
     from vllm_offload.hardware import GIB
     from vllm_offload.plan import make_plan
 
-    deployment = with_overrides(DeploymentConfig(), {
-        "model.path": str(demo_dir), "kv_offload.block_size": 16,
-        "gpu.kv_cache_memory_bytes": GPU_BYTES, "kv_offload.host_extension_gib": HOST_BYTES / GIB,
-    })  # fmt: skip
+    deployment = with_overrides(
+        DeploymentConfig(),
+        {
+            "model.path": str(demo_dir),
+            "kv_offload.block_size": 16,
+            "gpu.kv_cache_memory_bytes": GPU_BYTES,
+            "kv_offload.host_extension_gib": HOST_BYTES / GIB,
+        },
+    )
     plan = make_plan(deployment, model_facts.read(demo_dir), make_host(24), "cuda")
     vllm_config = config(demo_dir, -1, plan.extension.bytes)
     (kv_config,) = kv_configs(vllm_config, GPU_BYTES)

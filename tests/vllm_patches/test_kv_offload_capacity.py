@@ -38,9 +38,12 @@ def vllm_config(
 
     transfer = None
     if extra is not None:
-        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                    kv_connector_extra_config=extra,
-                                    kv_connector_module_path=connector_module)  # fmt: skip
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+            kv_connector_module_path=connector_module,
+        )
     config = VllmConfig(
         model_config=ModelConfig(model=str(demo_dir), max_model_len=max_model_len),
         cache_config=CacheConfig(block_size=block_size),
@@ -117,8 +120,13 @@ def test_shm_check(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
     shm_free = shutil.disk_usage("/dev/shm").free
-    tier = kv_capacity.CpuTier(total_bytes=shm_free + GIB, bytes_per_rank=shm_free + GIB, blocks=1,
-                       tokens=16, uses_shm=True)  # fmt: skip
+    tier = kv_capacity.CpuTier(
+        total_bytes=shm_free + GIB,
+        bytes_per_rank=shm_free + GIB,
+        blocks=1,
+        tokens=16,
+        uses_shm=True,
+    )
     monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "0")
     with pytest.raises(ValueError) as info:
         kv_capacity.check_host_memory(tier)
@@ -189,6 +197,11 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     monkeypatch.setattr(kv_capacity.psutil, "virtual_memory", lambda: at_check)
     shm = shutil.disk_usage("/dev/shm")._replace(free=host.shm_free_bytes - (256 << 20))
     monkeypatch.setattr(kv_capacity.shutil, "disk_usage", lambda path: shm)
-    tier = kv_capacity.CpuTier(total_bytes=plan.cpu_tier.bytes, bytes_per_rank=plan.cpu_tier.bytes,
-                       blocks=1, tokens=128, uses_shm=True)  # fmt: skip
+    tier = kv_capacity.CpuTier(
+        total_bytes=plan.cpu_tier.bytes,
+        bytes_per_rank=plan.cpu_tier.bytes,
+        blocks=1,
+        tokens=128,
+        uses_shm=True,
+    )
     kv_capacity.check_host_memory(tier)  # raises if vLLM would refuse it

@@ -190,8 +190,10 @@ class Worker:
         )
 
         load = SimpleNamespace(req_id="b", src_spec=None, dst_spec=None)
-        meta = OffloadingConnectorMetadata(load_jobs=dict.fromkeys(job_ids, load),  # type: ignore[arg-type]
-                                           store_jobs={})  # fmt: skip
+        meta = OffloadingConnectorMetadata(
+            load_jobs=dict.fromkeys(job_ids, load),  # type: ignore[arg-type]
+            store_jobs={},
+        )
         self.connector.start_kv_transfers(meta, attention_waits)
         return meta
 
@@ -241,14 +243,18 @@ def worker(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Worker:
     monkeypatch.setattr(worker_mod, "GPULoadStoreSpec", object)
     config = vllm_config(demo_dir, 1024, tier(True), block_size=BLOCK)
     specs = {
-        name: FullAttentionSpec(block_size=BLOCK, num_kv_heads=4, head_size=64,
-                                dtype=torch.bfloat16)
+        name: FullAttentionSpec(
+            block_size=BLOCK, num_kv_heads=4, head_size=64, dtype=torch.bfloat16
+        )
         for name in LAYERS
-    }  # fmt: skip
+    }
     (kv_config,) = kv_cache_utils.get_kv_cache_configs(config, [specs], [256 * BYTES_PER_BLOCK * 2])
-    spec = SimpleNamespace(extra_config=tier(True), replicated_layout=False,
-                           config=SimpleNamespace(canonical_layout=False),
-                           get_worker=get_worker)  # fmt: skip
+    spec = SimpleNamespace(
+        extra_config=tier(True),
+        replicated_layout=False,
+        config=SimpleNamespace(canonical_layout=False),
+        get_worker=get_worker,
+    )
     connector = worker_mod.OffloadingConnectorWorker(spec, config, kv_config)  # type: ignore[arg-type]
     kv_caches = {  # as vLLM 0.32 allocates them: (blocks, K/V, tokens, heads, dims)
         name: torch.zeros(kv_config.num_blocks, 2, BLOCK, 4, 64, dtype=torch.bfloat16)
@@ -305,10 +311,12 @@ def test_a_forward_whose_layers_do_not_wait_waits_for_everything_first(worker: W
     assert len(worker.stream.waited) == 2
 
     connector = SimpleNamespace(connector_worker=worker.connector, _connector_metadata=meta)
-    for metadata, mode, layer_waits in [({}, CUDAGraphMode.FULL, False),
-                                        (None, CUDAGraphMode.NONE, False),  # V2's full graphs
-                                        ({}, CUDAGraphMode.PIECEWISE, True),
-                                        ({}, CUDAGraphMode.NONE, True)]:  # fmt: skip
+    for metadata, mode, layer_waits in [
+        ({}, CUDAGraphMode.FULL, False),
+        (None, CUDAGraphMode.NONE, False),  # V2's full graphs
+        ({}, CUDAGraphMode.PIECEWISE, True),
+        ({}, CUDAGraphMode.NONE, True),
+    ]:
         worker.stream.waited.clear()
         context = SimpleNamespace(attn_metadata=metadata, cudagraph_runtime_mode=mode)
         OffloadingConnector.start_load_kv(connector, context)  # type: ignore[arg-type]
@@ -333,8 +341,9 @@ def test_only_plain_attention_layers_wait_layer_by_layer() -> None:
     full = KVCacheGroupSpec(["a"], FullAttentionSpec(**attention))  # type: ignore[arg-type]
     sliding = KVCacheGroupSpec(["s"], SlidingWindowSpec(**attention, sliding_window=64))  # type: ignore[arg-type]
     mla = KVCacheGroupSpec(["m"], MLAAttentionSpec(**{**attention, "num_kv_heads": 1}))  # type: ignore[arg-type]
-    mamba = KVCacheGroupSpec(["x"], MambaSpec(block_size=BLOCK, shapes=((4, 4),),
-                                              dtypes=(torch.bfloat16,)))  # fmt: skip
+    mamba = KVCacheGroupSpec(
+        ["x"], MambaSpec(block_size=BLOCK, shapes=((4, 4),), dtypes=(torch.bfloat16,))
+    )
     assert worker_mod._attention_waits_cover((full, sliding))
     assert not worker_mod._attention_waits_cover((full, mamba))
     assert not worker_mod._attention_waits_cover((mla,))

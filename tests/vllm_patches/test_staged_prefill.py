@@ -41,8 +41,12 @@ def cases(draw: st.DrawFn) -> Case:
     block_size = draw(st.sampled_from([1, 4, 16]))
     gpu, host = draw(st.integers(4, 24)), draw(st.integers(1, 24))
     scratch_n = draw(st.integers(1, 6))
-    pool = BlockPool(num_gpu_blocks=gpu + host, enable_caching=False,
-                     hash_block_size=block_size, num_host_blocks=host)  # fmt: skip
+    pool = BlockPool(
+        num_gpu_blocks=gpu + host,
+        enable_caching=False,
+        hash_block_size=block_size,
+        num_host_blocks=host,
+    )
     first_host = gpu
     # the scratch: GPU blocks the pool handed out for good (the engine keeps them back)
     scratch = [b.block_id for b in pool.get_new_blocks(min(scratch_n, gpu - 2))]
@@ -53,8 +57,14 @@ def cases(draw: st.DrawFn) -> Case:
     table = [b.block_id for b in pool.get_new_blocks(blocks)]
     end = draw(st.integers(1, blocks * block_size))
     start = draw(st.integers(0, end - 1))
-    return Case(table=table, start=start, new_tokens=end - start, block_size=block_size,
-                first_host_block=first_host, scratch=scratch)  # fmt: skip
+    return Case(
+        table=table,
+        start=start,
+        new_tokens=end - start,
+        block_size=block_size,
+        first_host_block=first_host,
+        scratch=scratch,
+    )
 
 
 def run_passes(case: Case) -> list[tuple[StagedPass, list[int]]]:
@@ -67,9 +77,14 @@ def run_passes(case: Case) -> list[tuple[StagedPass, list[int]]]:
     pool: dict[tuple[int, int], int] = {}
     for position in range(case.start):  # earlier steps wrote these
         pool[case.table[position // bs], position % bs] = position
-    passes = stage_chunk(block_table=case.table, start=case.start, new_tokens=case.new_tokens,
-                         block_size=bs, first_host_block=case.first_host_block,
-                         scratch=case.scratch)  # fmt: skip
+    passes = stage_chunk(
+        block_table=case.table,
+        start=case.start,
+        new_tokens=case.new_tokens,
+        block_size=bs,
+        first_host_block=case.first_host_block,
+        scratch=case.scratch,
+    )
     for position in range(case.start, end):  # this step's K/V, through the slot mapping
         pool[case.table[position // bs], position % bs] = position
     read = []
@@ -124,9 +139,13 @@ def test_each_pass_reads_the_chunks_context_through_gpu_blocks_only(case: Case) 
 @given(cases())
 def test_a_chunk_cut_to_fit_stages_and_one_more_token_would_not(case: Case) -> None:
     fit = staged_prefill.chunk_tokens_that_fit(
-        block_table=case.table, start=case.start, new_tokens=case.new_tokens,
-        block_size=case.block_size, first_host_block=case.first_host_block,
-        scratch_blocks=len(case.scratch))  # fmt: skip
+        block_table=case.table,
+        start=case.start,
+        new_tokens=case.new_tokens,
+        block_size=case.block_size,
+        first_host_block=case.first_host_block,
+        scratch_blocks=len(case.scratch),
+    )
     assert 1 <= fit <= case.new_tokens
     cut = Case(**{**case.__dict__, "new_tokens": fit})
     run_passes(cut)  # no ValueError
@@ -139,9 +158,14 @@ def test_a_chunk_cut_to_fit_stages_and_one_more_token_would_not(case: Case) -> N
 def test_blocks_not_allocated_yet_count_as_host() -> None:
     """The scheduler asks before vLLM allocates the chunk's blocks: the ones past the row
     may come from the host part."""
-    fit = staged_prefill.chunk_tokens_that_fit(block_table=[0, 1], start=16, new_tokens=64,
-                                               block_size=16, first_host_block=10,
-                                               scratch_blocks=2)  # fmt: skip
+    fit = staged_prefill.chunk_tokens_that_fit(
+        block_table=[0, 1],
+        start=16,
+        new_tokens=64,
+        block_size=16,
+        first_host_block=10,
+        scratch_blocks=2,
+    )
     assert fit == 16 + 32  # block 1 (GPU) and two new ones
 
 
@@ -161,8 +185,14 @@ def test_split_passes_merged_by_log_sum_exp_equal_the_whole_attention() -> None:
 
     torch.manual_seed(0)
     bs, heads, dim = 4, 2, 8
-    case = Case(table=list(range(20, 32)), start=30, new_tokens=14, block_size=bs,
-                first_host_block=20, scratch=[1, 2, 3, 4, 5])  # fmt: skip
+    case = Case(
+        table=list(range(20, 32)),
+        start=30,
+        new_tokens=14,
+        block_size=bs,
+        first_host_block=20,
+        scratch=[1, 2, 3, 4, 5],
+    )
     read = run_passes(case)
     assert len(read) == 3  # 12 host blocks: 4 own + 1 past, then 5 and 2 past
     keys = torch.randn(44, heads, dim, dtype=torch.float64)
@@ -193,10 +223,14 @@ def test_scratch_for_the_8b_shape_at_65536_tokens_on_a_2_gib_pool() -> None:
     """49,152 spilled tokens, 16-token blocks of 64 KiB per layer: 3,072 scratch IDs, two
     buffers of 192 MiB; a spill off the 2 MiB granule rounds up to it."""
     page = 16 * 8 * 128 * 2 * 2
-    assert staged_prefill.scratch_blocks(spill_tokens=49152, block_size=16,
-                                         page_bytes=page) == (3072, 384 << 20)  # fmt: skip
-    assert staged_prefill.scratch_blocks(spill_tokens=49153, block_size=16,
-                                         page_bytes=page)[0] == 3072 + 32  # fmt: skip
+    assert staged_prefill.scratch_blocks(spill_tokens=49152, block_size=16, page_bytes=page) == (
+        3072,
+        384 << 20,
+    )
+    assert (
+        staged_prefill.scratch_blocks(spill_tokens=49153, block_size=16, page_bytes=page)[0]
+        == 3072 + 32
+    )
     assert staged_prefill.scratch_blocks(spill_tokens=0, block_size=16, page_bytes=page) == (0, 0)
 
 
@@ -219,9 +253,11 @@ def test_the_scratch_ranges_are_the_scratch_blocks_of_each_layer_in_turn(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
     (kv_config,) = kv_configs(config(demo_dir, 4096, HOST_BYTES, layout), GPU_BYTES)
-    scratch = staged_prefill.scratch_ids(num_blocks=kv_config.num_blocks,
-                                         num_host_blocks=kv_config.num_host_blocks,
-                                         scratch_blocks=128)  # fmt: skip
+    scratch = staged_prefill.scratch_ids(
+        num_blocks=kv_config.num_blocks,
+        num_host_blocks=kv_config.num_host_blocks,
+        scratch_blocks=128,
+    )
     assert scratch == range(128, 256)  # 256 GPU blocks, then 256 host blocks
     if layout == "BLHNC":
         with pytest.raises(ValueError, match="layer-outermost KV cache layout"):
@@ -268,17 +304,26 @@ def test_the_device_rewrite_is_stage_chunks_one_pass_row_by_row(
             expected_rows.append(table)
             continue
         start = min(case.start, end - 1)
-        (one,) = stage_chunk(block_table=table, start=start, new_tokens=end - start,
-                             block_size=bs, first_host_block=first_host,
-                             scratch=range(at, at + host))  # fmt: skip
+        (one,) = stage_chunk(
+            block_table=table,
+            start=start,
+            new_tokens=end - start,
+            block_size=bs,
+            first_host_block=first_host,
+            scratch=range(at, at + host),
+        )
         expected_rows.append([*one.block_table, *table[used:]])
         expected_pairs += sorted({*one.copies, *one.mirrors}, key=lambda p: p[1])
         at += host
     width = max(len(t) for t, _ in rows)
     padded = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.int32)
     got, src, dst, needed = rewrite_rows(
-        padded, torch.tensor([u for _, u in rows]),
-        torch.tensor(staged_rows[: len(rows)]), first_host, scratch)  # fmt: skip
+        padded,
+        torch.tensor([u for _, u in rows]),
+        torch.tensor(staged_rows[: len(rows)]),
+        first_host,
+        scratch,
+    )
     assert int(needed) == at - scratch.start
     assert [r[: len(e)] for r, e in zip(got.tolist(), expected_rows, strict=True)] == expected_rows
     assert list(zip(src.tolist(), dst.tolist(), strict=True)) == expected_pairs
@@ -290,8 +335,9 @@ def test_the_device_rewrite_says_when_the_scratch_is_short() -> None:
     from vllm_offload.vllm_ext.staged_device import rewrite_rows
 
     table = torch.tensor([[1, 2, 50, 51, 52]], dtype=torch.int32)
-    got, src, dst, needed = rewrite_rows(table, torch.tensor([5]), torch.tensor([True]), 50,
-                                         range(10, 12))  # fmt: skip
+    got, src, dst, needed = rewrite_rows(
+        table, torch.tensor([5]), torch.tensor([True]), 50, range(10, 12)
+    )
     assert int(needed) == 3  # more than the 2 scratch blocks: the caller splits passes
     assert (src.tolist(), dst.tolist()) == ([50, 51], [10, 11])
     assert got.tolist() == [[1, 2, 10, 11, 52]]  # not valid as a table: too few slots
@@ -327,19 +373,25 @@ def test_a_long_request_through_vllms_scheduler_stages_every_chunk_in_one_pass(
     first_host = kv_config.num_blocks - kv_config.num_host_blocks
     assert (first_host, kv_config.num_host_blocks) == (512, 256)
     vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
-    scheduler = Scheduler(vllm_config, kv_config, StructuredOutputManager(vllm_config),
-                          block_size=bs)  # fmt: skip
+    scheduler = Scheduler(
+        vllm_config, kv_config, StructuredOutputManager(vllm_config), block_size=bs
+    )
     pool = scheduler.kv_cache_manager.block_pool
     gpu_left = first_host - 1  # the null block
     spill = prompt_tokens - (gpu_left - 256) * bs  # 3,920 tokens past the GPU part
-    count, _ = staged_prefill.scratch_blocks(spill_tokens=spill, block_size=bs,
-                                             page_bytes=BYTES_PER_BLOCK // 2)  # fmt: skip
+    count, _ = staged_prefill.scratch_blocks(
+        spill_tokens=spill, block_size=bs, page_bytes=BYTES_PER_BLOCK // 2
+    )
     scratch = [b.block_id for b in pool.get_new_blocks(count)]  # held back
     assert count == 256
     kv_cache_utils.init_none_hash(sha256)
-    request = Request("r", list(range(1, prompt_tokens + 1)),
-                      SamplingParams(max_tokens=2, ignore_eos=True), None,
-                      block_hasher=kv_cache_utils.get_request_block_hasher(bs, sha256))  # fmt: skip
+    request = Request(
+        "r",
+        list(range(1, prompt_tokens + 1)),
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        None,
+        block_hasher=kv_cache_utils.get_request_block_hasher(bs, sha256),
+    )
     scheduler.add_request(request)
     gpu_tokens = (gpu_left - count) * bs
     copied, expected, steps = 0, 0, 0
@@ -348,15 +400,24 @@ def test_a_long_request_through_vllms_scheduler_stages_every_chunk_in_one_pass(
         output = scheduler.schedule()
         new = output.num_scheduled_tokens["r"]
         (table,) = scheduler.kv_cache_manager.get_block_ids("r")
-        passes = stage_chunk(block_table=table, start=start, new_tokens=new, block_size=bs,
-                             first_host_block=first_host, scratch=scratch)  # fmt: skip
+        passes = stage_chunk(
+            block_table=table,
+            start=start,
+            new_tokens=new,
+            block_size=bs,
+            first_host_block=first_host,
+            scratch=scratch,
+        )
         assert len(passes) == 1
         copied += len(passes[0].copies)
         expected += -(-max(0, start - gpu_tokens) // bs)
         steps += 1
         done = start + new >= prompt_tokens
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=["r"], req_id_to_index={"r": 0},
-            sampled_token_ids=[[7] if done else []]))  # fmt: skip
+        scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=["r"], req_id_to_index={"r": 0}, sampled_token_ids=[[7] if done else []]
+            ),
+        )
     assert steps == -(-prompt_tokens // chunk)
     assert copied == expected > 0

@@ -95,8 +95,12 @@ def test_whole_region_is_populated_in_spans(libc: RecordingLibc) -> None:
     try:
         spans = libc.spans(region)
         assert sor.POPULATE_SPAN_BYTES == 32 * MIB
-        assert spans == [(0, 32 * MIB), (32 * MIB, 32 * MIB), (64 * MIB, 32 * MIB),
-                         (96 * MIB, 4 * MIB)]  # fmt: skip
+        assert spans == [
+            (0, 32 * MIB),
+            (32 * MIB, 32 * MIB),
+            (64 * MIB, 32 * MIB),
+            (96 * MIB, 4 * MIB),
+        ]
         assert resident_pages(region) == 100 * MIB // mmap.PAGESIZE
     finally:
         region.cleanup()

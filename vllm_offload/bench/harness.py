@@ -26,8 +26,12 @@ def arm_args(options: BenchOptions, arm: Arm) -> list[str]:
     if arm.kind == "baseline":
         args += ["--kv-offload-backend", "none"]
     else:
-        args += ["--kv-offload-backend", arm.kind, "--kv-offload-cpu-tier-gib",
-                 str(options.tier_gib)]  # fmt: skip
+        args += [
+            "--kv-offload-backend",
+            arm.kind,
+            "--kv-offload-cpu-tier-gib",
+            str(options.tier_gib),
+        ]
     if options.pool_bytes is not None:
         args += ["--gpu-kv-cache-memory-bytes", str(options.pool_bytes)]
     if options.gpu_memory_utilization is not None:
@@ -111,8 +115,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
                     # Its server stopped answering (an engine that died): that arm ends
                     # here with what it measured, the others go on.
                     results["arms"][arm]["failed"] = failure(servers[arm], repeat, exc)
-                    print(f"bench: arm {arm} failed: {results['arms'][arm]['failed']}",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"bench: arm {arm} failed: {results['arms'][arm]['failed']}",
+                        file=sys.stderr,
+                    )
                     continue
                 results["arms"][arm]["runs"].append(run_result)
             # What is measured so far survives a run cut short (a GPU call's time limit).
@@ -144,9 +150,15 @@ def run_workloads(
     """One arm's turn in one repeat: each chosen workload, into ``run_result``."""
     if "reuse" in options.workloads:
         run_result["reuse"] = workloads.reuse(
-            url, maker, options.docs, options.doc_tokens, repeat, tick,
-            options.settle_s, tuple(options.hit_concurrency),
-        )  # fmt: skip
+            url,
+            maker,
+            options.docs,
+            options.doc_tokens,
+            repeat,
+            tick,
+            options.settle_s,
+            tuple(options.hit_concurrency),
+        )
     if "chat" in options.workloads:
         run_result["chat"] = workloads.chat(
             url,
@@ -172,9 +184,14 @@ def run_workloads(
         )
     if "decode" in options.workloads:
         run_result["decode"] = workloads.decode(
-            url, maker, options.decode_batch, options.prompt_tokens,
-            options.output_tokens, repeat, tick,
-        )  # fmt: skip
+            url,
+            maker,
+            options.decode_batch,
+            options.prompt_tokens,
+            options.output_tokens,
+            repeat,
+            tick,
+        )
 
 
 def decode_floor(results: dict[str, Any], options: BenchOptions) -> dict[str, Any]:
@@ -216,6 +233,7 @@ def cpu_hit_floor(results: dict[str, Any], per_token: int, options: BenchOptions
 
 def _jsonable(options: BenchOptions) -> dict[str, Any]:
     data = asdict(options)
-    data["arms"] = [{"label": a.label, "kind": a.kind, "flags": list(a.flags)}
-                    for a in options.arms]  # fmt: skip
+    data["arms"] = [
+        {"label": a.label, "kind": a.kind, "flags": list(a.flags)} for a in options.arms
+    ]
     return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}

@@ -35,8 +35,10 @@ class Arm:
         label, sep, rest = text.partition("=")
         words = shlex.split(rest if sep else text)
         if not words or words[0] not in ARM_KINDS:
-            raise ValueError(f"{text!r}: an arm is KIND or LABEL=KIND [flags], KIND one of "
-                             f"{', '.join(ARM_KINDS)}")  # fmt: skip
+            raise ValueError(
+                f"{text!r}: an arm is KIND or LABEL=KIND [flags], KIND one of "
+                f"{', '.join(ARM_KINDS)}"
+            )
         label = label.strip() if sep else words[0]
         if not label.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"{text!r}: the label may hold letters, digits, '-' and '_'")
@@ -79,8 +81,14 @@ def names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
-def cli(help: str, *, parse: Callable[[str], Any] | None = None, low: float | None = None,
-        flag: str = "", metavar: str | None = None) -> dict[str, Any]:  # fmt: skip
+def cli(
+    help: str,
+    *,
+    parse: Callable[[str], Any] | None = None,
+    low: float | None = None,
+    flag: str = "",
+    metavar: str | None = None,
+) -> dict[str, Any]:
     """A field's command-line face, as its metadata: ``parse`` reads the text (default:
     the default's type), ``low`` is the smallest value allowed, ``flag`` overrides the
     name made from the field's."""
@@ -100,43 +108,74 @@ class BenchOptions:
             f"comma list of {','.join(WORKLOADS)} (default: all but decode)", parse=names(WORKLOADS)
         ),
     )
-    repeats: int = field(default=3, metadata=cli("times each workload runs, arms interleaved",
-                                                 low=1))  # fmt: skip
+    repeats: int = field(
+        default=3, metadata=cli("times each workload runs, arms interleaved", low=1)
+    )
     docs: int = field(default=8, metadata=cli("reuse: documents", low=1))
     doc_tokens: int = field(default=8000, metadata=cli("reuse: tokens per document", low=1))
-    settle_s: float = field(default=0.5, metadata=cli(
-        "reuse: pause before each request, so the last one's copies to the CPU tier have "
-        "finished", low=0, flag="--settle-seconds"))  # fmt: skip
-    hit_concurrency: list[int] = field(default_factory=list, metadata=cli(
-        "reuse: after the passes, for each N: N new documents read, the GPU prefix cache "
-        "dropped (servers get VLLM_SERVER_DEV_MODE=1), the N read again at once (CPU hits) "
-        "and once more (GPU hits); the GPU pool must hold N documents",
-        parse=counts, metavar="N[,N...]"))  # fmt: skip
+    settle_s: float = field(
+        default=0.5,
+        metadata=cli(
+            "reuse: pause before each request, so the last one's copies to the CPU tier have "
+            "finished",
+            low=0,
+            flag="--settle-seconds",
+        ),
+    )
+    hit_concurrency: list[int] = field(
+        default_factory=list,
+        metadata=cli(
+            "reuse: after the passes, for each N: N new documents read, the GPU prefix cache "
+            "dropped (servers get VLLM_SERVER_DEV_MODE=1), the N read again at once (CPU hits) "
+            "and once more (GPU hits); the GPU pool must hold N documents",
+            parse=counts,
+            metavar="N[,N...]",
+        ),
+    )
     conversations: int = field(default=4, metadata=cli("chat: conversations", low=1))
     turns: int = field(default=4, metadata=cli("chat: turns per conversation", low=1))
     turn_tokens: int = field(default=1000, metadata=cli("chat: user tokens per turn", low=1))
-    rates: list[Rate] = field(default_factory=lambda: [None, 8.0, 32.0], metadata=cli(
-        "sweep: comma list of 'sync', req/s (Poisson) and 'max' (closed loop)",
-        parse=rates))  # fmt: skip
+    rates: list[Rate] = field(
+        default_factory=lambda: [None, 8.0, 32.0],
+        metadata=cli(
+            "sweep: comma list of 'sync', req/s (Poisson) and 'max' (closed loop)", parse=rates
+        ),
+    )
     rate_seconds: float = field(default=10.0, metadata=cli("sweep: seconds per rate", low=0.1))
     max_concurrency: int = field(default=64, metadata=cli("sweep: clients at rate 'max'", low=1))
     prompt_tokens: int = field(default=512, metadata=cli("sweep: prompt tokens", low=1))
     output_tokens: int = field(default=64, metadata=cli("fixed output (ignore_eos)", low=1))
-    decode_batch: int = field(default=16, metadata=cli("decode: requests decoding side by "
-                                                       "side", low=1))  # fmt: skip
+    decode_batch: int = field(
+        default=16, metadata=cli("decode: requests decoding side by side", low=1)
+    )
     tier_gib: float = field(default=16.0, metadata=cli("CPU tier of the offload arms", low=0.1))
-    pool_bytes: int | None = field(default=None, metadata=cli(
-        "cap the GPU KV pool (same for every arm)", parse=int, low=1))  # fmt: skip
-    gpu_memory_utilization: float | None = field(default=None, metadata=cli(
-        "per server (arms run side by side on one GPU)", parse=float, low=0.01))  # fmt: skip
-    token_ids: bool = field(default=False, metadata=cli(
-        "send token-id prompts (models served with --skip-tokenizer-init)"))  # fmt: skip
-    h2d_gbps: float | None = field(default=None, metadata=cli(
-        "host->GPU bandwidth for the CPU-hit floor (benchmarks/pinned_memory.py)",
-        parse=float, low=0.01))  # fmt: skip
-    serve_flags: list[str] = field(default_factory=list, metadata=cli(
-        "more `vllm-offload serve` flags for every arm, e.g. "
-        "'--kv-offload-cpu-chunk-tokens 256'", parse=shlex.split))  # fmt: skip
+    pool_bytes: int | None = field(
+        default=None, metadata=cli("cap the GPU KV pool (same for every arm)", parse=int, low=1)
+    )
+    gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata=cli("per server (arms run side by side on one GPU)", parse=float, low=0.01),
+    )
+    token_ids: bool = field(
+        default=False,
+        metadata=cli("send token-id prompts (models served with --skip-tokenizer-init)"),
+    )
+    h2d_gbps: float | None = field(
+        default=None,
+        metadata=cli(
+            "host->GPU bandwidth for the CPU-hit floor (benchmarks/pinned_memory.py)",
+            parse=float,
+            low=0.01,
+        ),
+    )
+    serve_flags: list[str] = field(
+        default_factory=list,
+        metadata=cli(
+            "more `vllm-offload serve` flags for every arm, e.g. "
+            "'--kv-offload-cpu-chunk-tokens 256'",
+            parse=shlex.split,
+        ),
+    )
     vllm_args: list[str] = field(default_factory=list)  # after `--`
 
 
@@ -168,12 +207,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parse = meta["parse"] or type(f.default)
         shown = f.default not in (None, dataclasses.MISSING)  # lists say theirs in words
         text = meta["help"] + (f" (default: {f.default})" if shown else "")
-        parser.add_argument(flag, dest=f.name, type=_reader(parse, meta.get("low")),
-                            required=required, metavar=meta.get("metavar"), help=text)  # fmt: skip
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            type=_reader(parse, meta.get("low")),
+            required=required,
+            metavar=meta.get("metavar"),
+            help=text,
+        )
 
 
 def from_args(args: argparse.Namespace, arms: list[Arm], vllm_args: list[str]) -> BenchOptions:
     """The options as given (unset flags keep the record's defaults)."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)
-             if "help" in f.metadata and getattr(args, f.name, None) is not None}  # fmt: skip
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(BenchOptions)
+        if "help" in f.metadata and getattr(args, f.name, None) is not None
+    }
     return BenchOptions(**given, arms=arms, vllm_args=vllm_args)

@@ -49,9 +49,13 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     unit = "bytes" if name.endswith("_bytes") else "s"
                     values = [r["reuse"]["server_per_doc"][i].get(name) for r in runs]
                     rows.append(
-                        {"arm": arm, "metric": f"reuse.pass{i + 1}.server.{short}", "unit": unit,
-                         **_spread(values)}
-                    )  # fmt: skip
+                        {
+                            "arm": arm,
+                            "metric": f"reuse.pass{i + 1}.server.{short}",
+                            "unit": unit,
+                            **_spread(values),
+                        }
+                    )
             hits = [r["reuse"]["gpu_hit_ttft_s"] for r in runs if r["reuse"]["gpu_hit_ttft_s"]]
             rows.append({"arm": arm, "metric": "reuse.gpu_hit_ttft", "unit": "s", **_spread(hits)})
             h2d = results["options"].get("h2d_gbps")
@@ -97,9 +101,13 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             ceiling = results.get("decode_floor", {}).get(arm, {}).get("ceiling_tok_per_s")
             if ceiling:
                 rows.append(
-                    {"arm": arm, "metric": "decode.ceiling_tok_per_s", "unit": "tok/s",
-                     **_spread([ceiling])}
-                )  # fmt: skip
+                    {
+                        "arm": arm,
+                        "metric": "decode.ceiling_tok_per_s",
+                        "unit": "tok/s",
+                        **_spread([ceiling]),
+                    }
+                )
     return rows
 
 
@@ -133,8 +141,13 @@ def burst_facts(burst: dict[str, Any], h2d_gbps: float | None) -> dict[str, floa
     }
 
 
-BURST_UNITS = {"load_bytes": "bytes", "load_gbps": "GB/s", "cpu_over_gpu": "x",
-               "load_share_of_link": "x", "cpu_over_floor": "x"}  # fmt: skip
+BURST_UNITS = {
+    "load_bytes": "bytes",
+    "load_gbps": "GB/s",
+    "cpu_over_gpu": "x",
+    "load_share_of_link": "x",
+    "cpu_over_floor": "x",
+}
 
 
 def burst_rows(runs: list[dict[str, Any]], h2d_gbps: float | None) -> list[dict[str, Any]]:
@@ -148,12 +161,18 @@ def burst_rows(runs: list[dict[str, Any]], h2d_gbps: float | None) -> list[dict[
     for n, bursts in sorted(by_size.items()):
         for phase in ("cpu_hit", "gpu_hit"):
             every = [t for b in bursts for t in b[phase]["ttft_s"]]
-            rows.append({"metric": f"burst{n}.{phase}_ttft.requests", "unit": "s",
-                         **_spread(every)})  # fmt: skip
+            rows.append(
+                {"metric": f"burst{n}.{phase}_ttft.requests", "unit": "s", **_spread(every)}
+            )
         facts = [burst_facts(b, h2d_gbps) for b in bursts]
         for key in facts[0]:
-            rows.append({"metric": f"burst{n}.{key}", "unit": BURST_UNITS.get(key, "s"),
-                         **_spread([f[key] for f in facts])})  # fmt: skip
+            rows.append(
+                {
+                    "metric": f"burst{n}.{key}",
+                    "unit": BURST_UNITS.get(key, "s"),
+                    **_spread([f[key] for f in facts]),
+                }
+            )
     return rows
 
 
@@ -172,8 +191,9 @@ def markdown(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append("")
     failed = {arm: data["failed"] for arm, data in results["arms"].items() if "failed" in data}
     if failed:
-        lines += [f"Failed: {arm}, {why}; its earlier repeats are below" for arm, why in
-                  failed.items()]  # fmt: skip
+        lines += [
+            f"Failed: {arm}, {why}; its earlier repeats are below" for arm, why in failed.items()
+        ]
         lines.append("")
     lines += ["| arm | metric | unit | median | min | max |", "|---|---|---|---|---|---|"]
     lines += [

@@ -19,9 +19,22 @@ from vllm_offload.vllm_client import VllmClient
 # Token ids well inside any real vocabulary and clear of special tokens.
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000
 WORDS = (
-    "the", "cache", "holds", "blocks", "of", "tokens", "in", "host", "memory", "for",
-    "later", "reuse", "by", "the", "server",
-)  # fmt: skip
+    "the",
+    "cache",
+    "holds",
+    "blocks",
+    "of",
+    "tokens",
+    "in",
+    "host",
+    "memory",
+    "for",
+    "later",
+    "reuse",
+    "by",
+    "the",
+    "server",
+)
 
 
 # Where a reused document's TTFT goes, from the server's side (sums over a pass).
@@ -165,8 +178,9 @@ def reset_gpu_prefix_cache(server: VllmClient, timeout_s: float = RESET_TIMEOUT_
     while True:
         response = server.post("/reset_prefix_cache", {}, timeout_s=timeout_s)
         if response.status_code == 404:
-            raise RuntimeError("no /reset_prefix_cache: start the server with "
-                               "VLLM_SERVER_DEV_MODE=1")  # fmt: skip
+            raise RuntimeError(
+                "no /reset_prefix_cache: start the server with VLLM_SERVER_DEV_MODE=1"
+            )
         response.raise_for_status()
         if response.json().get("success"):
             return time.perf_counter() - began

@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     try:
         if unknown:
-            raise _common.unknown_arguments(args.command, command_parser(parser, args.command),
-                                            unknown)  # fmt: skip
+            raise _common.unknown_arguments(
+                args.command, command_parser(parser, args.command), unknown
+            )
         return int(args.handler(args, extra))
     except VllmOffloadError as exc:
         print(f"vllm-offload: error: {exc}", file=sys.stderr)

@@ -75,23 +75,32 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 PASSES_TO_VLLM = ("serve", "plan")
 
 
-def unknown_arguments(command: str, parser: argparse.ArgumentParser,
-                      unknown: list[str]) -> UsageError:  # fmt: skip
+def unknown_arguments(
+    command: str, parser: argparse.ArgumentParser, unknown: list[str]
+) -> UsageError:
     """What a token the command does not take was likely meant to be: a vLLM flag the
     launcher writes (its config key's flag), a misspelt option, or vLLM's own flag (which
     goes after `--`)."""
     token = next((t for t in unknown if t.startswith("-")), unknown[0])
     after = unknown[unknown.index(token) + 1 :]
-    value = token.split("=", 1)[1] if "=" in token else (
-        after[0] if after and not after[0].startswith("-") else "")  # fmt: skip
+    value = (
+        token.split("=", 1)[1]
+        if "=" in token
+        else (after[0] if after and not after[0].startswith("-") else "")
+    )
     name = flag_name(token) or token
     options = [o for o in parser._option_string_actions if o.startswith("--")]
     if command in PASSES_TO_VLLM and (key := owning_key(token)) is not None:
         flag = key_flag(key)
-        fix = (f"did you mean `{flag}{' ' + value if value else ''}`?" if flag in options
-               else f"set the [{key}] keys in the config")  # fmt: skip
-        return UsageError(f"{name}: vLLM's flag; vllm-offload writes it from {key} (so the "
-                          f"planner checks it): {fix}")  # fmt: skip
+        fix = (
+            f"did you mean `{flag}{' ' + value if value else ''}`?"
+            if flag in options
+            else f"set the [{key}] keys in the config"
+        )
+        return UsageError(
+            f"{name}: vLLM's flag; vllm-offload writes it from {key} (so the "
+            f"planner checks it): {fix}"
+        )
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.8)
     if close:
         return UsageError(f"{name}: no such option of `{command}`; did you mean `{close[0]}`?")
@@ -101,8 +110,9 @@ def unknown_arguments(command: str, parser: argparse.ArgumentParser,
             f"{name}: no such option of `{command}`; vLLM's own flags go after `--`: "
             f"`vllm-offload {command} -- {shown}` (or the config's extra_args)"
         )
-    return UsageError(f"unrecognized arguments: {' '.join(unknown)} (see `vllm-offload "
-                      f"{command} --help`)")  # fmt: skip
+    return UsageError(
+        f"unrecognized arguments: {' '.join(unknown)} (see `vllm-offload {command} --help`)"
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,8 +189,10 @@ def port_taken(host: str, port: int) -> str | None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            return (f"{host}:{port} is taken ({exc.strerror}); stop what listens there "
-                    "(`ss -ltnp`) or choose another port")  # fmt: skip
+            return (
+                f"{host}:{port} is taken ({exc.strerror}); stop what listens there "
+                "(`ss -ltnp`) or choose another port"
+            )
     return None
 
 
@@ -192,9 +204,13 @@ def add_control_options(parser: argparse.ArgumentParser) -> None:
     """Where a running front door of several models keeps its control socket."""
     default = config_mod.DEFAULT_CONFIG_PATH
     parser.add_argument("--config", type=Path, help=f"deployment config (TOML); default {default}")
-    parser.add_argument("--socket", type=Path, help="the front door's control socket (default: "
-                        "residency.runtime_dir's, else $RUNTIME_DIRECTORY's or "
-                        "$XDG_RUNTIME_DIR's, else the unit's /run/UNIT-offload)")  # fmt: skip
+    parser.add_argument(
+        "--socket",
+        type=Path,
+        help="the front door's control socket (default: "
+        "residency.runtime_dir's, else $RUNTIME_DIRECTORY's or "
+        "$XDG_RUNTIME_DIR's, else the unit's /run/UNIT-offload)",
+    )
     parser.add_argument("--unit", default="vllm", help="the server's systemd unit (default vllm)")
 
 
@@ -212,6 +228,8 @@ def control_socket(args: argparse.Namespace) -> tuple[DeploymentConfig, Path]:
     for candidate in (here, unit):
         if candidate.exists():
             return config, candidate
-    raise ServiceError(f"no front door's control socket at {here} or {unit}: is `vllm-offload "
-                       "serve` running with this config (several [[models]])? --socket names "
-                       "it")  # fmt: skip
+    raise ServiceError(
+        f"no front door's control socket at {here} or {unit}: is `vllm-offload "
+        "serve` running with this config (several [[models]])? --socket names "
+        "it"
+    )

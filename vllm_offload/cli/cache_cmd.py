@@ -23,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     config = _common.effective_config(args, extra_args)
     files, removed = disk_layout.clear_tier(config.kv_offload.disk_path)
-    print(f"removed {files:,} files ({removed / (1 << 30):.2f} GiB) from "
-          f"{config.kv_offload.disk_path}")  # fmt: skip
+    print(
+        f"removed {files:,} files ({removed / (1 << 30):.2f} GiB) from "
+        f"{config.kv_offload.disk_path}"
+    )
     return 0

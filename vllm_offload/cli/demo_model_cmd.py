@@ -21,9 +21,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "a tiny random-weight Llama (gibberish answers, a real Llama's files and shapes).",
     )
     parser.add_argument(
-        "dir", type=Path, nargs="?", help="directory to write (absent or empty); default: "
-        "the cache folder (prints its path)",
-    )  # fmt: skip
+        "dir",
+        type=Path,
+        nargs="?",
+        help="directory to write (absent or empty); default: the cache folder (prints its path)",
+    )
     parser.add_argument("--random", action="store_true", help="write the tiny random Llama")
     parser.add_argument(
         "--seed", type=int, default=None, help="with --random: another seed, another model"

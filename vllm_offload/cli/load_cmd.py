@@ -14,13 +14,18 @@ ACTIONS = {"load": "bring-in", "unload": "put-away"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    helps = {"load": "bring a model onto the GPU now (putting another away if it is full)",
-             "unload": "put a model away now (it sleeps or stops, as residency.idle)"}  # fmt: skip
+    helps = {
+        "load": "bring a model onto the GPU now (putting another away if it is full)",
+        "unload": "put a model away now (it sleeps or stops, as residency.idle)",
+    }
     for command, text in helps.items():
-        parser = subparsers.add_parser(command, help=text, description=text[0].upper()
-                                       + text[1:] + ", through the running front door's "
-                                       "control socket, as the manager's page does. The "
-                                       "model is its served name (`vllm-offload ps`).")  # fmt: skip
+        parser = subparsers.add_parser(
+            command,
+            help=text,
+            description=text[0].upper() + text[1:] + ", through the running front door's "
+            "control socket, as the manager's page does. The "
+            "model is its served name (`vllm-offload ps`).",
+        )
         parser.add_argument("name", help="the model's served name")
         _common.add_control_options(parser)
         parser.set_defaults(handler=run, action=ACTIONS[command])

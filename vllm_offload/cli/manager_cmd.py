@@ -28,8 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=7999)
     parser.add_argument("--token-file", type=Path, help="file holding the access token (0600)")
-    parser.add_argument("--config", type=Path, default=config_mod.DEFAULT_CONFIG_PATH,
-                        help="deployment config the manager shows and edits")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=config_mod.DEFAULT_CONFIG_PATH,
+        help="deployment config the manager shows and edits",
+    )
     parser.add_argument("--unit", default="vllm", help="server unit name (without .service)")
     parser.add_argument(
         "--systemd-root",
@@ -79,16 +83,26 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         token = read_token(args.token_file)
     else:
         token = secrets.token_urlsafe(24)
-        print(f"vllm-offload manager: no --token-file; this run's token is {token}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"vllm-offload manager: no --token-file; this run's token is {token}", file=sys.stderr
+        )
     settings = ManagerSettings(
-        config_path=args.config, token=token, unit=args.unit,
-        systemd=Systemd.detect(args.systemd_root), token_file=args.token_file,
-    )  # fmt: skip
+        config_path=args.config,
+        token=token,
+        unit=args.unit,
+        systemd=Systemd.detect(args.systemd_root),
+        token_file=args.token_file,
+    )
     # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503; a connection
     # that sends no request head within 10 s is closed, an idle keep-alive one after 5 s
     # (half-open connections took every file descriptor before).
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
-                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
-                http=HeadTimeoutProtocol)  # fmt: skip
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=5,
+        http=HeadTimeoutProtocol,
+    )
     return 0

@@ -60,8 +60,11 @@ def stays(model: dict[str, Any], now: float) -> str:
     if model.get("since") is None:
         return "-"
     idle_until = model.get("keep_alive_until")
-    until = ("until another model is asked for" if idle_until is None
-             else f"until {clock(idle_until)} idle, or another model asks")  # fmt: skip
+    until = (
+        "until another model is asked for"
+        if idle_until is None
+        else f"until {clock(idle_until)} idle, or another model asks"
+    )
     turn = model.get("turn_ends")
     return f"{until}, not before {clock(turn)}" if turn is not None and turn > now else until
 
@@ -75,9 +78,17 @@ def row(name: str, model: dict[str, Any], now: float) -> tuple[str, ...]:
     if state in ("stopped", "failed"):
         gpu = host = 0
     wait = model.get("expected_wait_s")
-    return (name, state, clock(model.get("since")), stays(model, now), size(gpu), size(host),
-            str(model.get("in_flight", 0)), str(model.get("waiting", 0)),
-            "?" if wait is None else ("0" if wait == 0 else f"~{wait:g} s"))  # fmt: skip
+    return (
+        name,
+        state,
+        clock(model.get("since")),
+        stays(model, now),
+        size(gpu),
+        size(host),
+        str(model.get("in_flight", 0)),
+        str(model.get("waiting", 0)),
+        "?" if wait is None else ("0" if wait == 0 else f"~{wait:g} s"),
+    )
 
 
 def size(n: int | None) -> str:

@@ -35,14 +35,18 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     for value in args.ids:
         ref = hub.hub_ref(value)
         if ref is None:
-            raise ConfigError("ID", f"{value!r} is not a repo id (org/name or "
-                              "org/name@revision), or names a folder here already")  # fmt: skip
+            raise ConfigError(
+                "ID",
+                f"{value!r} is not a repo id (org/name or "
+                "org/name@revision), or names a folder here already",
+            )
         refs.append(ref)
     if not args.ids:
         refs = deployment.hub_models(_common.effective_config(args, extra_args))
         if not refs:
-            raise ConfigError("model.path", "the config names no hub id; give one: "
-                              "`vllm-offload pull org/name`")  # fmt: skip
+            raise ConfigError(
+                "model.path", "the config names no hub id; give one: `vllm-offload pull org/name`"
+            )
     for ref in refs:
         print(hub.pull(ref))
     return 0

@@ -64,23 +64,22 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
     )
     print(render(prepared.plan), file=sys.stderr)
-    refused = _checked(args, config, vllm, prepared.notes, prepared.problems,
-                       {"": prepared.spec})  # fmt: skip
+    refused = _checked(args, config, vllm, prepared.notes, prepared.problems, {"": prepared.spec})
     if refused is not None:
         return refused
     run_vllm.run(prepared.spec)
     return 0
 
 
-def run_fleet(args: argparse.Namespace, config: DeploymentConfig, host: HostFacts,
-              vllm: InstalledVllm | None) -> int:  # fmt: skip
+def run_fleet(
+    args: argparse.Namespace, config: DeploymentConfig, host: HostFacts, vllm: InstalledVllm | None
+) -> int:
     """Several models: plan the set, then serve their front door (engines as children)."""
     import asyncio
 
     from vllm_offload.fleet.runner import serve_fleet
 
-    prepared = prepare_fleet(config, host, os.environ, vllm,
-                             allow_unpatched=args.allow_unpatched)  # fmt: skip
+    prepared = prepare_fleet(config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched)
     print(render_fleet(prepared.fleet), file=sys.stderr)
     refused = _checked(args, config, vllm, prepared.notes, prepared.problems, prepared.specs)
     if refused is not None:

@@ -36,8 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="deployment config the units use (must exist; default "
         f"{config_mod.DEFAULT_CONFIG_PATH}, created with defaults if missing)",
     )
-    install_parser.add_argument("--state-dir", type=Path, default=install.DEFAULT_STATE_DIR,
-                         help="the service's writable home (caches, install manifest)")  # fmt: skip
+    install_parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=install.DEFAULT_STATE_DIR,
+        help="the service's writable home (caches, install manifest)",
+    )
     install_parser.add_argument(
         "--python", default=sys.executable, help="interpreter with vllm-offload"
     )
@@ -67,19 +71,26 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
     options = install.validate(
         install.InstallOptions(
-            root=args.root, unit=args.unit, user=args.user, manager_user=args.manager_user,
+            root=args.root,
+            unit=args.unit,
+            user=args.user,
+            manager_user=args.manager_user,
             config=args.config or config_mod.DEFAULT_CONFIG_PATH,
-            config_given=args.config is not None, state_dir=args.state_dir,
+            config_given=args.config is not None,
+            state_dir=args.state_dir,
             python=args.python,
         )
-    )  # fmt: skip
+    )
     refusals = service_check.refusals(options)
     if args.dry_run:
         print(summary(options, refusals))
         for planned in install.render(options):
             print(f"=== {args.root / planned.path.relative_to('/')} (mode {planned.mode:o})")
-            print("(a new random token, kept if one exists; not shown)" if planned.secret
-                  else planned.content)  # fmt: skip
+            print(
+                "(a new random token, kept if one exists; not shown)"
+                if planned.secret
+                else planned.content
+            )
         return max((refusal.exit_code for refusal in refusals), default=0)
     if refusals:
         raise install.InstallError("; and ".join(str(refusal) for refusal in refusals))
@@ -105,9 +116,11 @@ def summary(options: install.InstallOptions, refusals: list[install.InstallError
     if refusals:
         lines += [f"  would be refused: {refusal}" for refusal in refusals]
     else:
-        lines.append(f"  checked: {options.user} and {options.manager_user} can run the "
-                     "interpreter and read the packages, config, model folders and tier "
-                     "folders")  # fmt: skip
+        lines.append(
+            f"  checked: {options.user} and {options.manager_user} can run the "
+            "interpreter and read the packages, config, model folders and tier "
+            "folders"
+        )
     return "\n".join(lines)
 
 
@@ -120,8 +133,12 @@ def run_uninstall(args: argparse.Namespace, extra_args: list[str]) -> int:
 def not_installed(unit: str, systemd: Systemd) -> str:
     """Why a unit's status means nothing: it is not installed (and, where no systemd runs,
     which service manager was asked)."""
-    where = (" (no systemd runs on this machine; docker-systemctl-replacement's systemctl3 "
-             "answered for it)" if systemd.replacement else "")  # fmt: skip
+    where = (
+        " (no systemd runs on this machine; docker-systemctl-replacement's systemctl3 "
+        "answered for it)"
+        if systemd.replacement
+        else ""
+    )
     return (
         f"{unit}.service is not installed{where}; `vllm-offload install-service` "
         "installs it, or pass --unit NAME for another unit"
@@ -134,8 +151,10 @@ def run_service(args: argparse.Namespace, extra_args: list[str]) -> int:
         status = systemd.status(args.unit)
         if status.load_state == "not-found":
             raise ServiceError(not_installed(args.unit, systemd))
-        print(f"{status.unit}.service: {status.active_state} ({status.sub_state}), "
-              f"pid {status.main_pid or '-'}")  # fmt: skip
+        print(
+            f"{status.unit}.service: {status.active_state} ({status.sub_state}), "
+            f"pid {status.main_pid or '-'}"
+        )
     elif args.action == "logs":
         print("\n".join(systemd.logs(args.unit, args.lines)))
     else:

@@ -65,8 +65,10 @@ class ClusterBox(_Section):
 
     def addresses(self) -> dict[str, str]:
         """Each model's address on this box: the first model's is ``url``."""
-        return {m: self.model_urls.get(m, self.url) if i else self.url
-                for i, m in enumerate(self.models)}  # fmt: skip
+        return {
+            m: self.model_urls.get(m, self.url) if i else self.url
+            for i, m in enumerate(self.models)
+        }
 
 
 class ClusterSection(_Section):

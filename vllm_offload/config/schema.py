@@ -97,8 +97,11 @@ def _unknown_key_fix(parts: list[str | int]) -> str:
         return "remove it (see `vllm-offload config show` for the valid keys)"
     if model is DeploymentConfig or len(parts) < 2:
         close = difflib.get_close_matches(name, list(SECTIONS), n=1, cutoff=0.6)
-        return f"did you mean [{close[0]}]?" if close else (
-            f"the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")  # fmt: skip
+        return (
+            f"did you mean [{close[0]}]?"
+            if close
+            else (f"the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")
+        )
     homes = [s for s, section in SECTIONS.items() if name in section.model_fields]
     if homes and parts[0] == "models" and homes[0] in MODEL_TABLES:
         return f"it belongs in the entry's [models.{homes[0]}] table"
@@ -111,8 +114,14 @@ def _unknown_key_fix(parts: list[str | int]) -> str:
 
 
 # pydantic's errors for a value that is no number at all (not one out of range).
-NOT_A_NUMBER = ("int_parsing", "float_parsing", "int_type", "float_type", "int_from_float",
-                "literal_error")  # fmt: skip
+NOT_A_NUMBER = (
+    "int_parsing",
+    "float_parsing",
+    "int_type",
+    "float_type",
+    "int_from_float",
+    "literal_error",
+)
 
 
 def _neither_auto_nor_number(errors: list[Any]) -> str | None:
@@ -128,9 +137,15 @@ def _neither_auto_nor_number(errors: list[Any]) -> str | None:
         return None
     key = str(errors[0]["loc"][-2])
     number = "a whole number" if "int" in tags else "a number"
-    unit = (" of tokens (e.g. 4096)" if key.endswith(("_len", "_tokens", "block_size"))
-            else " of bytes" if key.endswith("_bytes")
-            else " of GiB" if key.endswith("_gib") else "")  # fmt: skip
+    unit = (
+        " of tokens (e.g. 4096)"
+        if key.endswith(("_len", "_tokens", "block_size"))
+        else " of bytes"
+        if key.endswith("_bytes")
+        else " of GiB"
+        if key.endswith("_gib")
+        else ""
+    )
     return f'{json.dumps(errors[0]["input"], default=str)} is neither "auto" nor {number}{unit}'
 
 
@@ -175,18 +190,25 @@ def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
     shared sections with the entry's tables over them, the file's extra_args then its own.
     Raises ConfigError naming the entry's key (models[1].kv_offload.cpu_tier_gib)."""
     if config.model != ModelSection():
-        raise ConfigError("model", "with [[models]] entries, give each model there; remove "
-                          "[model] (or keep [model] alone for one model)")  # fmt: skip
+        raise ConfigError(
+            "model",
+            "with [[models]] entries, give each model there; remove "
+            "[model] (or keep [model] alone for one model)",
+        )
     shared = config.model_dump(exclude={"models", "residency"})
     configs: dict[str, DeploymentConfig] = {}
     for i, entry in enumerate(config.models):
         name = model_name(entry)
         if not name:
-            raise ConfigError(f"models[{i}].served_name", "a model without a path (the demo "
-                              "model) needs a served_name")  # fmt: skip
+            raise ConfigError(
+                f"models[{i}].served_name",
+                "a model without a path (the demo model) needs a served_name",
+            )
         if name in configs:
-            raise ConfigError(f"models[{i}].served_name", f"'{name}' names two models; give "
-                              "each its own served_name")  # fmt: skip
+            raise ConfigError(
+                f"models[{i}].served_name",
+                f"'{name}' names two models; give each its own served_name",
+            )
         data = {**shared, "model": entry.model_dump(include=set(ModelSection.model_fields))}
         for table in MODEL_TABLES:
             data[table] = {**shared[table], **getattr(entry, table)}
@@ -198,8 +220,10 @@ def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
             raise ConfigError(entry_field(i, error.field), error.message) from None
     default = config.residency.default_model
     if default and default not in configs:
-        raise ConfigError("residency.default_model", f"'{default}' is none of the models' "
-                          f"names ({', '.join(configs)})")  # fmt: skip
+        raise ConfigError(
+            "residency.default_model",
+            f"'{default}' is none of the models' names ({', '.join(configs)})",
+        )
     return configs
 
 

@@ -407,6 +407,7 @@ class ManagerSection(_Section):
     def _hub_patterns(cls, patterns: list[str]) -> list[str]:
         for pattern in patterns:
             if not HUB_PATTERN.fullmatch(pattern):
-                raise ValueError(f"{pattern!r} is not a repo id pattern (org/name, '*' and "
-                                 "'?' allowed)")  # fmt: skip
+                raise ValueError(
+                    f"{pattern!r} is not a repo id pattern (org/name, '*' and '?' allowed)"
+                )
         return patterns

@@ -37,27 +37,36 @@ _readers = threading.BoundedSemaphore(READERS)
 _movers = threading.BoundedSemaphore(1)
 
 
-def create_control_app(front: FrontDoor, events: deque[Event],
-                       planned: dict[str, dict[str, int]] | None = None) -> FastAPI:  # fmt: skip
+def create_control_app(
+    front: FrontDoor, events: deque[Event], planned: dict[str, dict[str, int]] | None = None
+) -> FastAPI:
     """``planned``: each model's planned memory (``gpu_bytes``/``host_bytes`` by state:
     runner.planned_memory)."""
-    app = FastAPI(title="vllm-offload front door control", docs_url=None, redoc_url=None,
-                  openapi_url=None)  # fmt: skip
+    app = FastAPI(
+        title="vllm-offload front door control", docs_url=None, redoc_url=None, openapi_url=None
+    )
 
     def known(name: str) -> str:
         if name not in front.engines:
-            raise HTTPException(404, f"no model '{name}'; this server has: "
-                                f"{', '.join(front.engines)}")  # fmt: skip
+            raise HTTPException(
+                404, f"no model '{name}'; this server has: {', '.join(front.engines)}"
+            )
         return name
 
     @app.get("/models")
     def models() -> dict[str, Any]:
         books, times = front.residency.state(), outlook(front.residency)
-        rows = {name: {**books[name], **times[name], "state": front.state_of(name),
-                       "pid": front.engines[name].pid,
-                       "max_model_len": front.max_model_len[name],
-                       "planned": (planned or {}).get(name, {})}
-                for name in front.engines}  # fmt: skip
+        rows = {
+            name: {
+                **books[name],
+                **times[name],
+                "state": front.state_of(name),
+                "pid": front.engines[name].pid,
+                "max_model_len": front.max_model_len[name],
+                "planned": (planned or {}).get(name, {}),
+            }
+            for name in front.engines
+        }
         return {"models": rows, "ready": front.ready, "events": [asdict(e) for e in events]}
 
     @app.post("/models/{name}/bring-in")

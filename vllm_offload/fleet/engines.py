@@ -61,8 +61,11 @@ class EngineSpec:
 
 
 def uds_client(socket_path: Path, timeout: httpx.Timeout | float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-                             base_url="http://engine", timeout=timeout)  # fmt: skip
+    return httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+        base_url="http://engine",
+        timeout=timeout,
+    )
 
 
 @dataclass
@@ -120,10 +123,13 @@ class EngineProcess:
         self.spec.socket.unlink(missing_ok=True)
         self.state, self._stopping, self.ours_sleep = "starting", False, False
         self._proc = await asyncio.create_subprocess_exec(
-            *self.spec.command, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            *self.spec.command,
+            env=self.spec.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: a stuck stop kills all of it
-        )  # fmt: skip
+        )
         self.pid = self._proc.pid
         self._spawn(self._pump(self._proc))
         self._spawn(self._watch(self._proc))
@@ -132,8 +138,9 @@ class EngineProcess:
             while time.monotonic() - began < START_TIMEOUT_S:
                 if not self.alive:
                     self.state = "failed"
-                    raise EngineError(f"exited ({self._proc.returncode}) while starting: "
-                                      f"{self.last_error()}")  # fmt: skip
+                    raise EngineError(
+                        f"exited ({self._proc.returncode}) while starting: {self.last_error()}"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if (await engine.get("/health")).status_code == 200:
                         self.state = "serving"
@@ -161,8 +168,9 @@ class EngineProcess:
         await proc.wait()
         self.state = "stopped"
 
-    async def _call(self, method: str, path: str, what: str,
-                    body: dict[str, str] | None = None) -> None:  # fmt: skip
+    async def _call(
+        self, method: str, path: str, what: str, body: dict[str, str] | None = None
+    ) -> None:
         if not self.alive:
             raise EngineError(f"cannot {what}: the engine is not running")
         async with uds_client(self.spec.socket, SLEEP_TIMEOUT_S) as engine:

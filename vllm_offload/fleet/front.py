@@ -47,8 +47,9 @@ MAX_BODY_BYTES = 32 << 20
 # Forwarded upstream (printable ASCII only); an engine gets no API key (its socket is the
 # front door's alone) and never a client's own forwarded mark.
 FORWARDED_HEADERS = ("content-type", "accept", "user-agent", "x-request-id")
-DROPPED_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "date",
-                                      "server"})  # fmt: skip
+DROPPED_RESPONSE_HEADERS = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "date", "server"}
+)
 METRICS_TIMEOUT_S = 2.0
 GET_ROUTES = frozenset({"/health", "/v1/models", "/metrics"})
 ROUTES = frozenset({("GET", p) for p in GET_ROUTES} | {("POST", p) for p in OPENAI_JSON_ROUTES})

@@ -61,8 +61,11 @@ def _wait(residency: Residency, slot: Slot, now: float) -> float | None:
     resident = [s for s in residency.slots.values() if s.status in ("serving", "draining")]
     mine = _asked(slot)
     mine = now if mine is None else mine
-    asked = [_asked(s) for s in residency.slots.values()
-             if s is not slot and s.status in ("away", "failed")]  # fmt: skip
+    asked = [
+        _asked(s)
+        for s in residency.slots.values()
+        if s is not slot and s.status in ("away", "failed")
+    ]
     ahead = sum(1 for t in asked if t is not None and t < mine)
     slots = residency.slots.values()
     steps = [_step(slot.bring_in_s, [s.bring_in_s for s in slots])]

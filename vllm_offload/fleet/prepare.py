@@ -93,8 +93,10 @@ def prepare_fleet(
         except (ConfigError, ModelFactsError) as exc:
             raise ConfigError(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
-    disks = {name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path
-             else None for name, e in engines.items()}  # fmt: skip
+    disks = {
+        name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
+        for name, e in engines.items()
+    }
     fleet = plan_fleet(config, engines, facts, host, platform, dict(environ), disks)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in fleet.notes.problems
@@ -102,8 +104,9 @@ def prepare_fleet(
     problems += not_pulled
     for i, (name, model) in enumerate(fleet.models.items()):
         for problem in model.plan.notes.problems:
-            problems.append(PlanError(entry_field(i, problem["field"]),
-                                      f"'{name}': {problem['message']}"))  # fmt: skip
+            problems.append(
+                PlanError(entry_field(i, problem["field"]), f"'{name}': {problem['message']}")
+            )
     sleeps = any(m.idle == "sleep" for m in fleet.models.values())
     missing = plugin_missing(environ) if sleeps else None
     if missing:  # vLLM's own sleep backend would run: more host RAM than planned

@@ -158,8 +158,10 @@ class Residency:
                 slot.queue.remove(entry)
 
     def state(self) -> dict[str, dict[str, object]]:
-        return {name: {"status": s.status, "in_flight": s.in_flight, "waiting": len(s.queue)}
-                for name, s in self.slots.items()}  # fmt: skip
+        return {
+            name: {"status": s.status, "in_flight": s.in_flight, "waiting": len(s.queue)}
+            for name, s in self.slots.items()
+        }
 
     # -- the switcher -----------------------------------------------------------------
     def start(self) -> None:
@@ -280,8 +282,9 @@ class Residency:
             self._event(slot.name, f"putting '{slot.name}' away failed: {exc}")
             return
         slot.status, slot.put_away_s = "away", self.clock() - began
-        self._event(slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""),
-                    slot.put_away_s)  # fmt: skip
+        self._event(
+            slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""), slot.put_away_s
+        )
 
     async def _bring_in(self, slot: Slot) -> None:
         slot.status = "moving"
@@ -313,5 +316,8 @@ class Residency:
                 future.set_exception(error)
 
     def _event(self, model: str, text: str, seconds: float | None = None) -> None:
-        self.on_event(Event(round(time.time(), 3), text, model,
-                            None if seconds is None else round(seconds, 3)))  # fmt: skip
+        self.on_event(
+            Event(
+                round(time.time(), 3), text, model, None if seconds is None else round(seconds, 3)
+            )
+        )

@@ -53,8 +53,13 @@ def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
     """The switcher's settings: ``max_resident`` as the plan resolved it."""
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
-    return ResidencySettings(max_resident, residency.min_resident_s, keep,
-                             residency.queue_limit, residency.drain_timeout_s)  # fmt: skip
+    return ResidencySettings(
+        max_resident,
+        residency.min_resident_s,
+        keep,
+        residency.queue_limit,
+        residency.drain_timeout_s,
+    )
 
 
 def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
@@ -67,9 +72,12 @@ def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
     else:  # vLLM's CPU backend: the weights and the pool are in host RAM
         gpu, host = 0, host + plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes
     asleep = model.idle == "sleep" and plan.platform == "cuda"
-    return {"gpu_bytes_serving": gpu, "host_bytes_serving": host,
-            "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
-            "host_bytes_away": model.away_ram_bytes}  # fmt: skip
+    return {
+        "gpu_bytes_serving": gpu,
+        "host_bytes_serving": host,
+        "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
+        "host_bytes_away": model.away_ram_bytes,
+    }
 
 
 def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
@@ -127,8 +135,14 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
     def engine(name: str, spec_file: Path) -> EngineProcess:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
         idle = prepared.fleet.models[name].idle
-        spec = EngineSpec(name, command, dict(os.environ), socket_of(prepared, name), idle,
-                          config.residency.sleep_level)  # fmt: skip
+        spec = EngineSpec(
+            name,
+            command,
+            dict(os.environ),
+            socket_of(prepared, name),
+            idle,
+            config.residency.sleep_level,
+        )
         return EngineProcess(spec, exited)
 
     engines = {name: engine(name, path) for name, path in specs.items()}
@@ -144,15 +158,26 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
     front = FrontDoor(engines, residency, lengths, prepared.api_key)
     control_socket = prepared.runtime_dir / CONTROL_SOCKET
     control_socket.unlink(missing_ok=True)
-    public = _Server(uvicorn.Config(create_front_app(front), host=config.server.host,
-                                    port=config.server.port, log_level="warning",
-                                    timeout_keep_alive=30,
-                                    timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
+    public = _Server(
+        uvicorn.Config(
+            create_front_app(front),
+            host=config.server.host,
+            port=config.server.port,
+            log_level="warning",
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=SERVER_GRACE_S,
+        )
+    )
     level = config.residency.sleep_level
     memory = {n: planned_memory(m, level) for n, m in prepared.fleet.models.items()}
-    control = _Server(uvicorn.Config(create_control_app(front, events, memory),
-                                     uds=str(control_socket), log_level="warning",
-                                     timeout_graceful_shutdown=SERVER_GRACE_S))  # fmt: skip
+    control = _Server(
+        uvicorn.Config(
+            create_control_app(front, events, memory),
+            uds=str(control_socket),
+            log_level="warning",
+            timeout_graceful_shutdown=SERVER_GRACE_S,
+        )
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in STOP_SIGNALS:
@@ -167,8 +192,10 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if warm.done() and warm.exception() is not None:
             default = prepared.fleet.default
-            say(f"error: the default model '{default}' could not start: {warm.exception()}; "
-                "stopping")  # fmt: skip
+            say(
+                f"error: the default model '{default}' could not start: {warm.exception()}; "
+                "stopping"
+            )
             # 2: vLLM-offload refused its config (the unit does not restart on it)
             code = 2 if engines[default].exit_code == 2 else 1
         else:

@@ -87,16 +87,18 @@ def create_app(settings: ManagerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """FastAPI's own (404, 405, a body cut short) in the same shape."""
-        detail = exc.detail if isinstance(exc.detail, dict) else {"field": "", "message":
-                                                                   str(exc.detail)}  # fmt: skip
+        detail = (
+            exc.detail
+            if isinstance(exc.detail, dict)
+            else {"field": "", "message": str(exc.detail)}
+        )
         return JSONResponse({"detail": detail}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"][1:]) or "request"
-        return JSONResponse({"detail": {"field": field, "message": first["msg"]}},
-                            status_code=422)  # fmt: skip
+        return JSONResponse({"detail": {"field": field, "message": first["msg"]}}, status_code=422)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 

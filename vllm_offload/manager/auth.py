@@ -80,15 +80,18 @@ def authenticate(request: Request, sessions: Sessions) -> str:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and sessions.check_guess(request, "bearer", value.strip()):
             return "bearer"
-        raise Unauthenticated("Authorization", "wrong token: send Authorization: Bearer "
-                              "<token from the manager's token file>")  # fmt: skip
+        raise Unauthenticated(
+            "Authorization",
+            "wrong token: send Authorization: Bearer <token from the manager's token file>",
+        )
     csrf = sessions.csrf_for(request.cookies.get(SESSION_COOKIE))
     if csrf is None:
-        raise Unauthenticated("Authorization", "authentication required: send "
-                              "Authorization: Bearer <token> or log in at /login")  # fmt: skip
+        raise Unauthenticated(
+            "Authorization",
+            "authentication required: send Authorization: Bearer <token> or log in at /login",
+        )
     if request.method in UNSAFE_METHODS:
-        if not secrets.compare_digest(request.headers.get(CSRF_HEADER, "").encode(),
-                                      csrf.encode()):  # fmt: skip
+        if not secrets.compare_digest(request.headers.get(CSRF_HEADER, "").encode(), csrf.encode()):
             raise Forbidden(CSRF_HEADER, f"missing or wrong {CSRF_HEADER} header for this session")
         if not origin_matches(request):
             raise Forbidden("Origin", "the Origin header is missing or names another site")

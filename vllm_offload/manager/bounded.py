@@ -21,8 +21,11 @@ def call(work: Callable[[], T], field: str, what: str, timeout_s: float = TIMEOU
     """``work()`` in a daemon thread of its own (one that never ends cannot keep the
     process from exiting); Refused (409) naming ``field`` if it takes over ``timeout_s``
     or MAX_STUCK earlier ones are still running."""
-    too_slow = Refused(field, f"{what} took over {timeout_s:.0f} s (a file that does not "
-                              "answer: a hung filesystem?); check it, then try again")  # fmt: skip
+    too_slow = Refused(
+        field,
+        f"{what} took over {timeout_s:.0f} s (a file that does not "
+        "answer: a hung filesystem?); check it, then try again",
+    )
     if not _slots.acquire(timeout=timeout_s):
         raise too_slow
     outcome: list[T] = []

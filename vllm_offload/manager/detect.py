@@ -36,6 +36,5 @@ def find_vllm_servers() -> list[dict[str, Any]]:
         if models is None:
             continue
         seen.add(port)
-        found.append({"pid": conn.pid, "port": port, "models": models,
-                      "command": cmdline[:300]})  # fmt: skip
+        found.append({"pid": conn.pid, "port": port, "models": models, "command": cmdline[:300]})
     return found

@@ -35,15 +35,33 @@ ONLY_THE_FILE = (
 # vLLM flags the API may pass in extra_args: tuning that loads no code, touches no path
 # and opens nothing. Any other needs manager.api_extra_args in the file (or is there
 # already, as the administrator wrote it).
-TUNING_FLAGS = frozenset({
-    "--enforce-eager", "--max-num-seqs", "--max-num-batched-tokens",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
-    "--no-enable-chunked-prefill", "--async-scheduling", "--no-async-scheduling",
-    "--scheduling-policy", "--seed", "--max-logprobs", "--disable-log-stats",
-    "--enable-log-requests", "--no-enable-log-requests", "--long-prefill-token-threshold",
-    "--max-num-partial-prefills", "--disable-sliding-window", "--disable-custom-all-reduce",
-    "--max-parallel-loading-workers", "--quantization", "-q", "--enable-expert-parallel",
-})  # fmt: skip
+TUNING_FLAGS = frozenset(
+    {
+        "--enforce-eager",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--async-scheduling",
+        "--no-async-scheduling",
+        "--scheduling-policy",
+        "--seed",
+        "--max-logprobs",
+        "--disable-log-stats",
+        "--enable-log-requests",
+        "--no-enable-log-requests",
+        "--long-prefill-token-threshold",
+        "--max-num-partial-prefills",
+        "--disable-sliding-window",
+        "--disable-custom-all-reduce",
+        "--max-parallel-loading-workers",
+        "--quantization",
+        "-q",
+        "--enable-expert-parallel",
+    }
+)
 
 
 def _value(config: DeploymentConfig, dotted: str) -> object:
@@ -82,8 +100,9 @@ def _plain_path(field: str, path: str, saved: str, hub_models: list[str]) -> Non
         hub_model(field, path, hub_models)
         return
     if path != saved and path and (path[0] != "/" or os.path.normpath(path) != path):
-        raise ConfigError(field, "give an absolute path without '~', '.' or '..' parts (as "
-                          "the model list shows)")  # fmt: skip
+        raise ConfigError(
+            field, "give an absolute path without '~', '.' or '..' parts (as the model list shows)"
+        )
 
 
 def allowed(repo: str, hub_models: list[str]) -> bool:
@@ -95,15 +114,19 @@ def hub_model(field: str, value: str, hub_models: list[str]) -> HubRef:
     """``value`` as a hub id the file's manager.hub_models lets the API name (and fetch);
     else ConfigError (not an id) or Forbidden (an id the file does not allow)."""
     if not shaped_like_id(value):
-        raise ConfigError(field, f"{value[:200]!r} is not a Hugging Face repo id (org/name "
-                          "or org/name@revision)")  # fmt: skip
+        raise ConfigError(
+            field, f"{value[:200]!r} is not a Hugging Face repo id (org/name or org/name@revision)"
+        )
     repo, _, revision = value.partition("@")
     if not allowed(repo, hub_models):
-        raise Forbidden(field, f"{value}: a Hugging Face id through the API downloads at a "
-                        "client's word; the config file's manager.hub_models lists the ids "
-                        f"it may name ({', '.join(hub_models) or 'none'}); or an "
-                        f"administrator fetches it (`vllm-offload pull {value}`) and names it "
-                        "in the file")  # fmt: skip
+        raise Forbidden(
+            field,
+            f"{value}: a Hugging Face id through the API downloads at a "
+            "client's word; the config file's manager.hub_models lists the ids "
+            f"it may name ({', '.join(hub_models) or 'none'}); or an "
+            f"administrator fetches it (`vllm-offload pull {value}`) and names it "
+            "in the file",
+        )
     return HubRef(repo_id=repo, revision=revision or None)
 
 

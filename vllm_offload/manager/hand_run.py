@@ -33,8 +33,7 @@ def server(config: DeploymentConfig) -> dict[str, Any]:
     unit's process)."""
     with VllmClient(server_url(config), timeout_s=MODELS_TIMEOUT_S) as client:
         models = client.models()
-    return {"pid": listener_pid(config.server.port), "port": config.server.port,
-            "models": models}  # fmt: skip
+    return {"pid": listener_pid(config.server.port), "port": config.server.port, "models": models}
 
 
 def reason(found: dict[str, Any], unit: str, key_file: str) -> str:

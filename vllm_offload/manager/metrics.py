@@ -39,8 +39,14 @@ COUNTERS = {
 TTFT = vm.TTFT
 
 
-VLLM_METRICS = {*GAUGES, *COUNTERS, *wedge.SOURCES, *tier_report.SOURCES, f"{TTFT}_sum",
-                f"{TTFT}_count"}  # fmt: skip
+VLLM_METRICS = {
+    *GAUGES,
+    *COUNTERS,
+    *wedge.SOURCES,
+    *tier_report.SOURCES,
+    f"{TTFT}_sum",
+    f"{TTFT}_count",
+}
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
@@ -53,14 +59,16 @@ def _gpus() -> list[dict[str, Any]]:
     with nvml_devices() as (nvml, handles):
         for i, handle in enumerate(handles):
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-            rows.append({
-                "index": i,
-                "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                "memory_used_bytes": int(mem.used),
-                "memory_total_bytes": int(mem.total),
-                "temperature_c": nvml.nvmlDeviceGetTemperature(handle, 0),
-                "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "index": i,
+                    "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                    "memory_used_bytes": int(mem.used),
+                    "memory_total_bytes": int(mem.total),
+                    "temperature_c": nvml.nvmlDeviceGetTemperature(handle, 0),
+                    "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                }
+            )
     return rows
 
 

@@ -32,12 +32,13 @@ def login(token_file: Path | None, failed: bool = False) -> str:
     install-service's), or the terminal it was started from (no --token-file: a token
     for this run alone)."""
     if token_file is not None:
-        where = (f"It is in the token file {token_file}, readable by the manager's user "
-                 "only.")  # fmt: skip
+        where = f"It is in the token file {token_file}, readable by the manager's user only."
     else:
-        where = ("This manager was started without --token-file: its token for this run is "
-                 "the one `vllm-offload manager` printed on the terminal it was started "
-                 "from.")  # fmt: skip
+        where = (
+            "This manager was started without --token-file: its token for this run is "
+            "the one `vllm-offload manager` printed on the terminal it was started "
+            "from."
+        )
     return LOGIN.format(failed=FAILED if failed else "", where=html.escape(where))
 
 

@@ -41,8 +41,7 @@ class Pulls:
                 return asdict(running)
             pull = Pull(model=str(ref), started=round(time.time(), 1))
             self._pulls = [*self._pulls[-KEPT:], pull]
-        threading.Thread(target=self._fetch, args=(ref, pull), name="hub-pull",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(target=self._fetch, args=(ref, pull), name="hub-pull", daemon=True).start()
         return asdict(pull)
 
     def _fetch(self, ref: hub.HubRef, pull: Pull) -> None:

@@ -75,8 +75,14 @@ def _sockets() -> Iterator[tuple[Address, int, Address, int, str, int]]:
             fields = row.split()
             local, _, local_port = fields[1].rpartition(":")
             remote, _, remote_port = fields[2].rpartition(":")
-            yield (_address(local), int(local_port, 16), _address(remote), int(remote_port, 16),
-                   fields[3], int(fields[7]))  # fmt: skip
+            yield (
+                _address(local),
+                int(local_port, 16),
+                _address(remote),
+                int(remote_port, 16),
+                fields[3],
+                int(fields[7]),
+            )
 
 
 def listeners(port: int) -> list[tuple[Address, int]]:
@@ -111,8 +117,11 @@ def listener_uids(address: str, port: int) -> set[int]:
     target = ipaddress.ip_address(address)
     reach: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = {target}
     if isinstance(target, ipaddress.IPv4Address):
-        reach |= {ipaddress.IPv4Address(0), ipaddress.IPv6Address(0),
-                  ipaddress.IPv6Address(f"::ffff:{target}")}  # fmt: skip
+        reach |= {
+            ipaddress.IPv4Address(0),
+            ipaddress.IPv6Address(0),
+            ipaddress.IPv6Address(f"::ffff:{target}"),
+        }
     else:
         reach.add(ipaddress.IPv6Address(0))
     return {uid for local, uid in listeners(port) if local in reach}

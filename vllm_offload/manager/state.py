@@ -58,10 +58,12 @@ class Manager:
         self.settings = settings
         self.sessions = Sessions(settings.token)
         self.saving = threading.Lock()  # one save at a time: the If-Match check and the write
-        self.sampler = Sampler(server_url(config_mod.load(settings.config_path)),
-                               settings.sample_interval_s)  # fmt: skip
-        self.monitor = UnitMonitor(settings.systemd, settings.unit, self.sampler,
-                                   limits=self.manager_section)  # fmt: skip
+        self.sampler = Sampler(
+            server_url(config_mod.load(settings.config_path)), settings.sample_interval_s
+        )
+        self.monitor = UnitMonitor(
+            settings.systemd, settings.unit, self.sampler, limits=self.manager_section
+        )
         self.pulls = Pulls()  # hub models the API fetches (manager.hub_models)
         self._kept: tuple[tuple[Any, ...], float, AnyPrepared | VllmOffloadError] | None = None
         self._keeping = threading.Lock()
@@ -91,8 +93,7 @@ class Manager:
         def plan() -> AnyPrepared:
             if several(config):
                 return prepare_fleet(config, host(), os.environ, vllm, roots=roots)
-            return deployment.prepare(single_config(config), host(), os.environ, vllm,
-                                      roots=roots)  # fmt: skip
+            return deployment.prepare(single_config(config), host(), os.environ, vllm, roots=roots)
 
         return bounded.call(plan, "model.path", "reading the model folder")
 
@@ -126,8 +127,9 @@ class Manager:
         folders = [config.model] if not config.models else config.models
         prints = []
         for entry in folders:
-            single = config.model_copy(update={"model": config.model.model_copy(
-                update={"path": entry.path})})  # fmt: skip
+            single = config.model_copy(
+                update={"model": config.model.model_copy(update={"path": entry.path})}
+            )
             stamp = functools.partial(model_facts.folder_fingerprint, model_dir(single))
             try:
                 prints.append(bounded.call(stamp, "model.path", "reading the model folder"))

@@ -71,8 +71,13 @@ class ServiceWatch:
         looping = self.crash_loop  # a healthy server has just cleared failed_starts
         shown = "crash-loop" if looping and health != "start-limit" else health
         if looping and not was_looping:
-            self.events.append({"t": now, "text": f"crash loop: {CRASH_LOOP_STARTS} server "
-                                "processes ended before answering"})  # fmt: skip
+            self.events.append(
+                {
+                    "t": now,
+                    "text": f"crash loop: {CRASH_LOOP_STARTS} server "
+                    "processes ended before answering",
+                }
+            )
         if self._health is not None and shown != self._health:
             self.events.append({"t": now, "text": f"{self._health} -> {shown}"})
         self._pid, self._health = pid, shown
@@ -83,8 +88,11 @@ def last_error(lines: list[str]) -> str | None:
     """What ended the server, from its log: the last exception message, skipping the
     wrappers vLLM raises around the root cause ("... See root cause above"); else the last
     line that says error."""
-    messages = [message for line in lines
-                if EXCEPTION_MESSAGE.match(message := VLLM_LOG_PREFIX.sub("", line))]  # fmt: skip
+    messages = [
+        message
+        for line in lines
+        if EXCEPTION_MESSAGE.match(message := VLLM_LOG_PREFIX.sub("", line))
+    ]
     root_causes = [m for m in messages if "root cause" not in m]
     if root_causes or messages:
         return (root_causes or messages)[-1]
@@ -185,8 +193,9 @@ class UnitMonitor:
         if health == "healthy":
             limits = self.limits()
             counters = Counters.from_metrics(self.sampler.latest or {})
-            for text in self.wedge.observe(time.monotonic(), counters, limits.wedge_after_s,
-                                           limits.stalled_load_after_s):  # fmt: skip
+            for text in self.wedge.observe(
+                time.monotonic(), counters, limits.wedge_after_s, limits.stalled_load_after_s
+            ):
                 self._event(text)
             if self.wedge.wedged:
                 health = "wedged"
@@ -209,9 +218,11 @@ class UnitMonitor:
         if not self.wedge.may_restart(now, limits.restart_wedged_per_hour):
             if not self.wedge.allowance_spent:
                 self.wedge.allowance_spent = True
-                self._event(f"wedged, not restarting: {limits.restart_wedged_per_hour} "
-                            "automatic restarts in the last hour "
-                            "(manager.restart_wedged_per_hour); restart it by hand")  # fmt: skip
+                self._event(
+                    f"wedged, not restarting: {limits.restart_wedged_per_hour} "
+                    "automatic restarts in the last hour "
+                    "(manager.restart_wedged_per_hour); restart it by hand"
+                )
             return
         self.wedge.restarts.append(now)
         self._event(f"restarting the server (manager.restart_wedged): {self.wedge.reason}")

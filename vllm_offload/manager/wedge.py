@@ -141,17 +141,36 @@ def prometheus_text(watch: WedgeWatch, healthy: bool) -> str:
     now = time.time()
     rows = [
         ("server_healthy", "gauge", "1 when the server answers /health.", float(healthy)),
-        ("server_wedged", "gauge", "1 when requests are pending and nothing progresses.",
-         float(watch.wedged)),
-        ("server_stalled_seconds", "gauge", "Seconds work has been pending without progress.",
-         round(watch.stalled_s, 1)),
-        ("kv_loads_stalled", "gauge", "1 when requests wait on a KV load past the bound.",
-         float(watch.loads_stalled)),
-        ("wedge_restarts_last_hour", "gauge", "Automatic restarts of a wedged server, last hour.",
-         float(watch.restarts_within(now))),
-    ]  # fmt: skip
+        (
+            "server_wedged",
+            "gauge",
+            "1 when requests are pending and nothing progresses.",
+            float(watch.wedged),
+        ),
+        (
+            "server_stalled_seconds",
+            "gauge",
+            "Seconds work has been pending without progress.",
+            round(watch.stalled_s, 1),
+        ),
+        (
+            "kv_loads_stalled",
+            "gauge",
+            "1 when requests wait on a KV load past the bound.",
+            float(watch.loads_stalled),
+        ),
+        (
+            "wedge_restarts_last_hour",
+            "gauge",
+            "Automatic restarts of a wedged server, last hour.",
+            float(watch.restarts_within(now)),
+        ),
+    ]
     lines = []
     for name, kind, help_text, value in rows:
-        lines += [f"# HELP vllm_offload:{name} {help_text}", f"# TYPE vllm_offload:{name} {kind}",
-                  f"vllm_offload:{name} {value}"]  # fmt: skip
+        lines += [
+            f"# HELP vllm_offload:{name} {help_text}",
+            f"# TYPE vllm_offload:{name} {kind}",
+            f"vllm_offload:{name} {value}",
+        ]
     return "\n".join(lines) + "\n"

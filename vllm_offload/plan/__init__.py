@@ -71,14 +71,23 @@ def make_plan(
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
     env = env or {}
     tp = config.parallel.tensor_parallel_size
-    notes = Notes(warnings=tuple(f"could not read {what}" for what in model.unknown),
-                  unplanned=model.unknown)  # fmt: skip
+    notes = Notes(
+        warnings=tuple(f"could not read {what}" for what in model.unknown), unplanned=model.unknown
+    )
     notes += past_the_model_limit(config, model, env)
     layout, step = choose_layout(config, model, host, platform, env)
     notes += step
     planned = planned_model(model, layout.backend)
-    memory, step = place_weights(config, planned, host, platform, env, layout.dtype_bytes,
-                                 layout.block_tokens, target(config, planned))  # fmt: skip
+    memory, step = place_weights(
+        config,
+        planned,
+        host,
+        platform,
+        env,
+        layout.dtype_bytes,
+        layout.block_tokens,
+        target(config, planned),
+    )
     notes += step
     extension, step = extension_bytes(config, planned, platform)
     notes += step
@@ -87,14 +96,16 @@ def make_plan(
     scratch, step = staging_scratch(config, planned, layout, memory.kv_pool_bytes, staged)
     notes += step
     memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
-    shape, length, step = fit_lengths(config, planned, layout, memory.kv_pool_bytes, extension,
-                                      platform)  # fmt: skip
+    shape, length, step = fit_lengths(
+        config, planned, layout, memory.kv_pool_bytes, extension, platform
+    )
     notes += step
-    tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes,
-                                    extension)  # fmt: skip
+    tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes, extension)
     notes += step
-    request_bytes = request_kv_bytes(planned, layout.dtype_bytes, length.max_model_len,
-                                     layout.block_tokens, tp) * tp  # fmt: skip
+    request_bytes = (
+        request_kv_bytes(planned, layout.dtype_bytes, length.max_model_len, layout.block_tokens, tp)
+        * tp
+    )
     disk_tier, step = plan_disk_tier(config, planned, disk, layout, request_bytes)
     notes += step
     notes += capacity_warnings(layout, tier, length, shape, bool(extension))
@@ -102,8 +113,9 @@ def make_plan(
     # 4 GiB at full speed under an 8 MiB limit without CAP_IPC_LOCK: benchmarks/results/
     # h200-vllm-0.32.0/host-checks/), so refusing a tier for it would refuse what works.
     notes += combination_checks(config, model, host, platform, env, layout.backend)
-    costs, spilled_ceiling, step = offload_costs(host, platform, planned, layout, memory, shape,
-                                                 length, extension, tp)  # fmt: skip
+    costs, spilled_ceiling, step = offload_costs(
+        host, platform, planned, layout, memory, shape, length, extension, tp
+    )
     notes += step
     return Plan(
         platform=platform,

@@ -31,30 +31,37 @@ def combination_checks(
     problems: list[Problem] = []
     warnings: list[str] = []
     if platform == "cpu" and host.amx == "refused" and runs_bfloat16(config, model):
-        problems.append({
-            "field": "model.dtype",
-            "message": f"{host.amx_detail}: vLLM's CPU attention runs AMX kernels in bfloat16 "
-            "on such a CPU (v1/attention/backends/cpu_attn.py _get_attn_isa), and its worker "
-            "would die with SIGILL on the first request; set model.dtype = 'float16' (vLLM's "
-            "AVX-512 kernels), or give the machine a kernel that grants AMX (Linux 5.16+, AMX "
-            "enabled for the VM)",
-        })  # fmt: skip
+        problems.append(
+            {
+                "field": "model.dtype",
+                "message": f"{host.amx_detail}: vLLM's CPU attention runs AMX kernels in bfloat16 "
+                "on such a CPU (v1/attention/backends/cpu_attn.py _get_attn_isa), and its worker "
+                "would die with SIGILL on the first request; set model.dtype = 'float16' (vLLM's "
+                "AVX-512 kernels), or give the machine a kernel that grants AMX (Linux 5.16+, AMX "
+                "enabled for the VM)",
+            }
+        )
     if backend != "none" and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        problems.append({
-            "field": "PYTORCH_CUDA_ALLOC_CONF",
-            "message": "vLLM refuses a KV connector (the CPU tier) with "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (config/vllm.py "
-            "_verify_kv_transfer_compat, vllm-project/vllm#41237, #42404): remove it from the "
-            "server's environment (the unit's EnvironmentFile) or set kv_offload.backend = none",
-        })  # fmt: skip
+        problems.append(
+            {
+                "field": "PYTORCH_CUDA_ALLOC_CONF",
+                "message": "vLLM refuses a KV connector (the CPU tier) with "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (config/vllm.py "
+                "_verify_kv_transfer_compat, vllm-project/vllm#41237, #42404): remove it from "
+                "the server's environment (the unit's EnvironmentFile) or set "
+                "kv_offload.backend = none",
+            }
+        )
     if backend == "lmcache" and any(layer.kind == "linear" for layer in model.layers):
-        problems.append({
-            "field": "kv_offload.backend",
-            "message": "LMCache's connector does not support vLLM's hybrid KV cache manager, so "
-            "vLLM turns it off, and a model with linear-attention (Mamba) layers then fails to "
-            "start ('Failed to promote local KV cache specs', vllm-project/vllm#42911); use "
-            "kv_offload.backend = native, which keeps it",
-        })  # fmt: skip
+        problems.append(
+            {
+                "field": "kv_offload.backend",
+                "message": "LMCache's connector does not support vLLM's hybrid KV cache manager, "
+                "so vLLM turns it off, and a model with linear-attention (Mamba) layers then fails "
+                "to start ('Failed to promote local KV cache specs', vllm-project/vllm#42911); use "
+                "kv_offload.backend = native, which keeps it",
+            }
+        )
     if backend == "lmcache" and any(layer.kind == "sliding" for layer in model.layers):
         warnings.append(
             "with LMCache vLLM turns its hybrid KV cache manager off, so sliding-window layers "

@@ -32,48 +32,76 @@ def plan_disk_tier(
     if not path:
         return NO_DISK_TIER, Notes()
 
-    def refuse(field_name: str, message: str, before: Notes | None = None
-               ) -> tuple[DiskTier, Notes]:  # fmt: skip
+    def refuse(
+        field_name: str, message: str, before: Notes | None = None
+    ) -> tuple[DiskTier, Notes]:
         return NO_DISK_TIER, (before or Notes()) + Notes.problem(field_name, message)
 
     if layout.backend != "native":
-        return refuse("kv_offload.disk_path", "the disk tier sits behind vLLM's native CPU "
-                      "tier: set kv_offload.backend = native, or disk_path = ''")  # fmt: skip
+        return refuse(
+            "kv_offload.disk_path",
+            "the disk tier sits behind vLLM's native CPU "
+            "tier: set kv_offload.backend = native, or disk_path = ''",
+        )
     if config.kv_offload.store_threshold >= 2:
-        return refuse("kv_offload.store_threshold", "vLLM's tiering (the disk tier) does not "
-                      "take a store threshold (tiering/spec.py refuses it): set it to 0, "
-                      "or disk_path = ''")  # fmt: skip
+        return refuse(
+            "kv_offload.store_threshold",
+            "vLLM's tiering (the disk tier) does not "
+            "take a store threshold (tiering/spec.py refuses it): set it to 0, "
+            "or disk_path = ''",
+        )
     if os.path.realpath(path) == "/":
-        return refuse("kv_offload.disk_path", "not the root directory: give the disk tier a "
-                      "directory of its own (e.g. /nvme/vllm-kv)")  # fmt: skip
+        return refuse(
+            "kv_offload.disk_path",
+            "not the root directory: give the disk tier a "
+            "directory of its own (e.g. /nvme/vllm-kv)",
+        )
     if disk is None or not disk.exists:
-        return refuse("kv_offload.disk_path", f"{path} does not exist; create it (`mkdir -p "
-                      f"{path}`, writable by the server's user) or set disk_path = ''")  # fmt: skip
+        return refuse(
+            "kv_offload.disk_path",
+            f"{path} does not exist; create it (`mkdir -p "
+            f"{path}`, writable by the server's user) or set disk_path = ''",
+        )
     if not disk.writable:
-        return refuse("kv_offload.disk_path", f"{path} is not writable here; give the server's "
-                      "user write access (chown/chmod) or choose another directory")  # fmt: skip
+        return refuse(
+            "kv_offload.disk_path",
+            f"{path} is not writable here; give the server's "
+            "user write access (chown/chmod) or choose another directory",
+        )
     if disk.filesystem in RAM_FILESYSTEMS:
-        return refuse("kv_offload.disk_path", f"{path} is on {disk.filesystem}, which is "
-                      "RAM (the CPU tier's); choose a directory on a disk (NVMe)")  # fmt: skip
+        return refuse(
+            "kv_offload.disk_path",
+            f"{path} is on {disk.filesystem}, which is "
+            "RAM (the CPU tier's); choose a directory on a disk (NVMe)",
+        )
     reserve = max(DISK_RESERVE_BYTES, int(disk.total_bytes * DISK_RESERVE_FRACTION))
     room = max(0, disk.total_bytes - reserve)
     notes = Notes()
     if config.kv_offload.disk_gib == "auto":
         size = int(room * DISK_AUTO_SHARE) // GIB * GIB
-        notes = Notes(decisions=(
-            f"kv_offload.disk_gib auto -> {size // GIB}: half of {path}'s "
-            f"{gib(disk.total_bytes)} less the {gib(reserve)} it always keeps free",
-        ))  # fmt: skip
+        notes = Notes(
+            decisions=(
+                f"kv_offload.disk_gib auto -> {size // GIB}: half of {path}'s "
+                f"{gib(disk.total_bytes)} less the {gib(reserve)} it always keeps free",
+            )
+        )
     else:
         size = int(config.kv_offload.disk_gib * GIB)
         if size > room:
-            return refuse("kv_offload.disk_gib", f"{path} is a {gib(disk.total_bytes)} "
-                          f"filesystem and keeps {gib(reserve)} free: set disk_gib <= "
-                          f"{room // GIB}")  # fmt: skip
+            return refuse(
+                "kv_offload.disk_gib",
+                f"{path} is a {gib(disk.total_bytes)} "
+                f"filesystem and keeps {gib(reserve)} free: set disk_gib <= "
+                f"{room // GIB}",
+            )
     if size < request_bytes:
-        return refuse("kv_offload.disk_gib", f"a {gib(size)} disk tier holds less than one "
-                      f"full-length request ({gib(request_bytes)}); give it more, or set "
-                      "disk_path = ''", notes)  # fmt: skip
+        return refuse(
+            "kv_offload.disk_gib",
+            f"a {gib(size)} disk tier holds less than one "
+            f"full-length request ({gib(request_bytes)}); give it more, or set "
+            "disk_path = ''",
+            notes,
+        )
     warnings = []
     if disk.filesystem in NETWORK_FILESYSTEMS:
         warnings.append(

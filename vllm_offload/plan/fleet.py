@@ -59,25 +59,32 @@ class FleetPlan:
     notes: Notes
 
 
-def idle_mode(config: DeploymentConfig, platform: Platform, all_resident: bool = False
-              ) -> tuple[Idle, Notes]:  # fmt: skip
+def idle_mode(
+    config: DeploymentConfig, platform: Platform, all_resident: bool = False
+) -> tuple[Idle, Notes]:
     idle = config.residency.idle
     if idle == "auto" and all_resident:
-        return "stop", Notes(decisions=(
-            "residency.idle auto -> stop: every model stays on the GPU, so none sleeps (no "
-            "engine keeps a host copy of its weights); one put away by hand stops",))  # fmt: skip
+        return "stop", Notes(
+            decisions=(
+                "residency.idle auto -> stop: every model stays on the GPU, so none sleeps (no "
+                "engine keeps a host copy of its weights); one put away by hand stops",
+            )
+        )
     if idle == "auto":
         chosen: Idle = "sleep" if platform == "cuda" else "stop"
         why = "vLLM's sleep mode on an NVIDIA GPU" if chosen == "sleep" else "no NVIDIA GPU"
         return chosen, Notes(decisions=(f"residency.idle auto -> {chosen}: {why}",))
     if idle == "sleep" and platform != "cuda":
-        return "stop", Notes.problem("residency.idle", "vLLM's sleep mode needs an NVIDIA "
-                                     "GPU; set residency.idle = 'stop' (or 'auto')")  # fmt: skip
+        return "stop", Notes.problem(
+            "residency.idle",
+            "vLLM's sleep mode needs an NVIDIA GPU; set residency.idle = 'stop' (or 'auto')",
+        )
     return idle, Notes()
 
 
-def _gpu_share(name: str, config: DeploymentConfig, host: HostFacts, sleepers: int
-               ) -> tuple[DeploymentConfig, Notes]:  # fmt: skip
+def _gpu_share(
+    name: str, config: DeploymentConfig, host: HostFacts, sleepers: int
+) -> tuple[DeploymentConfig, Notes]:
     """``config`` with the GPU share the sleepers leave it: vLLM's memory_utilization is a
     share of the whole GPU, and its start checks that much is free."""
     if not sleepers or not host.gpus:
@@ -87,14 +94,18 @@ def _gpu_share(name: str, config: DeploymentConfig, host: HostFacts, sleepers: i
     share = asked - sleepers * ASLEEP_GPU_BYTES / total
     if share < MIN_GPU_SHARE:
         return config, Notes.problem(
-            "residency.idle", f"'{name}' would keep {share:.0%} of the GPU beside "
+            "residency.idle",
+            f"'{name}' would keep {share:.0%} of the GPU beside "
             f"{sleepers} models asleep ({gib(ASLEEP_GPU_BYTES)} each): fewer models, "
-            "residency.idle = 'stop', or a larger GPU")  # fmt: skip
+            "residency.idle = 'stop', or a larger GPU",
+        )
     gpu = config.gpu.model_copy(update={"memory_utilization": round(share, 4)})
-    return config.model_copy(update={"gpu": gpu}), Notes(decisions=(
-        f"'{name}': gpu.memory_utilization {asked:g} -> {share:.4f}: leaves "
-        f"{gib(sleepers * ASLEEP_GPU_BYTES)} for the {sleepers} other model(s) asleep",
-    ))  # fmt: skip
+    return config.model_copy(update={"gpu": gpu}), Notes(
+        decisions=(
+            f"'{name}': gpu.memory_utilization {asked:g} -> {share:.4f}: leaves "
+            f"{gib(sleepers * ASLEEP_GPU_BYTES)} for the {sleepers} other model(s) asleep",
+        )
+    )
 
 
 def holds(plan: Plan, idle: Idle, level: int) -> int:
@@ -126,8 +137,10 @@ def plan_fleet(
             shares[name], step = _gpu_share(name, engine, host, sleepers)
             notes += step
     notes += _resident_shares_fit(resident, shares, host, sleepers)
-    alone = {name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
-             for i, name in enumerate(engines)}  # fmt: skip
+    alone = {
+        name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
+        for i, name in enumerate(engines)
+    }
     # Engines alive at once: every one when they sleep; else max_resident of them (counted
     # as all, which only errs on the safe side).
     together = idle == "sleep" or resident > 1
@@ -140,8 +153,9 @@ def plan_fleet(
         engine = shares[name]
         if name in tiers:  # an 'auto' tier: the set's equal share, as a number
             update = {"cpu_tier_gib": tiers[name] / GIB}
-            engine = engine.model_copy(update={"kv_offload": engine.kv_offload.model_copy(
-                update=update)})  # fmt: skip
+            engine = engine.model_copy(
+                update={"kv_offload": engine.kv_offload.model_copy(update=update)}
+            )
         view = _view(host, name, alone, tiers, idle, level, together)
         plan = _plan(i, name, engine, facts[name], view, platform, env, disks[name])
         away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
@@ -164,10 +178,13 @@ def _resident(
     asked = config.residency.max_resident
     if asked != "auto":
         return min(asked, len(engines)), {}, Notes()
-    alone = {name: _plan(i, name, engine, facts[name], host, platform, env, disks[name])
-             for i, (name, engine) in enumerate(engines.items())}  # fmt: skip
-    count, shares, notes = resident_models(config, engines, facts, alone, host, platform,
-                                           ASLEEP_GPU_BYTES)  # fmt: skip
+    alone = {
+        name: _plan(i, name, engine, facts[name], host, platform, env, disks[name])
+        for i, (name, engine) in enumerate(engines.items())
+    }
+    count, shares, notes = resident_models(
+        config, engines, facts, alone, host, platform, ASLEEP_GPU_BYTES
+    )
     configs = {}
     for name, share in shares.items():
         gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})
@@ -175,16 +192,25 @@ def _resident(
     return count, configs, notes
 
 
-def _plan(index: int, name: str, config: DeploymentConfig, model: ModelFacts, host: HostFacts,
-          platform: Platform, env: dict[str, str], disk: DiskFacts | None) -> Plan:  # fmt: skip
+def _plan(
+    index: int,
+    name: str,
+    config: DeploymentConfig,
+    model: ModelFacts,
+    host: HostFacts,
+    platform: Platform,
+    env: dict[str, str],
+    disk: DiskFacts | None,
+) -> Plan:
     try:
         return make_plan(config, model, host, platform, env, disk)
     except PlanError as exc:
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
 
-def _resident_shares_fit(resident: int, shares: Mapping[str, DeploymentConfig],
-                         host: HostFacts, sleepers: int) -> Notes:  # fmt: skip
+def _resident_shares_fit(
+    resident: int, shares: Mapping[str, DeploymentConfig], host: HostFacts, sleepers: int
+) -> Notes:
     """Above one resident model, the largest shares of the GPU must fit it together."""
     if resident == 1 or len(shares) == 1 or not host.gpus:
         return Notes()
@@ -193,11 +219,15 @@ def _resident_shares_fit(resident: int, shares: Mapping[str, DeploymentConfig],
     together = sum(largest[:resident]) + sleepers * ASLEEP_GPU_BYTES / total
     if together <= 1.0:
         return Notes()
-    return Notes.problem("residency.max_resident", f"{resident} models on the GPU at once "
-                         f"take {together:.0%} of it (their gpu.memory_utilization shares"
-                         + (f" and {sleepers} asleep" if sleepers else "") + "): give each "
-                         "model its share ([models.gpu] memory_utilization), or lower "
-                         "max_resident")  # fmt: skip
+    return Notes.problem(
+        "residency.max_resident",
+        f"{resident} models on the GPU at once "
+        f"take {together:.0%} of it (their gpu.memory_utilization shares"
+        + (f" and {sleepers} asleep" if sleepers else "")
+        + "): give each "
+        "model its share ([models.gpu] memory_utilization), or lower "
+        "max_resident",
+    )
 
 
 def _tier_shares(
@@ -213,9 +243,13 @@ def _tier_shares(
     each planned alone)."""
     if not together:
         return {}, Notes()  # one engine at a time: each planned alone, as it runs
-    auto = [n for n, c in configs.items()
-            if c.kv_offload.cpu_tier_gib == "auto" and c.kv_offload.num_cpu_blocks is None
-            and alone[n].kv.backend != "none"]  # fmt: skip
+    auto = [
+        n
+        for n, c in configs.items()
+        if c.kv_offload.cpu_tier_gib == "auto"
+        and c.kv_offload.num_cpu_blocks is None
+        and alone[n].kv.backend != "none"
+    ]
     fixed = sum(holds(p, idle, level) for p in alone.values())
     configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
     ram = host.ram_available_bytes - ram_reserve(host) - fixed - configured
@@ -223,35 +257,53 @@ def _tier_shares(
     held = ", ".join(f"'{n}' {gib(holds(p, idle, level))}" for n, p in alone.items())
     if ram < 0 or shm < 0:
         short = f"{gib(-ram)} of host RAM" if ram < 0 else f"{gib(-shm)} of /dev/shm"
-        return {}, Notes.problem("models", f"the models need {short} more than this host "
-                                 f"has for them (each engine while asleep or serving: {held}; "
-                                 f"configured CPU tiers {gib(configured)}; reserve "
-                                 f"{gib(ram_reserve(host))}): residency.idle = 'stop', fewer "
-                                 "models, or smaller CPU tiers")  # fmt: skip
+        return {}, Notes.problem(
+            "models",
+            f"the models need {short} more than this host "
+            f"has for them (each engine while asleep or serving: {held}; "
+            f"configured CPU tiers {gib(configured)}; reserve "
+            f"{gib(ram_reserve(host))}): residency.idle = 'stop', fewer "
+            "models, or smaller CPU tiers",
+        )
     if not auto:
         return {}, Notes()
     share = min(ram, shm) // len(auto) // GIB * GIB
-    return {n: share for n in auto}, Notes(decisions=(
-        f"kv_offload.cpu_tier_gib auto -> {share // GIB} for each of {', '.join(auto)}: an "
-        f"equal share of what the engines leave (RAM {gib(ram)} after the reserve, the "
-        f"engines' own holdings ({held}) and configured tiers; /dev/shm {gib(shm)})",
-    ))  # fmt: skip
+    return {n: share for n in auto}, Notes(
+        decisions=(
+            f"kv_offload.cpu_tier_gib auto -> {share // GIB} for each of {', '.join(auto)}: an "
+            f"equal share of what the engines leave (RAM {gib(ram)} after the reserve, the "
+            f"engines' own holdings ({held}) and configured tiers; /dev/shm {gib(shm)})",
+        )
+    )
 
 
-def _view(host: HostFacts, name: str, alone: Mapping[str, Plan], tiers: Mapping[str, int],
-          idle: Idle, level: int, together: bool) -> HostFacts:  # fmt: skip
+def _view(
+    host: HostFacts,
+    name: str,
+    alone: Mapping[str, Plan],
+    tiers: Mapping[str, int],
+    idle: Idle,
+    level: int,
+    together: bool,
+) -> HostFacts:
     """The host as model ``name`` finds it: less what the other engines hold (their
     processes, weights, tiers) and what its own sleep keeps."""
     if not together:
         return host
     own = alone[name]
     backup = holds(own, idle, level) - holds(own, "stop", level)
-    others = [(holds(p, idle, level), tiers.get(n, p.cpu_tier.bytes))
-              for n, p in alone.items() if n != name]  # fmt: skip
+    others = [
+        (holds(p, idle, level), tiers.get(n, p.cpu_tier.bytes))
+        for n, p in alone.items()
+        if n != name
+    ]
     ram = sum(h + t for h, t in others) + backup
     shm = sum(SERVER_SHM_BYTES + t for _h, t in others)
-    return replace(host, ram_available_bytes=host.ram_available_bytes - ram,
-                   shm_free_bytes=max(0, host.shm_free_bytes - shm))  # fmt: skip
+    return replace(
+        host,
+        ram_available_bytes=host.ram_available_bytes - ram,
+        shm_free_bytes=max(0, host.shm_free_bytes - shm),
+    )
 
 
 def _no_extension_asleep(alone: Mapping[str, Plan]) -> Notes:
@@ -300,8 +352,15 @@ def render_fleet(fleet: FleetPlan) -> str:
 
 
 def fleet_json(fleet: FleetPlan) -> dict[str, object]:
-    models = {name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
-              for name, m in fleet.models.items()}  # fmt: skip
-    return {"models": models, "default": fleet.default, "max_resident": fleet.max_resident,
-            "decisions": list(fleet.notes.decisions), "warnings": list(fleet.notes.warnings),
-            "problems": list(fleet.notes.problems)}  # fmt: skip
+    models = {
+        name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
+        for name, m in fleet.models.items()
+    }
+    return {
+        "models": models,
+        "default": fleet.default,
+        "max_resident": fleet.max_resident,
+        "decisions": list(fleet.notes.decisions),
+        "warnings": list(fleet.notes.warnings),
+        "problems": list(fleet.notes.problems),
+    }

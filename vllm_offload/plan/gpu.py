@@ -73,8 +73,12 @@ class GpuBudget:
 
     def largest_pool_bytes(self) -> int:
         """The KV pool left with every decoder layer's weights in host RAM."""
-        return (self.budget_bytes - (self.weights_bytes - self.offloadable_bytes)
-                - self.overhead_bytes - self.prefetch_buffer_bytes)  # fmt: skip
+        return (
+            self.budget_bytes
+            - (self.weights_bytes - self.offloadable_bytes)
+            - self.overhead_bytes
+            - self.prefetch_buffer_bytes
+        )
 
 
 def served_weight_bytes(config: DeploymentConfig, model: ModelFacts) -> int:
@@ -82,8 +86,9 @@ def served_weight_bytes(config: DeploymentConfig, model: ModelFacts) -> int:
     in 16 bits); quantised weights stay as stored."""
     if model.quantization is not None:
         return model.weight_bytes
-    return int(model.weight_bytes * compute_dtype_bytes(model, config.model.dtype)
-               / model.dtype_bytes)  # fmt: skip
+    return int(
+        model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes
+    )
 
 
 def gpu_overhead_bytes(model: ModelFacts) -> int:
@@ -112,8 +117,9 @@ def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]
     return best
 
 
-def gpu_budget(config: DeploymentConfig, model: ModelFacts, host: HostFacts,
-               weight_bytes: int) -> GpuBudget:  # fmt: skip
+def gpu_budget(
+    config: DeploymentConfig, model: ModelFacts, host: HostFacts, weight_bytes: int
+) -> GpuBudget:
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     if not host.gpus:
         raise PlanError("gpu", "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N")
@@ -135,13 +141,15 @@ def gpu_budget(config: DeploymentConfig, model: ModelFacts, host: HostFacts,
     )
 
 
-def cpu_platform_memory(config: DeploymentConfig, weight_bytes: int,
-                        env: dict[str, str]) -> GpuMemory:  # fmt: skip
+def cpu_platform_memory(
+    config: DeploymentConfig, weight_bytes: int, env: dict[str, str]
+) -> GpuMemory:
     """vLLM's CPU backend: weights in RAM, the KV pool as VLLM_CPU_KVCACHE_SPACE (which
     wins inside vLLM), the config, or 1 GiB (vLLM's own default takes most of the RAM)."""
     parallel = config.parallel
-    weights_per_rank = weight_bytes // (parallel.tensor_parallel_size
-                                        * parallel.pipeline_parallel_size)  # fmt: skip
+    weights_per_rank = weight_bytes // (
+        parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    )
     space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
     if space:
         pool = int(space) * GIB
@@ -174,8 +182,11 @@ def place_weights(
     offload = config.weights_offload.cpu_gib
     tokens, requests = target
     if offload == "auto":
-        room = (fixed_pool if fixed_pool != "auto"
-                else pool_bytes_for(model, dtype_b, block, tp, tokens, requests))  # fmt: skip
+        room = (
+            fixed_pool
+            if fixed_pool != "auto"
+            else pool_bytes_for(model, dtype_b, block, tp, tokens, requests)
+        )
         need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
         if need > 0:
             need += gpu.prefetch_buffer_bytes
@@ -203,14 +214,20 @@ def place_weights(
     notes = Notes()
     if offload == "auto":
         what = f"{gib(offloaded)} per GPU" + (
-            f" ({offloaded_layers} whole layers)" if offloaded_layers else "")  # fmt: skip
-        room_for = (f"the configured {gib(fixed_pool)} GPU KV pool" if fixed_pool != "auto"
-                    else f"a GPU KV pool of {requests} x {tokens:,} tokens")  # fmt: skip
-        notes = Notes(decisions=(
-            f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
-            if offloaded
-            else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}",
-        ))  # fmt: skip
+            f" ({offloaded_layers} whole layers)" if offloaded_layers else ""
+        )
+        room_for = (
+            f"the configured {gib(fixed_pool)} GPU KV pool"
+            if fixed_pool != "auto"
+            else f"a GPU KV pool of {requests} x {tokens:,} tokens"
+        )
+        notes = Notes(
+            decisions=(
+                f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
+                if offloaded
+                else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}",
+            )
+        )
     weights_gpu = gpu.weights_bytes - offloaded
     pool = fixed_pool if fixed_pool != "auto" else gpu.budget_bytes - weights_gpu - overhead
     if pool <= 0:
@@ -236,8 +253,16 @@ def place_weights(
             f"{gib(gpu.total_bytes)} GPU: set it <= {max(0, largest)} bytes, 'auto', or keep "
             "more weights in host RAM (weights_offload.cpu_gib)",
         )
-    memory = GpuMemory(gpu.total_bytes, gpu.budget_bytes, offloaded, weights_gpu, pool,
-                       group_size, num_in_group, offloaded_layers)  # fmt: skip
+    memory = GpuMemory(
+        gpu.total_bytes,
+        gpu.budget_bytes,
+        offloaded,
+        weights_gpu,
+        pool,
+        group_size,
+        num_in_group,
+        offloaded_layers,
+    )
     return memory, notes
 
 
@@ -288,8 +313,9 @@ def unreachable(
         else f"even with every decoder layer's weights in host RAM "
         f"({gib(gpu.offloadable_bytes)} per GPU)"
     )
-    need = (gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
-            + gpu.prefetch_buffer_bytes)  # fmt: skip
+    need = (
+        gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes + gpu.prefetch_buffer_bytes
+    )
     layers_reach = need <= min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers)
     helps = []
     if gpu.ram_bound:
@@ -298,14 +324,16 @@ def unreachable(
         fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
     if config.gpu.memory_utilization < 0.95:
-        roomier = config.model_copy(update={"gpu": config.gpu.model_copy(
-            update={"memory_utilization": 0.95})})  # fmt: skip
+        roomier = config.model_copy(
+            update={"gpu": config.gpu.model_copy(update={"memory_utilization": 0.95})}
+        )
         more = reachable_tokens(roomier, model, host, weight_bytes, dtype_b, block, requests)
         helps.append(f"gpu.memory_utilization = 0.95 ({more:,} tokens)")
     if host.gpus:
         tp = config.parallel.tensor_parallel_size * 2
-        wider = config.model_copy(update={"parallel": config.parallel.model_copy(
-            update={"tensor_parallel_size": tp})})  # fmt: skip
+        wider = config.model_copy(
+            update={"parallel": config.parallel.model_copy(update={"tensor_parallel_size": tp})}
+        )
         twice = replace(host, gpus=tuple(replace(host.gpus[0], index=i) for i in range(tp)))
         more = reachable_tokens(wider, model, twice, weight_bytes, dtype_b, block, requests)
         helps.append(f"{tp} GPUs (parallel.tensor_parallel_size = {tp}: {more:,} tokens)")

@@ -48,8 +48,10 @@ def weights_room_bytes(host: HostFacts, world_size: int) -> int:
 
 def ram_words(host: HostFacts, world_size: int) -> str:
     """Where the host RAM goes before any weights, in the plan's words."""
-    return (f"{gib(host.ram_available_bytes)} available less the {gib(ram_reserve(host))} "
-            f"reserve and ~{gib(server_ram_bytes(world_size))} for vLLM itself")  # fmt: skip
+    return (
+        f"{gib(host.ram_available_bytes)} available less the {gib(ram_reserve(host))} "
+        f"reserve and ~{gib(server_ram_bytes(world_size))} for vLLM itself"
+    )
 
 
 def tenths(n: int) -> float:
@@ -94,8 +96,9 @@ def tier_room(host: HostFacts, reserve: int, weights_in_ram: int, world_size: in
     return TierRoom(max(0, ram), max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
 
 
-def extension_bytes(config: DeploymentConfig, model: ModelFacts,
-                    platform: Platform) -> tuple[int, Notes]:  # fmt: skip
+def extension_bytes(
+    config: DeploymentConfig, model: ModelFacts, platform: Platform
+) -> tuple[int, Notes]:
     """kv_offload.host_extension_gib in bytes, if this model and platform can have it."""
     extension = int(config.kv_offload.host_extension_gib * GIB)
     if not extension:
@@ -117,8 +120,9 @@ def extension_bytes(config: DeploymentConfig, model: ModelFacts,
     return extension, notes
 
 
-def configured_tier_bytes(config: DeploymentConfig, layout: KvLayout, room: TierRoom
-                          ) -> tuple[int, Notes]:  # fmt: skip
+def configured_tier_bytes(
+    config: DeploymentConfig, layout: KvLayout, room: TierRoom
+) -> tuple[int, Notes]:
     """The CPU tier, all ranks together: none, as configured (the seed's num_cpu_blocks
     translated, with a warning), or (auto) the room the host has, in whole GiB."""
     if layout.backend == "none":
@@ -126,17 +130,22 @@ def configured_tier_bytes(config: DeploymentConfig, layout: KvLayout, room: Tier
     if (blocks := config.kv_offload.num_cpu_blocks) is not None:
         configured = config.kv_offload.block_size
         tier, warning = compat.tier_from_num_cpu_blocks(
-            blocks, layout.block_tokens if configured != "auto" else None,
-            layout.bytes_per_token, config.parallel.tensor_parallel_size)  # fmt: skip
+            blocks,
+            layout.block_tokens if configured != "auto" else None,
+            layout.bytes_per_token,
+            config.parallel.tensor_parallel_size,
+        )
         return tier, Notes(warnings=(warning,))
     if config.kv_offload.cpu_tier_gib == "auto":
         bound = "host RAM" if room.ram_bytes <= room.shm_bytes else "/dev/shm"
         tier = room.bytes // GIB * GIB  # whole GiB: easy to read, easy to repeat
-        return tier, Notes(decisions=(
-            f"kv_offload.cpu_tier_gib auto -> {tier // GIB}: the room {bound} leaves (RAM "
-            f"{gib(room.ram_bytes)} after reserve, vLLM and offloaded weights; /dev/shm "
-            f"{gib(room.shm_bytes)}), whole GiB",
-        ))  # fmt: skip
+        return tier, Notes(
+            decisions=(
+                f"kv_offload.cpu_tier_gib auto -> {tier // GIB}: the room {bound} leaves (RAM "
+                f"{gib(room.ram_bytes)} after reserve, vLLM and offloaded weights; /dev/shm "
+                f"{gib(room.shm_bytes)}), whole GiB",
+            )
+        )
     return int(config.kv_offload.cpu_tier_gib * GIB), Notes()
 
 
@@ -162,8 +171,15 @@ def size_cpu_tier(
     room = tier_room(host, reserve, (weights_offloaded + extension) * tp * pp, tp * pp)
     tier, notes = configured_tier_bytes(config, layout, room)
     blocks = tier // (layout.bytes_per_block * tp) if layout.bytes_per_block else 0
-    ram = HostRam(host.ram_total_bytes, host.ram_available_bytes, reserve, host.shm_free_bytes,
-                  server_ram_bytes(tp * pp), room.ram_bytes, room.shm_bytes)  # fmt: skip
+    ram = HostRam(
+        host.ram_total_bytes,
+        host.ram_available_bytes,
+        reserve,
+        host.shm_free_bytes,
+        server_ram_bytes(tp * pp),
+        room.ram_bytes,
+        room.shm_bytes,
+    )
     notes += tier_fits(layout, tier, ram, weights_offloaded * tp)
     return CpuTier(tier, blocks, blocks * layout.block_tokens), ram, notes
 

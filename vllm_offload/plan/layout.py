@@ -35,8 +35,9 @@ def planned_model(model: ModelFacts, backend: Backend) -> ModelFacts:
     return without_hybrid_manager(model) if backend == "lmcache" else model
 
 
-def resolve_backend(config: DeploymentConfig, host: HostFacts,
-                    platform: Platform) -> tuple[Backend, str]:  # fmt: skip
+def resolve_backend(
+    config: DeploymentConfig, host: HostFacts, platform: Platform
+) -> tuple[Backend, str]:
     chosen = config.kv_offload.backend
     if chosen == "auto":
         if platform == "cuda" and host.has_nvidia_gpu:
@@ -45,24 +46,33 @@ def resolve_backend(config: DeploymentConfig, host: HostFacts,
     return chosen, "configured"
 
 
-def choose_block(config: DeploymentConfig, model: ModelFacts, backend: Backend,
-                 platform: Platform) -> tuple[int, Notes]:  # fmt: skip
+def choose_block(
+    config: DeploymentConfig, model: ModelFacts, backend: Backend, platform: Platform
+) -> tuple[int, Notes]:
     block = config.kv_offload.block_size
     if block != "auto":
         return block, Notes()
     plain_attention = all(layer.kind in ("full", "sliding") for layer in model.layers)
     if backend == "native" and plain_attention:
         block = OFFLOAD_BLOCK_SIZE
-        why = ("fewer copies per CPU hit with the native tier (H200: a hit 32.5 ms vs 37.1 "
-               "at 16; docs/benchmarks.md, #33)")  # fmt: skip
+        why = (
+            "fewer copies per CPU hit with the native tier (H200: a hit 32.5 ms vs 37.1 "
+            "at 16; docs/benchmarks.md, #33)"
+        )
     else:
         block = DEFAULT_BLOCK_SIZE[platform]
         why = "vLLM's default" if platform == "cuda" else "the CPU backend's (a multiple of 32)"
     return block, Notes(decisions=(f"kv_offload.block_size auto -> {block}: {why}",))
 
 
-def layout_for(config: DeploymentConfig, model: ModelFacts, backend: Backend, reason: str,
-               block: int, cache_dtype: Literal["auto", "fp8"]) -> KvLayout:  # fmt: skip
+def layout_for(
+    config: DeploymentConfig,
+    model: ModelFacts,
+    backend: Backend,
+    reason: str,
+    block: int,
+    cache_dtype: Literal["auto", "fp8"],
+) -> KvLayout:
     """The layout at ``cache_dtype``; raises PlanError for a chunk that is not whole blocks."""
     dtype_b = kv_dtype_bytes(model, config.model.dtype, cache_dtype)
     per_token = kv_bytes_per_token(model, dtype_b, config.parallel.tensor_parallel_size)
@@ -77,8 +87,9 @@ def layout_for(config: DeploymentConfig, model: ModelFacts, backend: Backend, re
         )
     else:
         chunk = configured
-    return KvLayout(backend, reason, block, chunk, cache_dtype, dtype_b, per_token,
-                    per_token * block)  # fmt: skip
+    return KvLayout(
+        backend, reason, block, chunk, cache_dtype, dtype_b, per_token, per_token * block
+    )
 
 
 def choose_layout(
@@ -104,9 +115,14 @@ def choose_layout(
     notes += step
     cache_dtype = config.model.kv_cache_dtype
     if cache_dtype == "fit":
-        cache_dtype, why = fit_kv_cache_dtype(config, model, host, platform, env,
-                                              layout_for(config, model, backend, reason,
-                                                         block, "auto"))  # fmt: skip
+        cache_dtype, why = fit_kv_cache_dtype(
+            config,
+            model,
+            host,
+            platform,
+            env,
+            layout_for(config, model, backend, reason, block, "auto"),
+        )
         notes += Notes(decisions=(f"model.kv_cache_dtype fit -> {cache_dtype}: {why}",))
     return layout_for(config, model, backend, reason, block, cache_dtype), notes
 
@@ -129,8 +145,9 @@ def fit_kv_cache_dtype(
     asked = f"{config.gpu.min_concurrent_requests} x {config.model.max_model_len:,} tokens"
     dtype_b, block = at_model_dtype.dtype_bytes, at_model_dtype.block_tokens
     try:
-        memory, _ = place_weights(config, model, host, platform, env, dtype_b, block,
-                                  target(config, model))  # fmt: skip
+        memory, _ = place_weights(
+            config, model, host, platform, env, dtype_b, block, target(config, model)
+        )
         extension, _ = extension_bytes(config, model, platform)
         fit_lengths(config, model, at_model_dtype, memory.kv_pool_bytes, extension, platform)
     except PlanError:
@@ -140,8 +157,9 @@ def fit_kv_cache_dtype(
     limit = model.max_len_limit
     one_request = (min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS), 1)
     try:
-        base = place_weights(config, model, host, platform, env, dtype_b, block,
-                             one_request)[0].weights_offloaded_bytes  # fmt: skip
+        base = place_weights(config, model, host, platform, env, dtype_b, block, one_request)[
+            0
+        ].weights_offloaded_bytes
     except PlanError:  # even a short request needs offloading past what fits: no baseline
         base = 0
     if memory.weights_offloaded_bytes > base:

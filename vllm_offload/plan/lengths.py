@@ -44,8 +44,11 @@ def target(config: DeploymentConfig, model: ModelFacts) -> Target:
     """(tokens, requests) the GPU pool must hold at once: the configured length, or (auto)
     room for one ordinary request."""
     limit = model.max_len_limit
-    tokens = (config.model.max_model_len if config.model.max_model_len != "auto"
-              else min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS))  # fmt: skip
+    tokens = (
+        config.model.max_model_len
+        if config.model.max_model_len != "auto"
+        else min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS)
+    )
     return tokens, config.gpu.min_concurrent_requests
 
 
@@ -89,20 +92,23 @@ def fit_lengths(
     notes = Notes()
     source: Literal["configured", "auto"]
     if configured == "auto":
-        max_len, notes = _auto_length(model, layout, pool_bytes, shape, longest, model_max, tp,
-                                      requests, bool(extension))  # fmt: skip
+        max_len, notes = _auto_length(
+            model, layout, pool_bytes, shape, longest, model_max, tp, requests, bool(extension)
+        )
         source = "auto"
     else:
         max_len, source = configured, "configured"
         notes = _check_configured(config, model, layout, shape, longest, platform, bool(extension))
     per_block = layout.bytes_per_block
-    blocks_per_request = (request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block
-                          if per_block else 1)  # fmt: skip
+    blocks_per_request = (
+        request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block if per_block else 1
+    )
     concurrency = shape.gpu_blocks / blocks_per_request if blocks_per_request else 0.0
     gpu_tokens = int(concurrency * max_len)
     concurrency += shape.extension_blocks / blocks_per_request if blocks_per_request else 0.0
-    shape = PoolShape(shape.gpu_blocks, shape.extension_blocks, shape.usable_bytes,
-                      concurrency, gpu_tokens)  # fmt: skip
+    shape = PoolShape(
+        shape.gpu_blocks, shape.extension_blocks, shape.usable_bytes, concurrency, gpu_tokens
+    )
     lengths = Lengths(longest, model_max, max_len, source, round(concurrency, 2), requests)
     return shape, lengths, notes
 
@@ -121,9 +127,13 @@ def _auto_length(
     """max_model_len 'auto': the longest the pool holds for ``requests`` at once, capped at
     the model's limit."""
     block = layout.block_tokens
-    max_len = (min(model_max, longest) if requests == 1
-               else longest_for(model, layout.dtype_bytes, block, tp, shape.usable_bytes,
-                                requests, model_max))  # fmt: skip
+    max_len = (
+        min(model_max, longest)
+        if requests == 1
+        else longest_for(
+            model, layout.dtype_bytes, block, tp, shape.usable_bytes, requests, model_max
+        )
+    )
     pool_name = "GPU KV pool and host extension" if extended else "GPU KV pool"
     if max_len <= 0:
         raise PlanError(
@@ -134,8 +144,11 @@ def _auto_length(
         )
     held = "one request" if requests == 1 else f"{requests} requests at once"
     verb = "hold" if extended else "holds"
-    why = ("the model's limit" if max_len == model_max
-           else f"the longest the {pool_name} {verb} for {held}")  # fmt: skip
+    why = (
+        "the model's limit"
+        if max_len == model_max
+        else f"the longest the {pool_name} {verb} for {held}"
+    )
     return max_len, Notes(decisions=(f"model.max_model_len auto -> {max_len:,}: {why}",))
 
 
@@ -159,8 +172,11 @@ def _check_configured(
         else ""
     )
     if max_len > longest:
-        where = ("GPU KV pool and its host extension, which hold" if extended
-                 else "GPU KV pool, which holds")  # fmt: skip
+        where = (
+            "GPU KV pool and its host extension, which hold"
+            if extended
+            else "GPU KV pool, which holds"
+        )
         raise PlanError(
             "model.max_model_len",
             f"{max_len} tokens do not fit the {where} {longest} tokens for one request. "
@@ -175,8 +191,9 @@ def _check_configured(
         )
     if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > shape.usable_bytes:
         reach = longest_for(model, dtype_b, block, tp, shape.usable_bytes, requests, max_len)
-        request_blocks = -(-request_kv_bytes(model, dtype_b, max_len, block, tp)
-                           // layout.bytes_per_block)  # fmt: skip
+        request_blocks = -(
+            -request_kv_bytes(model, dtype_b, max_len, block, tp) // layout.bytes_per_block
+        )
         usable_blocks = max(0, shape.gpu_blocks - 1)
         raise PlanError(
             "gpu.min_concurrent_requests",
@@ -195,19 +212,20 @@ def long_len_allowed(config: DeploymentConfig, env: dict[str, str]) -> bool:
     return config.model.allow_long_max_model_len or allowed
 
 
-def past_the_model_limit(config: DeploymentConfig, model: ModelFacts,
-                         env: dict[str, str]) -> Notes:  # fmt: skip
+def past_the_model_limit(config: DeploymentConfig, model: ModelFacts, env: dict[str, str]) -> Notes:
     """A configured max_model_len past the model's limit: vLLM refuses to start with it
     (config/model.py _get_and_verify_max_len) unless told it is on purpose."""
     max_len, limit = config.model.max_model_len, model.max_len_limit
     if max_len == "auto" or not limit or max_len <= limit:
         return Notes()
     if long_len_allowed(config, env):
-        return Notes(warnings=(
-            f"max_model_len {max_len} is past the model's limit of {limit:,} "
-            f"({model.max_len_key}), allowed on purpose: with RoPE, positions past it give "
-            "NaN; with absolute positions, out-of-bounds errors",
-        ))  # fmt: skip
+        return Notes(
+            warnings=(
+                f"max_model_len {max_len} is past the model's limit of {limit:,} "
+                f"({model.max_len_key}), allowed on purpose: with RoPE, positions past it give "
+                "NaN; with absolute positions, out-of-bounds errors",
+            )
+        )
     raise PlanError(
         "model.max_model_len",
         f"{max_len} tokens are past the model's limit of {limit:,} ({model.max_len_key} in "
@@ -217,8 +235,9 @@ def past_the_model_limit(config: DeploymentConfig, model: ModelFacts,
     )
 
 
-def capacity_warnings(layout: KvLayout, tier: CpuTier, lengths: Lengths, shape: PoolShape,
-                      extended: bool) -> Notes:  # fmt: skip
+def capacity_warnings(
+    layout: KvLayout, tier: CpuTier, lengths: Lengths, shape: PoolShape, extended: bool
+) -> Notes:
     """What the sizes mean for long requests: a tier shorter than one, a pool that queues
     them one at a time."""
     warnings = []

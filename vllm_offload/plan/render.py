@@ -73,12 +73,14 @@ def render(plan: Plan) -> str:
         ("/dev/shm free", gib(ram.shm_free_bytes)),
     ]
     if plan.disk.bytes:
-        rows.append((
-            "disk KV tier",
-            f"{gib(plan.disk.bytes)} = {plan.disk.tokens:,} tokens at "
-            f"{plan.disk.path}, keeping {gib(plan.disk.reserve_bytes)} free (survives "
-            "restarts)",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "disk KV tier",
+                f"{gib(plan.disk.bytes)} = {plan.disk.tokens:,} tokens at "
+                f"{plan.disk.path}, keeping {gib(plan.disk.reserve_bytes)} free (survives "
+                "restarts)",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"chose: {d}" for d in plan.notes.decisions]
@@ -92,9 +94,11 @@ def _staging_rows(plan: Plan) -> list[tuple[str, str]]:
     ext = plan.extension
     if not ext.staging_scratch_bytes:
         return []
-    return [(
-        "  staging scratch",
-        f"{gib(ext.staging_scratch_bytes)} of GPU memory, taken from the pool, for the "
-        f"prefill of requests that spill ({ext.staging_scratch_tokens:,} tokens of one layer "
-        "at a time)",
-    )]  # fmt: skip
+    return [
+        (
+            "  staging scratch",
+            f"{gib(ext.staging_scratch_bytes)} of GPU memory, taken from the pool, for the "
+            f"prefill of requests that spill ({ext.staging_scratch_tokens:,} tokens of one layer "
+            "at a time)",
+        )
+    ]

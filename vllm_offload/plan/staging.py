@@ -63,16 +63,26 @@ def staging_scratch(
         scratch = cap // granule * granule
         blocks = scratch // (page * SCRATCH_BUFFERS)
     if not scratch:  # nothing spills, or the cap holds no granule
-        return StagingScratch(), Notes(decisions=(
-            f"staging scratch: none ({gib(cap)} of the pool holds no mapping granule of it); "
-            "a spilled request's prefill reads its host blocks in place",
-        ) if capped else ())  # fmt: skip
+        return StagingScratch(), Notes(
+            decisions=(
+                f"staging scratch: none ({gib(cap)} of the pool holds no mapping granule of it); "
+                "a spilled request's prefill reads its host blocks in place",
+            )
+            if capped
+            else ()
+        )
     tokens = blocks * block
-    split = (f"; a request spilling more than {tokens:,} tokens stages in several passes "
-             "(exact arithmetic, not bit-identical)" if capped else "")  # fmt: skip
-    return StagingScratch(bytes=scratch, tokens=tokens), Notes(decisions=(
-        f"staging scratch: {gib(scratch)} of the GPU KV pool ({SCRATCH_BUFFERS} buffers of "
-        f"{tokens:,} tokens of one layer, shared by all layers) so that a spilled request's "
-        f"prefill copies its host blocks once per layer{split} (issue #41; until vLLM's side "
-        "of it lands, this memory stays unused)",
-    ))  # fmt: skip
+    split = (
+        f"; a request spilling more than {tokens:,} tokens stages in several passes "
+        "(exact arithmetic, not bit-identical)"
+        if capped
+        else ""
+    )
+    return StagingScratch(bytes=scratch, tokens=tokens), Notes(
+        decisions=(
+            f"staging scratch: {gib(scratch)} of the GPU KV pool ({SCRATCH_BUFFERS} buffers of "
+            f"{tokens:,} tokens of one layer, shared by all layers) so that a spilled request's "
+            f"prefill copies its host blocks once per layer{split} (issue #41; until vLLM's side "
+            "of it lands, this memory stays unused)",
+        )
+    )

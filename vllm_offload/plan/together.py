@@ -35,8 +35,9 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
     pool = config.gpu.kv_cache_memory_bytes
     if pool == "auto":
         tokens, requests = target(config, model)
-        pool = pool_bytes_for(model, plan.kv.dtype_bytes, plan.kv.block_tokens, tp, tokens,
-                              requests)  # fmt: skip
+        pool = pool_bytes_for(
+            model, plan.kv.dtype_bytes, plan.kv.block_tokens, tp, tokens, requests
+        )
     return weights + gpu_overhead_bytes(model) + pool
 
 
@@ -64,19 +65,33 @@ def resident_models(
         asleep = (len(needs) - count) * asleep_bytes if sleeps else 0
         slack = usable - sum(largest[:count]) - asleep
         if slack >= 0:
-            shares = {n: math.floor((need + slack / count) / total * 1e4) / 1e4  # not over it
-                      for n, need in needs.items()}  # fmt: skip
+            shares = {
+                n: math.floor((need + slack / count) / total * 1e4) / 1e4  # not over it
+                for n, need in needs.items()
+            }
             listed = ", ".join(f"'{n}' {gib(need)}" for n, need in needs.items())
-            return count, shares, Notes(decisions=(
-                f"residency.max_resident auto -> {count}: {count} of the models fit "
-                f"{config.gpu.memory_utilization:.0%} of the {gib(total)} GPU together "
-                f"(weights, working memory and a pool for each one's length: {listed}"
-                + (f"; {len(needs) - count} asleep beside them" if asleep else "")
-                + "); each gpu.memory_utilization set to its need and an equal part of the "
-                f"{gib(slack)} left",
-            ))  # fmt: skip
-    return 1, {}, Notes(decisions=(
-        f"residency.max_resident auto -> 1: no two models fit the {gib(total)} GPU together "
-        f"with pools for their lengths (the two largest need {gib(largest[0])} and "
-        f"{gib(largest[1])})",
-    ))  # fmt: skip
+            return (
+                count,
+                shares,
+                Notes(
+                    decisions=(
+                        f"residency.max_resident auto -> {count}: {count} of the models fit "
+                        f"{config.gpu.memory_utilization:.0%} of the {gib(total)} GPU together "
+                        f"(weights, working memory and a pool for each one's length: {listed}"
+                        + (f"; {len(needs) - count} asleep beside them" if asleep else "")
+                        + "); each gpu.memory_utilization set to its need and an equal part of the "
+                        f"{gib(slack)} left",
+                    )
+                ),
+            )
+    return (
+        1,
+        {},
+        Notes(
+            decisions=(
+                f"residency.max_resident auto -> 1: no two models fit the {gib(total)} GPU "
+                f"together with pools for their lengths (the two largest need {gib(largest[0])} "
+                f"and {gib(largest[1])})",
+            )
+        ),
+    )

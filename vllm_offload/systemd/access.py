@@ -31,8 +31,7 @@ class Who:
     @classmethod
     def of(cls, name: str) -> Who:
         entry = pwd.getpwnam(name)
-        return cls(name=name, uid=entry.pw_uid,
-                   gids=frozenset(os.getgrouplist(name, entry.pw_gid)))  # fmt: skip
+        return cls(name=name, uid=entry.pw_uid, gids=frozenset(os.getgrouplist(name, entry.pw_gid)))
 
 
 def _acl(path: str) -> list[tuple[int, int, int]] | None:
@@ -55,9 +54,12 @@ def _granted(path: str, info: os.stat_result, who: Who) -> int:
         named = [p for tag, p, uid in entries if tag == _USER and uid == who.uid]
         if named:
             return named[0] & mask
-        groups = [p for tag, p, gid in entries
-                  if (tag == _GROUP_OBJ and info.st_gid in who.gids)
-                  or (tag == _GROUP and gid in who.gids)]  # fmt: skip
+        groups = [
+            p
+            for tag, p, gid in entries
+            if (tag == _GROUP_OBJ and info.st_gid in who.gids)
+            or (tag == _GROUP and gid in who.gids)
+        ]
         if groups:
             best = 0
             for perms in groups:

@@ -142,13 +142,30 @@ class Systemd:
 
     def status(self, unit: str) -> ServiceStatus:
         unit = validate_unit(unit)
-        done = self._run([*self.systemctl, *self._root_args(), "show", f"{unit}.service",
-                          "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
-                          "-p", "Result", "-p", "LoadState"])  # fmt: skip
+        done = self._run(
+            [
+                *self.systemctl,
+                *self._root_args(),
+                "show",
+                f"{unit}.service",
+                "-p",
+                "ActiveState",
+                "-p",
+                "SubState",
+                "-p",
+                "MainPID",
+                "-p",
+                "Result",
+                "-p",
+                "LoadState",
+            ]
+        )
         props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         if done.returncode != 0 and not props:
-            raise ServiceError(f"{self.systemctl[-1]} show {unit}.service failed "
-                               f"({done.returncode}): {done.stderr.strip()[-500:]}")  # fmt: skip
+            raise ServiceError(
+                f"{self.systemctl[-1]} show {unit}.service failed "
+                f"({done.returncode}): {done.stderr.strip()[-500:]}"
+            )
         pid = int(props.get("MainPID") or 0)
         return ServiceStatus(
             unit=unit,
@@ -163,6 +180,16 @@ class Systemd:
         unit = validate_unit(unit)
         if not 1 <= lines <= 10_000:
             raise ServiceError(f"lines {lines}: ask for 1 to 10000")
-        done = self._run([*self.journalctl, *self._root_args(), "-u", f"{unit}.service",
-                          "-n", str(lines), "--no-pager", *self._journal_format])  # fmt: skip
+        done = self._run(
+            [
+                *self.journalctl,
+                *self._root_args(),
+                "-u",
+                f"{unit}.service",
+                "-n",
+                str(lines),
+                "--no-pager",
+                *self._journal_format,
+            ]
+        )
         return done.stdout.splitlines()[-lines:]

@@ -157,13 +157,23 @@ def render(options: InstallOptions) -> list[PlannedFile]:
         "state_dir": str(options.state_dir),
         "token_file": str(token_file),
         "systemctl": shutil.which("systemctl") or "/usr/bin/systemctl",
-        "protect_home": _protect_home([options.python, str(options.config),
-                                       str(options.state_dir), config.model.path, disk_path]),
+        "protect_home": _protect_home(
+            [
+                options.python,
+                str(options.config),
+                str(options.state_dir),
+                config.model.path,
+                disk_path,
+            ]
+        ),
         "server_write_paths": server_paths,
         "manager_write_paths": manager_paths,
-        "router_exec": " ".join(cluster_router.command(
-            options.python, options.config, Path(f"/run/{options.unit}-router/workers.json"))),
-    }  # fmt: skip
+        "router_exec": " ".join(
+            cluster_router.command(
+                options.python, options.config, Path(f"/run/{options.unit}-router/workers.json")
+            )
+        ),
+    }
 
     def fill(name: str) -> str:
         return string.Template((TEMPLATES / name).read_text()).substitute(values)
@@ -183,13 +193,23 @@ def render(options: InstallOptions) -> list[PlannedFile]:
         ),
     ]
     if config.cluster.boxes:  # more than one box: this one also runs their router
-        files.append(PlannedFile(units / f"{options.unit}-router.service",
-                                 fill("vllm-router.service.in")))  # fmt: skip
+        files.append(
+            PlannedFile(units / f"{options.unit}-router.service", fill("vllm-router.service.in"))
+        )
     if not options.config_given:
-        files.append(PlannedFile(options.config, config_mod.to_toml(config_mod.DeploymentConfig()),
-                                 owner=options.manager_user, keep_existing=True))  # fmt: skip
-    files.append(PlannedFile(Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"),
-                             fill("polkit.rules.in")))  # fmt: skip
+        files.append(
+            PlannedFile(
+                options.config,
+                config_mod.to_toml(config_mod.DeploymentConfig()),
+                owner=options.manager_user,
+                keep_existing=True,
+            )
+        )
+    files.append(
+        PlannedFile(
+            Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"), fill("polkit.rules.in")
+        )
+    )
     return files
 
 
@@ -231,14 +251,17 @@ def _recorded(manifest_path: Path) -> list[str]:
     try:
         with open_regular(manifest_path, follow_links=False) as file:
             if os.fstat(file.fileno()).st_uid != os.geteuid():
-                raise InstallError(f"{manifest_path}: not written by install-service (another "
-                                   "user owns it); check it, then remove it")  # fmt: skip
+                raise InstallError(
+                    f"{manifest_path}: not written by install-service (another "
+                    "user owns it); check it, then remove it"
+                )
             recorded = json.loads(file.read(1 << 20))
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
-        raise InstallError(f"{manifest_path}: not install-service's manifest ({exc}); check "
-                           "it, then remove it") from None  # fmt: skip
+        raise InstallError(
+            f"{manifest_path}: not install-service's manifest ({exc}); check it, then remove it"
+        ) from None
     if not isinstance(recorded, list) or not all(isinstance(p, str) for p in recorded):
         raise InstallError(f"{manifest_path}: not install-service's manifest")
     return recorded
@@ -285,8 +308,13 @@ _NO_ID = 0xFFFFFFFF
 
 def _manager_acl(manager_uid: int) -> bytes:
     """Owner rwx, the manager's user rwx, the owner's group r-x, others nothing."""
-    entries = [(_USER_OBJ, 7, _NO_ID), (_USER, 7, manager_uid), (_GROUP_OBJ, 5, _NO_ID),
-               (_MASK, 7, _NO_ID), (_OTHER, 0, _NO_ID)]  # fmt: skip
+    entries = [
+        (_USER_OBJ, 7, _NO_ID),
+        (_USER, 7, manager_uid),
+        (_GROUP_OBJ, 5, _NO_ID),
+        (_MASK, 7, _NO_ID),
+        (_OTHER, 0, _NO_ID),
+    ]
     return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 

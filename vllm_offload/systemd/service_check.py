@@ -30,15 +30,19 @@ _FIND_PACKAGES = (
 def users_missing(options: InstallOptions) -> list[InstallError]:
     """An InstallError for each of --user and --manager-user that is not on this host."""
     missing = []
-    for option, name in (("--user", options.user),
-                         ("--manager-user", options.manager_user or options.user)):  # fmt: skip
+    for option, name in (
+        ("--user", options.user),
+        ("--manager-user", options.manager_user or options.user),
+    ):
         try:
             pwd.getpwnam(name)
         except KeyError:
-            missing.append(InstallError(
-                f"{option} {name!r}: no such user on this host; create it (e.g. `useradd "
-                f"--system --home {options.state_dir} {name}`) or pass an existing one"
-            ))  # fmt: skip
+            missing.append(
+                InstallError(
+                    f"{option} {name!r}: no such user on this host; create it (e.g. `useradd "
+                    f"--system --home {options.state_dir} {name}`) or pass an existing one"
+                )
+            )
     if len(missing) == 2 and options.manager_user in ("", options.user):
         return missing[:1]
     return missing
@@ -47,11 +51,17 @@ def users_missing(options: InstallOptions) -> list[InstallError]:
 def packages(python: str) -> list[Path]:
     """The folders of vllm_offload and vLLM that ``python`` imports."""
     try:
-        found = subprocess.run([python, "-I", "-c", _FIND_PACKAGES], capture_output=True,
-                               text=True, timeout=60, check=True).stdout.split("\n")  # fmt: skip
+        found = subprocess.run(
+            [python, "-I", "-c", _FIND_PACKAGES],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split("\n")
     except (OSError, subprocess.SubprocessError) as exc:
-        raise InstallError(f"--python {python}: cannot ask it where its packages are ({exc})") \
-            from None  # fmt: skip
+        raise InstallError(
+            f"--python {python}: cannot ask it where its packages are ({exc})"
+        ) from None
     return [Path(line) for line in found if line]
 
 
@@ -82,15 +92,20 @@ def model_folders(
         ref = hub.hub_ref(path)
         if ref is None:
             folders.append(Path(os.path.expanduser(path)))
-        elif (folder := hub.cached(ref, str(options.root / (cache := service_hf_cache(
-                options)).lstrip("/")))) is not None:  # fmt: skip
+        elif (
+            folder := hub.cached(
+                ref, str(options.root / (cache := service_hf_cache(options)).lstrip("/"))
+            )
+        ) is not None:
             folders.append(folder)
         else:
-            missing.append(InstallError(
-                f"model.path {ref}: not downloaded where the server looks ({cache}); fetch it "
-                f"there as its user (sudo -u {options.user} HF_HUB_CACHE={cache} vllm-offload "
-                f"pull {ref}), or set HF_HOME in /etc/default/{options.unit}-offload"
-            ))  # fmt: skip
+            missing.append(
+                InstallError(
+                    f"model.path {ref}: not downloaded where the server looks ({cache}); fetch it "
+                    f"there as its user (sudo -u {options.user} HF_HUB_CACHE={cache} vllm-offload "
+                    f"pull {ref}), or set HF_HOME in /etc/default/{options.unit}-offload"
+                )
+            )
     return folders, missing
 
 
@@ -101,15 +116,18 @@ def refusals(options: InstallOptions) -> list[InstallError]:
         return missing
     config = config_of(options)
     reads = [(Path(options.python), EXECUTE, "the interpreter the units run (ExecStart)")]
-    reads += [(folder, READ | EXECUTE, "a package the units import")
-              for folder in packages(options.python)]  # fmt: skip
+    reads += [
+        (folder, READ | EXECUTE, "a package the units import")
+        for folder in packages(options.python)
+    ]
     if options.config.is_file():
         reads.append((options.config, READ, "the config (--config)"))
     found_folders, found = model_folders(options, config)
     folders = [(folder, "model.path") for folder in found_folders]
     if config.kv_offload.disk_path:  # the tier's own folder is granted; its parents not
-        reads.append((Path(config.kv_offload.disk_path).parent, EXECUTE,
-                      "kv_offload.disk_path's parent"))  # fmt: skip
+        reads.append(
+            (Path(config.kv_offload.disk_path).parent, EXECUTE, "kv_offload.disk_path's parent")
+        )
     for name in dict.fromkeys((options.user, options.manager_user or options.user)):
         who = Who.of(name)
         for path, want, what in reads:
@@ -122,6 +140,8 @@ def refusals(options: InstallOptions) -> list[InstallError]:
 
 
 def _fix(path: Path, user: str) -> str:
-    return (f"let {user} reach it (chmod o+x on the folders on the way, o+r on the files, or "
-            f"an ACL: setfacl -m u:{user}:rx), or install from a clone and Python it can "
-            "read (e.g. under /opt)")  # fmt: skip
+    return (
+        f"let {user} reach it (chmod o+x on the folders on the way, o+r on the files, or "
+        f"an ACL: setfacl -m u:{user}:rx), or install from a clone and Python it can "
+        "read (e.g. under /opt)"
+    )

@@ -21,8 +21,9 @@ PLUGIN_TARGET = "vllm_offload.vllm_ext.plugin:register"
 EntryPoints = Iterable[importlib.metadata.EntryPoint]
 
 
-def plugin_missing(environ: Mapping[str, str], entry_points: EntryPoints | None = None
-                   ) -> str | None:  # fmt: skip
+def plugin_missing(
+    environ: Mapping[str, str], entry_points: EntryPoints | None = None
+) -> str | None:
     """Why vLLM would not load our plugin in a process with ``environ`` (None: it will).
     Without it vLLM only warns about our environment variables: an engine that sleeps
     would run vLLM's own sleep backend, not vllm_ext.sleep's arena, and hold more host RAM
@@ -30,11 +31,15 @@ def plugin_missing(environ: Mapping[str, str], entry_points: EntryPoints | None 
     if entry_points is None:
         entry_points = importlib.metadata.entry_points(group=PLUGIN_GROUP)
     if not any(e.name == PLUGIN_NAME and e.value == PLUGIN_TARGET for e in entry_points):
-        return (f"vLLM would not load vllm-offload's plugin: no '{PLUGIN_NAME} = "
-                f"{PLUGIN_TARGET}' among the '{PLUGIN_GROUP}' entry points this Python "
-                "sees (a source tree on PYTHONPATH has none): install the package")  # fmt: skip
+        return (
+            f"vLLM would not load vllm-offload's plugin: no '{PLUGIN_NAME} = "
+            f"{PLUGIN_TARGET}' among the '{PLUGIN_GROUP}' entry points this Python "
+            "sees (a source tree on PYTHONPATH has none): install the package"
+        )
     allowed = environ.get("VLLM_PLUGINS")
     if allowed is not None and PLUGIN_NAME not in allowed.split(","):
-        return (f"vLLM would not load vllm-offload's plugin: VLLM_PLUGINS={allowed!r} leaves "
-                f"out '{PLUGIN_NAME}': add it, or unset VLLM_PLUGINS")  # fmt: skip
+        return (
+            f"vLLM would not load vllm-offload's plugin: VLLM_PLUGINS={allowed!r} leaves "
+            f"out '{PLUGIN_NAME}': add it, or unset VLLM_PLUGINS"
+        )
     return None

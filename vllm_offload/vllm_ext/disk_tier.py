@@ -171,9 +171,12 @@ class BoundedFsTier(FileSystemTierManager):
         self.budget.report = self._write_status  # from the unlink thread, every few seconds
         logger.info(
             "Disk tier at %s: %.2f of %.2f GiB used by %d files from before (read in %.1f s)",
-            budget_root, self.budget.used_bytes / (1 << 30), int(max_bytes) / (1 << 30),
-            len(self.budget.files), time.monotonic() - began,
-        )  # fmt: skip
+            budget_root,
+            self.budget.used_bytes / (1 << 30),
+            int(max_bytes) / (1 << 30),
+            len(self.budget.files),
+            time.monotonic() - began,
+        )
 
     def _paths(self, job: TransferJob) -> list[str]:
         return [self.file_mapper.get_file_name(key) for key in job.keys]
@@ -202,7 +205,12 @@ class BoundedFsTier(FileSystemTierManager):
 
     def _write_status(self) -> None:
         with contextlib.suppress(OSError):  # the page's figure, never worth a failure
-            disk_layout.write_status(self.budget.root, {
-                "used_bytes": self.budget.used_bytes, "max_bytes": self.budget.max_bytes,
-                "files": len(self.budget.files), "evicted_bytes": self.budget.evicted_bytes,
-            })  # fmt: skip
+            disk_layout.write_status(
+                self.budget.root,
+                {
+                    "used_bytes": self.budget.used_bytes,
+                    "max_bytes": self.budget.max_bytes,
+                    "files": len(self.budget.files),
+                    "evicted_bytes": self.budget.evicted_bytes,
+                },
+            )

@@ -81,8 +81,13 @@ def translate_num_cpu_blocks(vllm_config: Any) -> None:
     logger.warning(
         "kv_connector_extra_config.%s is deprecated: %d blocks translated to %s=%d (%s). "
         "Set %s instead.",
-        NUM_CPU_BLOCKS_KEY, num_blocks, CPU_BYTES_KEY, total, _gib(total), CPU_BYTES_KEY,
-    )  # fmt: skip
+        NUM_CPU_BLOCKS_KEY,
+        num_blocks,
+        CPU_BYTES_KEY,
+        total,
+        _gib(total),
+        CPU_BYTES_KEY,
+    )
 
 
 def offload_region_in_shm() -> bool:
@@ -101,9 +106,13 @@ def resolve_cpu_tier(vllm_config: Any, gpu_bytes_per_block: int, uses_shm: bool)
     total = int(extra[CPU_BYTES_KEY])
     per_rank = total // max(1, vllm_config.parallel_config.world_size)
     blocks = per_rank // gpu_bytes_per_block
-    return CpuTier(total_bytes=total, bytes_per_rank=per_rank, blocks=blocks,
-                   tokens=blocks * vllm_config.cache_config.block_size,
-                   uses_shm=uses_shm)  # fmt: skip
+    return CpuTier(
+        total_bytes=total,
+        bytes_per_rank=per_rank,
+        blocks=blocks,
+        tokens=blocks * vllm_config.cache_config.block_size,
+        uses_shm=uses_shm,
+    )
 
 
 def checked_cpu_tier(vllm_config: Any, gpu_bytes_per_block: int) -> CpuTier | None:
@@ -170,10 +179,12 @@ def check_host_memory(tier: CpuTier) -> None:
     logger.info(
         "CPU tier check: tier %s; host RAM available %s, reserve %s; this server's "
         "processes hold %s%s",
-        _gib(tier.total_bytes), _gib(memory.available), _gib(reserve),
+        _gib(tier.total_bytes),
+        _gib(memory.available),
+        _gib(reserve),
         _gib(_server_rss_bytes()),
         "" if shm_free is None else f"; {SHM_PATH} free {_gib(shm_free)}",
-    )  # fmt: skip
+    )
     if problems:
         raise ValueError(
             f"The CPU KV tier (kv_connector_extra_config.{CPU_BYTES_KEY} = "
@@ -183,9 +194,12 @@ def check_host_memory(tier: CpuTier) -> None:
 
 
 def max_model_len_error(
-    max_model_len: int, needed_bytes: int, pool_bytes: int, longest_fit: int,
+    max_model_len: int,
+    needed_bytes: int,
+    pool_bytes: int,
+    longest_fit: int,
     tier: CpuTier | None,
-) -> ValueError:  # fmt: skip
+) -> ValueError:
     """vLLM's error for a max_model_len the GPU pool cannot hold, saying what fits and
     that the CPU tier does not lengthen a request."""
     tier_text = (
@@ -211,9 +225,12 @@ def max_model_len_error(
 
 
 def log_capacity_table(
-    num_blocks: int, block_size: int, gpu_bytes_per_block: int, max_model_len: int,
+    num_blocks: int,
+    block_size: int,
+    gpu_bytes_per_block: int,
+    max_model_len: int,
     tier: CpuTier | None,
-) -> None:  # fmt: skip
+) -> None:
     usable = max(0, num_blocks - 1)  # the block pool holds one null block back
     gpu_tokens = usable * block_size
     lines = [

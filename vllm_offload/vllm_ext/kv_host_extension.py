@@ -138,9 +138,8 @@ def extend_pools_into_host_ram(
         region_strides = (
             [per_block[-1]]
             if layout.is_block_outermost
-            else [layer_block_stride(group, name) for group in groups
-                  for name in group.layer_names]
-        )  # fmt: skip
+            else [layer_block_stride(group, name) for group in groups for name in group.layer_names]
+        )
         splits.append(split_blocks(device_bytes, host_bytes, per_block[-1], region_strides))
     device = min(d for d, _ in splits)
     host = min(h for _, h in splits)
@@ -162,9 +161,12 @@ def log_split(kv_cache_config: Any, block_size: int, bytes_per_block: int) -> No
         "KV pool host extension: %d blocks (%d tokens) in GPU memory, then %d blocks "
         "(%d tokens, %.2f GiB) in host RAM; GPU blocks are used first, a request whose KV "
         "reaches host blocks reads them over PCIe every step",
-        device, device * block_size, host, host * block_size,
+        device,
+        device * block_size,
+        host,
+        host * block_size,
         host * bytes_per_block / (1 << 30),
-    )  # fmt: skip
+    )
 
 
 class DeviceFirstFreeBlockQueue:

@@ -120,8 +120,11 @@ def allocate(kv_cache_config: Any, size: int, device: torch.device) -> torch.Ten
         ) from exc
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
     try:  # the host NUMA node nearest the GPU (CUDA >= 12.2; -1: none)
-        numa = _ok(driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, ordinal))  # fmt: skip
+        numa = _ok(
+            driver.cuDeviceGetAttribute(
+                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, ordinal
+            )
+        )
     except (AttributeError, RuntimeError):
         numa = -1
 

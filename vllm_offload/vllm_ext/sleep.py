@@ -73,8 +73,11 @@ class ArenaBackend(CuMemBackend):
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
         tags = BACKED_UP_AT_EVERY_LEVEL + (("weights",) if level == 1 else ())
-        kept = [(ptr, data.handle[1]) for ptr, data in allocator.pointer_to_data.items()
-                if not data.is_asleep and data.tag in tags]  # fmt: skip
+        kept = [
+            (ptr, data.handle[1])
+            for ptr, data in allocator.pointer_to_data.items()
+            if not data.is_asleep and data.tag in tags
+        ]
         total = sum(size for _ptr, size in kept)
         if self._arena is None or self._arena.size < total:
             if self._arena is not None:

@@ -82,8 +82,10 @@ def stage_chunk(
     nothing to copy. ValueError when the chunk's own host blocks alone exceed
     the scratch (``chunk_tokens_that_fit`` says how many tokens would fit)."""
     if new_tokens <= 0 or start < 0 or block_size <= 0:
-        raise ValueError(f"a chunk needs new tokens after >= 0 computed ones: {start=}, "
-                         f"{new_tokens=}, {block_size=}")  # fmt: skip
+        raise ValueError(
+            f"a chunk needs new tokens after >= 0 computed ones: {start=}, "
+            f"{new_tokens=}, {block_size=}"
+        )
     end = start + new_tokens
     used = -(-end // block_size)
     if len(block_table) < used:
@@ -103,14 +105,24 @@ def stage_chunk(
             "schedule fewer tokens (chunk_tokens_that_fit)"
         )
     if not own_host and not past_host:
-        return (StagedPass(block_table=tuple(table), seq_len=end, causal=True, copies=(),
-                           mirrors=()),)  # fmt: skip
+        return (
+            StagedPass(block_table=tuple(table), seq_len=end, causal=True, copies=(), mirrors=()),
+        )
     # The causal pass: every GPU block, the first host blocks of the past that fit, and
     # the chunk's own blocks last (its keys must end the sequence for the causal mask).
     in_causal = set(past_host[:room])
     causal_past = [b for b in past if b < first_host_block or b in in_causal]
-    passes = [_pass(causal_past, own, first_host_block, scratch, start % block_size,
-                    end - first_own * block_size, block_size)]  # fmt: skip
+    passes = [
+        _pass(
+            causal_past,
+            own,
+            first_host_block,
+            scratch,
+            start % block_size,
+            end - first_own * block_size,
+            block_size,
+        )
+    ]
     rest = past_host[room:]
     for at in range(0, len(rest), len(scratch)):
         window = rest[at : at + len(scratch)]
@@ -143,8 +155,13 @@ def _pass(
             copies.append((block, slot))
         if is_own:
             mirrors.append((block, slot))
-    return StagedPass(block_table=tuple(row), seq_len=len(past) * block_size + own_keys,
-                      causal=bool(own), copies=tuple(copies), mirrors=tuple(mirrors))  # fmt: skip
+    return StagedPass(
+        block_table=tuple(row),
+        seq_len=len(past) * block_size + own_keys,
+        causal=bool(own),
+        copies=tuple(copies),
+        mirrors=tuple(mirrors),
+    )
 
 
 def copy_runs(copies: Sequence[BlockPair]) -> tuple[CopyRun, ...]:
@@ -205,8 +222,10 @@ def scratch_ids(*, num_blocks: int, num_host_blocks: int, scratch_blocks: int) -
     the host blocks (the block pool must never hand them out)."""
     first_host = num_blocks - num_host_blocks
     if not 0 < scratch_blocks < first_host:
-        raise ValueError(f"{scratch_blocks} scratch blocks do not fit the {first_host} GPU "
-                         "blocks of the pool (the null block needs one)")  # fmt: skip
+        raise ValueError(
+            f"{scratch_blocks} scratch blocks do not fit the {first_host} GPU "
+            "blocks of the pool (the null block needs one)"
+        )
     return range(first_host - scratch_blocks, first_host)
 
 
@@ -221,9 +240,11 @@ def scratch_ranges(
     ranges: list[tuple[int, int, int]] = []
     for tensor in kv_cache_config.kv_cache_tensors:
         if tensor.block_stride > tensor.layer_stride:
-            raise ValueError("staged prefill needs a layer-outermost KV cache layout (a "
-                             "block-outermost one interleaves the layers of each block); "
-                             "unset VLLM_KV_CACHE_LAYOUT or choose LBHNC")  # fmt: skip
+            raise ValueError(
+                "staged prefill needs a layer-outermost KV cache layout (a "
+                "block-outermost one interleaves the layers of each block); "
+                "unset VLLM_KV_CACHE_LAYOUT or choose LBHNC"
+            )
         for layer in range(len(tensor.layers)):
             start = (
                 tensor.offset + layer * tensor.layer_stride + scratch.start * tensor.block_stride
@@ -233,6 +254,7 @@ def scratch_ranges(
             )
     for start, end, _ in ranges:
         if start % MAP_GRANULE or end % MAP_GRANULE:
-            raise ValueError(f"a scratch range [{start}, {end}) is off the {MAP_GRANULE}-byte "
-                             "mapping granule")  # fmt: skip
+            raise ValueError(
+                f"a scratch range [{start}, {end}) is off the {MAP_GRANULE}-byte mapping granule"
+            )
     return ranges

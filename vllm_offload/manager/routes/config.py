@@ -70,13 +70,17 @@ def put_config(
     path = manager.settings.config_path
     with manager.saving:
         if if_match is not None and if_match != config_mod.file_tag(path):
-            raise Refused("config", "the config changed since you loaded it (saved from "
-                          "elsewhere); load it again, then save")  # fmt: skip
+            raise Refused(
+                "config",
+                "the config changed since you loaded it (saved from "
+                "elsewhere); load it again, then save",
+            )
         try:
             config_mod.save(config, path)
         except OSError as exc:
-            raise StorageFull("config", f"could not save {path}: {exc.strerror}; the previous "
-                              "config is unchanged") from None  # fmt: skip
+            raise StorageFull(
+                "config", f"could not save {path}: {exc.strerror}; the previous config is unchanged"
+            ) from None
     manager.sampler.follow(server_url(config))
     try:
         manager.settings.systemd.restart(manager.settings.unit)
@@ -92,7 +96,9 @@ def models(manager: Shared) -> dict[str, Any]:
     config = manager.load()
     found = bounded.call(lambda: list_models(config), "manager.model_roots", "listing models")
     if patterns := config.manager.hub_models:  # those the API may name, fetched already
-        found += [{"name": f"{repo} (Hugging Face)", "path": repo}
-                  for repo in bounded.call(hub.cached_ids, "manager.hub_models", "listing the "
-                                           "HF cache") if allowed(repo, patterns)]  # fmt: skip
+        found += [
+            {"name": f"{repo} (Hugging Face)", "path": repo}
+            for repo in bounded.call(hub.cached_ids, "manager.hub_models", "listing the HF cache")
+            if allowed(repo, patterns)
+        ]
     return {"roots": [str(r) for r in model_roots(config)], "models": found}

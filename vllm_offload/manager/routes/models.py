@@ -18,8 +18,9 @@ Shared = Annotated[Manager, Depends(manager_of)]
 
 
 @router.post("/api/models/{name}/{action}")
-def move_model(manager: Shared, name: str,
-               action: Literal["bring-in", "put-away"]) -> dict[str, str]:  # fmt: skip
+def move_model(
+    manager: Shared, name: str, action: Literal["bring-in", "put-away"]
+) -> dict[str, str]:
     config = manager.load()
     try:
         return {"status": move_by_hand(config, manager.control_socket(config), name, action)}

@@ -60,9 +60,12 @@ def served_by_the_unit(manager: Manager, address: str, port: int) -> None:
     with suppress(psutil.NoSuchProcess):
         if unit.main_pid is not None and owners == {psutil.Process(unit.main_pid).uids().real}:
             return
-    raise Refused("server.port", f"a process listening on {address} port {port} is not "
-                  f"{manager.settings.unit}.service's server (another user's, or the unit is "
-                  "not running); the API key is not sent")  # fmt: skip
+    raise Refused(
+        "server.port",
+        f"a process listening on {address} port {port} is not "
+        f"{manager.settings.unit}.service's server (another user's, or the unit is "
+        "not running); the API key is not sent",
+    )
 
 
 @router.post("/api/probe")
@@ -71,8 +74,11 @@ def probe(manager: Shared, model: str = "") -> dict[str, Any]:
     several models, ``model`` names which (default: the default model)."""
     sampler = manager.sampler
     if not sampler.server_healthy and not sampler.probe_health():
-        raise Refused("server", "the server is not running or not healthy yet; start it "
-                      "(POST /api/service/start) and wait for health")  # fmt: skip
+        raise Refused(
+            "server",
+            "the server is not running or not healthy yet; start it "
+            "(POST /api/service/start) and wait for health",
+        )
     config = manager.load()
     address = reach.server_address(config)  # resolved once: checked, then connected to
     if config.server.api_key_file:
@@ -81,8 +87,7 @@ def probe(manager: Shared, model: str = "") -> dict[str, Any]:
         name = model or config.residency.default_model or model_name(config.models[0])
     else:
         name = launch.served_name(config, model_dir(config))
-    body = {"model": name, "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
+    body = {"model": name, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
     key = launch.read_api_key(config)
     try:
         with VllmClient(reach.url(address, config.server.port), key) as server:

@@ -35,17 +35,22 @@ def login_page(manager: Shared) -> str:
 
 
 @router.post("/login")
-def login(manager: Shared, request: Request,
-          token: Annotated[str, Form(max_length=512)]) -> Response:  # fmt: skip
+def login(
+    manager: Shared, request: Request, token: Annotated[str, Form(max_length=512)]
+) -> Response:
     if not origin_matches(request):
         raise Forbidden("Origin", "the Origin header is missing or names another site")
     if not manager.sessions.check_guess(request, "form", token.strip()):
-        return HTMLResponse(page.login(manager.settings.token_file, failed=True),
-                            status_code=401)  # fmt: skip
+        return HTMLResponse(page.login(manager.settings.token_file, failed=True), status_code=401)
     session_id, _csrf = manager.sessions.create()
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")  # fmt: skip
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_id,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

@@ -95,28 +95,45 @@ def plan_cards(
 ) -> dict[str, Any]:
     """The plan, what forbids a start, the CPU and disk tier cards."""
     if isinstance(prepared, VllmOffloadError):
-        return {"plan": str(prepared), "problems": [], "model": config.model.path or "(demo "
-                "model)", "served_name": "", "tier": manager.sampler.tier_card(0),
-                "disk": manager.sampler.disk_card(0, None)}  # fmt: skip
+        return {
+            "plan": str(prepared),
+            "problems": [],
+            "model": config.model.path or "(demo model)",
+            "served_name": "",
+            "tier": manager.sampler.tier_card(0),
+            "disk": manager.sampler.disk_card(0, None),
+        }
     problems = [p.detail() for p in prepared.problems]
     if isinstance(prepared, PreparedFleet):
         fleet = prepared.fleet
         tiers = sum(m.plan.cpu_tier.bytes for m in fleet.models.values())
-        return {"plan": fleet_json(fleet), "problems": problems, "model": "several models",
-                "served_name": ", ".join(fleet.models), "tier": manager.sampler.tier_card(tiers),
-                "disk": manager.sampler.disk_card(0, None)}  # fmt: skip
+        return {
+            "plan": fleet_json(fleet),
+            "problems": problems,
+            "model": "several models",
+            "served_name": ", ".join(fleet.models),
+            "tier": manager.sampler.tier_card(tiers),
+            "disk": manager.sampler.disk_card(0, None),
+        }
     plan = prepared.plan
-    tier = ({"available": False, "why": LMCACHE_CARD} if plan.kv.backend == "lmcache"
-            else manager.sampler.tier_card(plan.cpu_tier.bytes))  # fmt: skip
-    return {"plan": plan.to_json(), "problems": problems,
-            "model": config.model.path or "(demo model)",
-            "served_name": launch.served_name(config, model_dir(config)), "tier": tier,
-            "disk": manager.sampler.disk_card(plan.disk.bytes,
-                                              tier_status(plan.disk.path))}  # fmt: skip
+    tier = (
+        {"available": False, "why": LMCACHE_CARD}
+        if plan.kv.backend == "lmcache"
+        else manager.sampler.tier_card(plan.cpu_tier.bytes)
+    )
+    return {
+        "plan": plan.to_json(),
+        "problems": problems,
+        "model": config.model.path or "(demo model)",
+        "served_name": launch.served_name(config, model_dir(config)),
+        "tier": tier,
+        "disk": manager.sampler.disk_card(plan.disk.bytes, tier_status(plan.disk.path)),
+    }
 
 
-def models_cards(manager: Manager, config: DeploymentConfig, prepared: PreparedFleet,
-                 running: bool) -> dict[str, Any]:  # fmt: skip
+def models_cards(
+    manager: Manager, config: DeploymentConfig, prepared: PreparedFleet, running: bool
+) -> dict[str, Any]:
     """Several models: a card each (where its weights and KV go, its state now, its last
     switch), and the front door's switches for the events card (``running``: a front door
     is up, the unit's or one started by hand)."""
@@ -135,17 +152,24 @@ def models_cards(manager: Manager, config: DeploymentConfig, prepared: PreparedF
     for name, model in prepared.fleet.models.items():
         plan = model.plan
         last = next((e for e in reversed(switches) if e["model"] == name), None)
-        cards.append({
-            "name": name, "path": str(prepared.model_dirs[name]),
-            "default": name == prepared.fleet.default, "idle": model.idle,
-            "state": "unknown" if unreachable else live_state(states.get(name)),
-            "weights_bytes": plan.weights.bytes, "weights_gpu_bytes": plan.weights.gpu_bytes,
-            "weights_offloaded_bytes": plan.weights.offloaded_bytes,
-            "gpu_kv_pool_bytes": plan.gpu.kv_pool_bytes, "cpu_tier_bytes": plan.cpu_tier.bytes,
-            "longest_request_tokens": plan.length.longest_request_tokens,
-            "max_model_len": plan.length.max_model_len, "away_ram_bytes": model.away_ram_bytes,
-            "last_switch": last,
-        })  # fmt: skip
+        cards.append(
+            {
+                "name": name,
+                "path": str(prepared.model_dirs[name]),
+                "default": name == prepared.fleet.default,
+                "idle": model.idle,
+                "state": "unknown" if unreachable else live_state(states.get(name)),
+                "weights_bytes": plan.weights.bytes,
+                "weights_gpu_bytes": plan.weights.gpu_bytes,
+                "weights_offloaded_bytes": plan.weights.offloaded_bytes,
+                "gpu_kv_pool_bytes": plan.gpu.kv_pool_bytes,
+                "cpu_tier_bytes": plan.cpu_tier.bytes,
+                "longest_request_tokens": plan.length.longest_request_tokens,
+                "max_model_len": plan.length.max_model_len,
+                "away_ram_bytes": model.away_ram_bytes,
+                "last_switch": last,
+            }
+        )
     events = [
         {"t": e.get("t"), "text": str(e.get("text")) + took(e.get("seconds"))} for e in switches
     ]
@@ -166,8 +190,11 @@ def tier_status(disk_path: str) -> dict[str, float] | None:
     if not disk_path:
         return None
     with suppress(Refused):
-        return bounded.call(lambda: disk_layout.read_status(disk_path),
-                            "kv_offload.disk_path", "reading the disk tier's status")  # fmt: skip
+        return bounded.call(
+            lambda: disk_layout.read_status(disk_path),
+            "kv_offload.disk_path",
+            "reading the disk tier's status",
+        )
     return None
 
 
