@@ -44,7 +44,9 @@ VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model
 
 def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
     residency = (
-        f'idle = "{args.idle}"\nsleep_level = {args.level}\nmin_resident_s = 0.0\n'
+        # max_resident 1: both would fit together under 'auto' (the default since #43)
+        f'max_resident = 1\nidle = "{args.idle}"\nsleep_level = {args.level}\n'
+        f"min_resident_s = 0.0\n"
         f'runtime_dir = "{run_dir}"\n'
     )
     model = f'path = "{args.checkpoint}"\n'
