@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import make_host
 from vllm_offload import argv_check, config, launch, model_facts, run_vllm
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
+from vllm_offload.config.schema import model_name
 from vllm_offload.plan import make_plan
 
 # Values an attacker sent through PUT /api/config, and ones vLLM's parser treats specially:
@@ -139,7 +140,7 @@ def test_every_string_field_goes_through_the_check(
         alone = vllm_reads(spec.extra_args)
         assert read["model"] == str(model)
         assert read["host"] == cfg.server.host and read["port"] == cfg.server.port
-        assert read["served_model_name"] == [launch.served_name(cfg, model)]
+        assert read["served_model_name"] == [model_name(cfg.model)]
         assert read["api_key"] is None  # the key goes through the environment only
         assert read["trust_remote_code"] == alone["trust_remote_code"]
         assert read["kv_transfer_config"].kv_connector == "OffloadingConnector"

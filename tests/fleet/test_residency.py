@@ -314,3 +314,11 @@ class TimedStandIn:
         await self.clock.sleep(0.44)
         self.log.append(f"out {self.name}")
         return "slept"
+
+
+def test_the_switcher_s_defaults_are_the_config_s() -> None:
+    """One home per default (#45): ResidencySettings() is what [residency] says by default."""
+    from vllm_offload.config import DeploymentConfig
+    from vllm_offload.fleet.runner import settings
+
+    assert settings(DeploymentConfig(), max_resident=1) == ResidencySettings()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import typing
-from pathlib import PurePath
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from vllm_offload import real_model
 from vllm_offload.config.cluster import ClusterSection
 from vllm_offload.config.flags import refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
@@ -172,11 +174,18 @@ def parse(data: dict[str, Any]) -> DeploymentConfig:
 
 
 def model_name(entry: ModelSection) -> str:
-    """The name a model answers to: its served_name, else its hub id (org/name), else its
-    folder's name."""
-    if not entry.served_name and (ref := hub_ref(entry.path)) is not None:
+    """The name a model answers to, the one rule for `serve`, the front door and the
+    manager: its served_name, else its hub id (org/name, as `vllm serve org/name`
+    answers), else its folder's name as configured (``~`` expanded, relative to the
+    working directory: a link's own name, not its target's, so an HF snapshot does not
+    answer to its hash), else the default model's."""
+    if entry.served_name:
+        return entry.served_name
+    if (ref := hub_ref(entry.path)) is not None:
         return ref.repo_id
-    return entry.served_name or PurePath(entry.path).name
+    if entry.path:
+        return Path(os.path.abspath(os.path.expanduser(entry.path))).name
+    return real_model.DEFAULT_NAME
 
 
 def entry_field(index: int, field: str) -> str:
@@ -199,11 +208,6 @@ def engine_configs(config: DeploymentConfig) -> dict[str, DeploymentConfig]:
     configs: dict[str, DeploymentConfig] = {}
     for i, entry in enumerate(config.models):
         name = model_name(entry)
-        if not name:
-            raise ConfigError(
-                f"models[{i}].served_name",
-                "a model without a path (the demo model) needs a served_name",
-            )
         if name in configs:
             raise ConfigError(
                 f"models[{i}].served_name",

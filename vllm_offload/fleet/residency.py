@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from vllm_offload.config.fleet import ResidencySection
+
 Status = Literal["serving", "draining", "away", "moving", "failed"]
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -60,13 +62,18 @@ class Unavailable(Exception):
     """The model could not be brought in (its engine failed to start or wake)."""
 
 
+_SECTION = ResidencySection.model_fields
+
+
 @dataclass(frozen=True)
 class ResidencySettings:
-    max_resident: int = 1  # models on the GPU at once
-    min_resident_s: float = 5.0  # a model's turn on the GPU once it is used
-    keep_alive_s: float | None = None  # idle this long: put away; None: until needed
-    queue_limit: int = 64  # requests waiting for switches, all models together
-    drain_timeout_s: float = 300.0  # in-flight requests of a model being put away
+    """The switcher's settings; their defaults are [residency]'s (one home: its schema)."""
+
+    max_resident: int = 1  # models on the GPU at once, as the plan resolved it
+    min_resident_s: float = _SECTION["min_resident_s"].default  # a model's turn once used
+    keep_alive_s: float | None = None  # idle this long: put away; None ('forever'): until needed
+    queue_limit: int = _SECTION["queue_limit"].default  # requests waiting, all models
+    drain_timeout_s: float = _SECTION["drain_timeout_s"].default  # in flight, put away
 
 
 @dataclass

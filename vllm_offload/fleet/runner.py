@@ -54,11 +54,11 @@ def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
     return ResidencySettings(
-        max_resident,
-        residency.min_resident_s,
-        keep,
-        residency.queue_limit,
-        residency.drain_timeout_s,
+        max_resident=max_resident,
+        min_resident_s=residency.min_resident_s,
+        keep_alive_s=keep,
+        queue_limit=residency.queue_limit,
+        drain_timeout_s=residency.drain_timeout_s,
     )
 
 

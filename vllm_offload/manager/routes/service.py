@@ -12,7 +12,6 @@ from fastapi import APIRouter, Depends
 
 from vllm_offload import disk_layout, launch
 from vllm_offload.config.schema import model_name
-from vllm_offload.deployment import model_dir
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.fleet.prepare import several
 from vllm_offload.manager import reach
@@ -86,7 +85,7 @@ def probe(manager: Shared, model: str = "") -> dict[str, Any]:
     if several(config):
         name = model or config.residency.default_model or model_name(config.models[0])
     else:
-        name = launch.served_name(config, model_dir(config))
+        name = model_name(config.model)
     body = {"model": name, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
     key = launch.read_api_key(config)
     try:

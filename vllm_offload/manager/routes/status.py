@@ -13,9 +13,10 @@ import psutil
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import PlainTextResponse
 
-from vllm_offload import disk_layout, launch
+from vllm_offload import disk_layout
 from vllm_offload.config import DeploymentConfig, ManagerSection
-from vllm_offload.deployment import Prepared, model_dir
+from vllm_offload.config.schema import model_name
+from vllm_offload.deployment import Prepared
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.fleet.control import read_models
 from vllm_offload.fleet.prepare import PreparedFleet
@@ -125,7 +126,7 @@ def plan_cards(
         "plan": plan.to_json(),
         "problems": problems,
         "model": config.model.path or "(demo model)",
-        "served_name": launch.served_name(config, model_dir(config)),
+        "served_name": model_name(config.model),
         "tier": tier,
         "disk": manager.sampler.disk_card(plan.disk.bytes, tier_status(plan.disk.path)),
     }
