@@ -19,7 +19,7 @@ from vllm_offload import config as config_mod
 from vllm_offload.errors import TooLarge, VllmOffloadError
 from vllm_offload.manager import page
 from vllm_offload.manager.auth import authenticate
-from vllm_offload.manager.routes import config, models, service, session, status
+from vllm_offload.manager.routes import config, models, peers, service, session, status
 from vllm_offload.manager.state import Manager, ManagerSettings
 
 MAX_BODY_BYTES = 64 * 1024
@@ -127,7 +127,7 @@ def create_app(settings: ManagerSettings) -> FastAPI:
             response.headers["Cache-Control"] = "no-store"
         return response
 
-    for routes in (session, status, config, service, models):
+    for routes in (session, status, config, service, models, peers):
         app.include_router(routes.router)
     return app
 

@@ -107,6 +107,9 @@ def dashboard(csrf: str, unit: str) -> str:
    config file's manager.hub_models allows); then choose it above</label><input id="h-model">
    <p><button type="submit" id="h-fetch">Fetch</button></p></form>
   <table id="hub-pulls"></table></div>
+ <div class="card" id="peers-card" hidden><h2>Other boxes</h2><p class="hint">The boxes
+  of [cluster] behind the router (docs/several-boxes.md) and whether each answers its
+  /health now, checked every 10 s.</p><table id="peers"></table></div>
  <div class="card"><h2>Other vLLM servers on this host</h2><p class="hint">Found by their
   listening ports and /v1/models, whoever started them.</p><table id="detect"></table></div>
 </div>

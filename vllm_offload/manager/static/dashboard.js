@@ -339,6 +339,15 @@ async function pollPulls() {
     pullsRunning = running;
   } catch (e) {}
 }
+async function pollPeers() {
+  try {
+    const r = await api('/api/peers');
+    document.getElementById('peers-card').hidden = !r.peers.length;
+    show('peers', ...r.peers.map(p => el('tr', {},
+      el('td', {}, `${p.name} (${p.url})`), el('td', {}, p.models.join(', ')),
+      el('td', {class: p.state === 'up' ? 'ok' : 'error'}, p.state))));
+  } catch (e) {}
+}
 async function pollDetect() {
   try {
     const r = await api('/api/detect');
@@ -356,6 +365,7 @@ document.getElementById('clear-disk').addEventListener('click', clearDisk);
 document.getElementById('add-model').addEventListener('submit', addModel);
 document.getElementById('hub-pull').addEventListener('submit', fetchHubModel);
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect(); pollPulls();
+pollPeers();
 setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
 setInterval(pollPulls, 2000);
-setInterval(pollDetect, 15000);
+setInterval(pollDetect, 15000); setInterval(pollPeers, 10000);
