@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue #43's load against the switcher's own code (fleet.residency) on a simulated clock:
+"""Issue #43's load against the switcher's own code (box.residency) on a simulated clock:
 two people, one per model, each asking (an answer of ANSWER_S) and reading for THINK_S,
 for 60 s, with one model on the GPU at a time and each switch step as long as measured on
 the H100 (put away 0.44 s, bring in 0.51 s: issue #43). For each min_resident_s: the
@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.test_residency import FakeClock, TimedStandIn
-from vllm_offload.fleet.residency import Residency, ResidencySettings
+from tests.box.test_residency import FakeClock, TimedStandIn
+from vllm_offload.box.residency import Residency, ResidencySettings
 
 ANSWER_S, THINK_S, RUN_S = 0.3, 1.0, 60.0
 TURNS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)

@@ -16,8 +16,8 @@ from tests.conftest import make_host
 from tests.test_argv_check import vllm_reads
 from tests.test_plan_fleet import LLAMA3_8B, write_shape
 from vllm_offload import argv_check
+from vllm_offload.box.prepare import prepare_fleet
 from vllm_offload.config import parse
-from vllm_offload.fleet.prepare import prepare_fleet
 from vllm_offload.hardware import declared
 from vllm_offload.vllm_ext.forwarded_routes import FORWARDED_MARK, MIDDLEWARE, ForwardedOnly
 

@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),
     ("deployment",),
-    ("fleet",),
+    ("box",),
     ("manager", "bench", "cli", "__main__"),
 )
 

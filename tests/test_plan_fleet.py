@@ -133,8 +133,8 @@ def test_a_model_that_cannot_fit_is_named_by_its_entry(tmp_path: Path) -> None:
 def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     """examples/config-two-models.toml on the host it describes (an RTX 4090, 128 GB):
     prepared as `serve` prepares it, no problem, and its figures as the README shows."""
+    from vllm_offload.box.prepare import prepare_fleet
     from vllm_offload.config import load
-    from vllm_offload.fleet.prepare import prepare_fleet
 
     example = load(Path(__file__).parents[1] / "examples/config-two-models.toml")
     data = example.model_dump()

@@ -23,8 +23,8 @@ import pytest
 
 from tests.e2e.server import VLLM_OFFLOAD, server_env
 from vllm_offload.bench.server_process import free_port
+from vllm_offload.box.control import move, read_models
 from vllm_offload.config import DeploymentConfig, parse, save
-from vllm_offload.fleet.control import move, read_models
 from vllm_offload.vllm_client import VllmClient, wait_until
 from vllm_offload.vllm_ext.forwarded_routes import FORWARDED_MARK
 

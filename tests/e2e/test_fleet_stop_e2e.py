@@ -1,7 +1,7 @@
 """Several models, stopped at the worst moment (issue #43): SIGTERM while the default
 model's real vLLM CPU engine is still starting (its weights loaded, its server not up yet)
 must end the front door, the engine and every process under it within the runner's stated
-bound (fleet.runner.STOP_BOUND_S). Before the fix it did not: vLLM went on starting and
+bound (box.runner.STOP_BOUND_S). Before the fix it did not: vLLM went on starting and
 served, and 60 s later every process was still there (the front door gave an engine 120 s
 after SIGTERM)."""
 
@@ -19,9 +19,9 @@ import pytest
 from tests.e2e.server import VLLM_OFFLOAD, server_env
 from tests.e2e.test_fleet_e2e import two_models
 from vllm_offload.bench.server_process import free_port
+from vllm_offload.box.control import read_models
+from vllm_offload.box.runner import STOP_BOUND_S
 from vllm_offload.config import save
-from vllm_offload.fleet.control import read_models
-from vllm_offload.fleet.runner import STOP_BOUND_S
 from vllm_offload.vllm_client import wait_until
 
 pytestmark = pytest.mark.e2e

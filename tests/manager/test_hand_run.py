@@ -13,7 +13,7 @@ import pytest
 
 from tests.manager.conftest import BEARER, TOKEN, Env
 from vllm_offload import config as config_mod
-from vllm_offload.fleet.prepare import control_socket
+from vllm_offload.box.prepare import control_socket
 from vllm_offload.manager import ManagerSettings, create_app
 from vllm_offload.manager.state import Manager
 

@@ -217,7 +217,7 @@ def add_control_options(parser: argparse.ArgumentParser) -> None:
 def control_socket(args: argparse.Namespace) -> tuple[DeploymentConfig, Path]:
     """The config and the control socket of its running front door; ServiceError where none
     is found."""
-    from vllm_offload.fleet.prepare import control_socket as socket_of
+    from vllm_offload.box.prepare import control_socket as socket_of
     from vllm_offload.systemd.control import ServiceError
 
     config, _path = config_mod.load_default(args.config)

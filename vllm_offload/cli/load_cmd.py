@@ -1,14 +1,14 @@
 """`vllm-offload load NAME` / `unload NAME`: bring a model onto the GPU, or put it away,
 by hand, through the running front door's control socket, with the manager's page's rules
-(fleet.control.move_by_hand): a model that must make room puts the least recently used
+(box.control.move_by_hand): a model that must make room puts the least recently used
 one away; a load waits until the model serves (a stopped one starts: minutes)."""
 
 from __future__ import annotations
 
 import argparse
 
+from vllm_offload.box.control import move_by_hand
 from vllm_offload.cli import _common
-from vllm_offload.fleet.control import move_by_hand
 
 ACTIONS = {"load": "bring-in", "unload": "put-away"}
 

@@ -8,9 +8,9 @@ import os
 from typing import Any
 
 from vllm_offload import cluster_router, deployment
+from vllm_offload.box.prepare import prepare_fleet, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.fleet.prepare import prepare_fleet, several, single
 from vllm_offload.plan import render
 from vllm_offload.plan.fleet import fleet_json, render_fleet
 

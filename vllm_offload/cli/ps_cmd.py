@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
+from vllm_offload.box.control import read_models
 from vllm_offload.cli import _common
-from vllm_offload.fleet.control import read_models
 from vllm_offload.hardware import GIB
 from vllm_offload.systemd.control import ServiceError
 

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from vllm_offload import deployment, hub, launch, run_vllm
+from vllm_offload.box.prepare import prepare_fleet, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
-from vllm_offload.fleet.prepare import prepare_fleet, several, single
 from vllm_offload.hardware import HostFacts
 from vllm_offload.plan import render
 from vllm_offload.plan.fleet import render_fleet
@@ -77,7 +77,7 @@ def run_fleet(
     """Several models: plan the set, then serve their front door (engines as children)."""
     import asyncio
 
-    from vllm_offload.fleet.runner import serve_fleet
+    from vllm_offload.box.runner import serve_fleet
 
     prepared = prepare_fleet(config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched)
     print(render_fleet(prepared.fleet), file=sys.stderr)

@@ -18,11 +18,11 @@ from fastapi import Request
 
 from vllm_offload import config as config_mod
 from vllm_offload import deployment, model_facts, vllm_version
+from vllm_offload.box.prepare import PreparedFleet, control_socket, prepare_fleet, several
+from vllm_offload.box.prepare import single as single_config
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import Prepared, model_dir, model_roots
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.fleet.prepare import PreparedFleet, control_socket, prepare_fleet, several
-from vllm_offload.fleet.prepare import single as single_config
 from vllm_offload.hardware import HostFacts, probe
 from vllm_offload.manager import bounded
 from vllm_offload.manager.auth import Sessions

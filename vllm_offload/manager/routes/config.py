@@ -11,10 +11,10 @@ from pydantic import BaseModel
 
 from vllm_offload import config as config_mod
 from vllm_offload import hub
+from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import list_models, model_roots
 from vllm_offload.errors import Refused, StorageFull
-from vllm_offload.fleet.prepare import PreparedFleet
 from vllm_offload.manager import bounded, fence
 from vllm_offload.manager.fence import allowed
 from vllm_offload.manager.reach import server_url

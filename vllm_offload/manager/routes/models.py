@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from vllm_offload.fleet.control import move_by_hand
+from vllm_offload.box.control import move_by_hand
 from vllm_offload.manager.fence import hub_model
 from vllm_offload.manager.state import Manager, manager_of
 

@@ -11,9 +11,9 @@ import psutil
 from fastapi import APIRouter, Depends
 
 from vllm_offload import disk_layout, launch
+from vllm_offload.box.prepare import several
 from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.fleet.prepare import several
 from vllm_offload.manager import reach
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.systemd.control import ServiceError

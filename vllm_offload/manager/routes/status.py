@@ -14,12 +14,12 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import PlainTextResponse
 
 from vllm_offload import disk_layout
+from vllm_offload.box.control import read_models
+from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.config import DeploymentConfig, ManagerSection
 from vllm_offload.config.schema import model_name
 from vllm_offload.deployment import Prepared
 from vllm_offload.errors import Refused, VllmOffloadError
-from vllm_offload.fleet.control import read_models
-from vllm_offload.fleet.prepare import PreparedFleet
 from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error

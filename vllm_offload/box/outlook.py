@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from vllm_offload.fleet.residency import Residency, Slot
+from vllm_offload.box.residency import Residency, Slot
 
 Outlook = dict[str, float | None]
 

@@ -28,10 +28,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from vllm_offload.fleet.engines import EngineProcess, uds_client
-from vllm_offload.fleet.outlook import outlook
-from vllm_offload.fleet.prometheus import merge_expositions
-from vllm_offload.fleet.residency import Busy, Residency, Unavailable
+from vllm_offload.box.engines import EngineProcess, uds_client
+from vllm_offload.box.outlook import outlook
+from vllm_offload.box.prometheus import merge_expositions
+from vllm_offload.box.residency import Busy, Residency, Unavailable
 from vllm_offload.vllm_ext.forwarded_routes import (
     FORWARDED_MARK,
     OPENAI_JSON_ROUTES,

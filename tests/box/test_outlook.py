@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.fleet.test_residency import FakeClock, TimedStandIn, run
-from vllm_offload.fleet.outlook import outlook
-from vllm_offload.fleet.residency import Residency, ResidencySettings
+from tests.box.test_residency import FakeClock, TimedStandIn, run
+from vllm_offload.box.outlook import outlook
+from vllm_offload.box.residency import Residency, ResidencySettings
 
 
 def test_the_turn_and_the_expected_wait() -> None:

@@ -1,6 +1,6 @@
 """`vllm-offload ps`, `load` and `unload` (issue #43), as a person runs them: the console
 script in its own process, against a front door's control socket served by uvicorn, over
-stand-in engine processes (tests/fleet/standin_engine.py)."""
+stand-in engine processes (tests/box/standin_engine.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import uvicorn
 
-from tests.fleet.test_front import run, standin
+from tests.box.test_front import run, standin
+from vllm_offload.box.control import create_control_app
+from vllm_offload.box.front import FrontDoor
+from vllm_offload.box.residency import Event, Residency, ResidencySettings
 from vllm_offload.cli.ps_cmd import COLUMNS
 from vllm_offload.config import parse, save
-from vllm_offload.fleet.control import create_control_app
-from vllm_offload.fleet.front import FrontDoor
-from vllm_offload.fleet.residency import Event, Residency, ResidencySettings
 from vllm_offload.hardware import GIB
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")

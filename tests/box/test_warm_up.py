@@ -8,13 +8,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from tests.box.test_residency import StandIn
 from tests.conftest import make_host
-from tests.fleet.test_residency import StandIn
 from tests.test_plan_fleet import fleet_of, two_models
-from vllm_offload.fleet.front import FrontDoor
-from vllm_offload.fleet.prepare import PreparedFleet
-from vllm_offload.fleet.residency import Residency, ResidencySettings
-from vllm_offload.fleet.runner import warm_up
+from vllm_offload.box.front import FrontDoor
+from vllm_offload.box.prepare import PreparedFleet
+from vllm_offload.box.residency import Residency, ResidencySettings
+from vllm_offload.box.runner import warm_up
 from vllm_offload.hardware import declared
 
 

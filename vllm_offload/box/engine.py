@@ -1,5 +1,5 @@
 """One engine of several models, as the front door starts it:
-``python -m vllm_offload.fleet.engine SPEC.json``. It becomes vLLM's server for the launch
+``python -m vllm_offload.box.engine SPEC.json``. It becomes vLLM's server for the launch
 spec the front door prepared (``run_vllm.run``: the same checks `serve` makes), and it ends
 with the front door, even one killed by SIGKILL: a pidfd watches the parent process (a
 thread's exit would set off PR_SET_PDEATHSIG, and patch 0003 found the same).
@@ -7,7 +7,7 @@ thread's exit would set off PR_SET_PDEATHSIG, and patch 0003 found the same).
 An engine that sleeps starts only where vLLM will load our plugin, which makes the sleep
 backend ours (vllm_ext.sleep's arena, as planned): without it vLLM would warn and fall back
 to its own, which keeps more host RAM than the plan counts (issue #43). It exits 2 saying
-why, before vLLM is imported; `serve` refuses the same in fleet.prepare."""
+why, before vLLM is imported; `serve` refuses the same in box.prepare."""
 
 from __future__ import annotations
 

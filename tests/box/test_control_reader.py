@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_offload.fleet import control
+from vllm_offload.box import control
 from vllm_offload.vllm_client import wait_until
 
 HOSTILE = str(Path(__file__).with_name("hostile_control.py"))

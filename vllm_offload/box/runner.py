@@ -23,15 +23,15 @@ from pathlib import Path
 
 import uvicorn
 
+from vllm_offload.box.control import EVENTS_KEPT, create_control_app
+from vllm_offload.box.engines import STOP_GRACE_S, EngineProcess, EngineSpec
+from vllm_offload.box.front import FrontDoor, create_front_app
+from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
+from vllm_offload.box.residency import Event, Residency, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.fleet.control import EVENTS_KEPT, create_control_app
-from vllm_offload.fleet.engines import STOP_GRACE_S, EngineProcess, EngineSpec
-from vllm_offload.fleet.front import FrontDoor, create_front_app
-from vllm_offload.fleet.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
-from vllm_offload.fleet.residency import Event, Residency, ResidencySettings, Unavailable
 from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan, holds
 
-ENGINE_MODULE = "vllm_offload.fleet.engine"
+ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds
 STOP_BOUND_S = max(SERVER_GRACE_S, STOP_GRACE_S) + 10.0  # and reaping what was killed
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

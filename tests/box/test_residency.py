@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from vllm_offload.fleet.residency import (
+from vllm_offload.box.residency import (
     Busy,
     Event,
     Residency,
@@ -318,7 +318,7 @@ class TimedStandIn:
 
 def test_the_switcher_s_defaults_are_the_config_s() -> None:
     """One home per default (#45): ResidencySettings() is what [residency] says by default."""
+    from vllm_offload.box.runner import settings
     from vllm_offload.config import DeploymentConfig
-    from vllm_offload.fleet.runner import settings
 
     assert settings(DeploymentConfig(), max_resident=1) == ResidencySettings()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import uvicorn
 
-from vllm_offload.fleet.engines import EngineProcess, EngineSpec
-from vllm_offload.fleet.front import FrontDoor, create_front_app
-from vllm_offload.fleet.residency import Residency, ResidencySettings
+from vllm_offload.box.engines import EngineProcess, EngineSpec
+from vllm_offload.box.front import FrontDoor, create_front_app
+from vllm_offload.box.residency import Residency, ResidencySettings
 
 STANDIN = str(Path(__file__).with_name("standin_engine.py"))
 MODELS = ("chat", "coder")

@@ -1,5 +1,5 @@
 """The front door (issue #31) over engine processes: real child processes on unix sockets
-(tests/fleet/standin_engine.py stands in for vLLM, which tests/e2e/test_fleet_e2e.py
+(tests/box/standin_engine.py stands in for vLLM, which tests/e2e/test_fleet_e2e.py
 runs), the switcher, and the app driven through httpx's ASGI transport."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from vllm_offload.fleet.engines import STARTING_GRACE_S, EngineProcess, EngineSpec
-from vllm_offload.fleet.front import FrontDoor, create_front_app
-from vllm_offload.fleet.residency import Residency, ResidencySettings
+from vllm_offload.box.engines import STARTING_GRACE_S, EngineProcess, EngineSpec
+from vllm_offload.box.front import FrontDoor, create_front_app
+from vllm_offload.box.residency import Residency, ResidencySettings
 from vllm_offload.vllm_client import sum_samples
 
 STANDIN = str(Path(__file__).with_name("standin_engine.py"))

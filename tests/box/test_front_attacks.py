@@ -1,7 +1,7 @@
 """The front door against what an attacker sends (issue #37): raw paths that other layers
 would decode or normalise into an engine's development routes, bodies past the cap,
 headers and JSON that used to raise. The real ``create_front_app`` under uvicorn on a
-loopback port (tests/fleet/standin_front.py) over stand-in engines that record every
+loopback port (tests/box/standin_front.py) over stand-in engines that record every
 request reaching them; the real vLLM engines get the same in tests/e2e/test_fleet_e2e.py.
 """
 
@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from vllm_offload.fleet.front import MAX_BODY_BYTES
+from vllm_offload.box.front import MAX_BODY_BYTES
 from vllm_offload.vllm_client import wait_until
 
 STANDIN_FRONT = str(Path(__file__).with_name("standin_front.py"))

@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import make_host
 from tests.test_plan_fleet import two_models
+from vllm_offload.box.prepare import prepare_fleet
 from vllm_offload.config import parse
-from vllm_offload.fleet.prepare import prepare_fleet
 from vllm_offload.hardware import declared
 from vllm_offload.launch import LaunchSpec
 from vllm_offload.vllm_ext import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET, plugin_missing
@@ -69,7 +69,7 @@ def test_the_engine_process_refuses_to_start_without_it(tmp_path: Path) -> None:
     path.write_text(json.dumps(spec.to_json()))
     env = {**os.environ, "VLLM_PLUGINS": "lora_filesystem_resolver"}
     done = subprocess.run(
-        [sys.executable, "-m", "vllm_offload.fleet.engine", str(path)],
+        [sys.executable, "-m", "vllm_offload.box.engine", str(path)],
         env=env,
         capture_output=True,
         text=True,
