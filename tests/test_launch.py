@@ -244,6 +244,31 @@ def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path
     assert spec_for(demo_dir, {}).option("--additional-config") is None
 
 
+def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) -> None:
+    """Issue #41: a pool whose requests can spill gets the plan's scratch in vLLM's
+    additional config and the plugin's FlashAttention (STAGED_PREFILL_ENV); vLLM 0.32.0
+    and kv_offload.staged_prefill = false get neither."""
+    from vllm_offload.vllm_ext.knobs import STAGED_PREFILL_ENV
+
+    small = {
+        "gpu.kv_cache_memory_bytes": 8 << 20,
+        "kv_offload.block_size": 16,
+        "kv_offload.host_extension_gib": 8 / 1024,
+    }
+    spec = spec_for(demo_dir, small, version="0.33.0")
+    assert json.loads(flag(spec, "--additional-config")) == {
+        "kv_host_extension_bytes": 8 << 20,
+        "kv_staging_tokens": 2048,
+    }
+    assert spec.env[STAGED_PREFILL_ENV] == "1"
+    for off in (
+        spec_for(demo_dir, small, version="0.32.0"),
+        spec_for(demo_dir, {**small, "kv_offload.staged_prefill": False}, version="0.33.0"),
+    ):
+        assert json.loads(flag(off, "--additional-config")) == {"kv_host_extension_bytes": 8 << 20}
+        assert STAGED_PREFILL_ENV not in off.env
+
+
 def test_store_threshold_reaches_the_connector(demo_dir: Path) -> None:
     spec = spec_for(demo_dir, {"kv_offload.backend": "native", "kv_offload.store_threshold": 2})
     assert spec.kv_transfer_config is not None

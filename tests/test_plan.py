@@ -177,14 +177,15 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
         "cuda",
     )
     assert (plan.extension.bytes, plan.extension.tokens) == (8 * GIB, 65536)
-    # the staging scratch (two buffers of one layer's spill, 64 KiB a block and layer)
-    # comes out of the 2 GiB: 800 GPU blocks (whole 32-block granules) are left
+    # the staging scratch (one layer of the 65,536-token request, 64 KiB a block and layer:
+    # 256 MiB) comes out of the 2 GiB: 896 GPU blocks (whole 32-block granules) are left
     scratch = plan.extension.staging_scratch_bytes
-    assert plan.gpu.kv_pool_bytes == 2 * GIB - scratch and plan.gpu.kv_pool_blocks == 800
-    assert plan.length.longest_request_tokens == 799 * 16 + 65536
-    # 64k tokens = 8 GiB of KV, 800 blocks of it on the GPU: the rest read every decode step
+    assert scratch == 256 * MIB
+    assert plan.gpu.kv_pool_bytes == 2 * GIB - scratch and plan.gpu.kv_pool_blocks == 896
+    assert plan.length.longest_request_tokens == 895 * 16 + 65536
+    # 64k tokens = 8 GiB of KV, 896 blocks of it on the GPU: the rest read every decode step
     assert plan.extension.spilled_decode_steps_per_s_ceiling == round(
-        plan.costs.h2d_bytes_per_s / (8 * GIB - 800 * 2 * MIB), 2
+        plan.costs.h2d_bytes_per_s / (8 * GIB - 896 * 2 * MIB), 2
     )
     assert any(
         "host extension: 8.00 GiB per GPU = 65,536 tokens" in d for d in plan.notes.decisions
@@ -192,20 +193,21 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)
     assert "(GPU pool + host extension)" in render(plan)
     auto = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
-    assert auto.length.max_model_len == (768 - 1) * 16 + 65536  # 512 MiB for the scratch
+    # the longest request the pool could hold (81,904 tokens) sizes the scratch: 320 MiB
+    assert auto.length.max_model_len == (864 - 1) * 16 + 65536
     # the RAM it takes is the CPU tier's no more
     assert auto.host_ram.tier_room_ram_bytes == plan.host_ram.tier_room_ram_bytes
     plain = make_plan(config_for(model, **capped), facts, make_host(24), "cuda")
     assert plain.host_ram.tier_room_ram_bytes - auto.host_ram.tier_room_ram_bytes == 8 * GIB
 
 
-def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
+def test_the_staging_scratch_holds_one_layer_of_the_longest_request_and_the_pool_gives_it(
     tmp_path: Path, demo_dir: Path
 ) -> None:
-    """Issue #41: with a host extension, the GPU scratch of staged prefill (two buffers of
-    the spilled part of one layer of a max_model_len request) comes out of the GPU pool,
-    the plan shows it, and the request still fits in one staged pass; none without an
-    extension, none when max_model_len fits the GPU part; at most a quarter of the pool."""
+    """Issue #41: with a host extension, the GPU scratch of staged prefill (one layer of a
+    max_model_len request, shared by all layers) comes out of the GPU pool and the plan
+    shows it; none without an extension, with kv_offload.staged_prefill off, or when
+    max_model_len fits the GPU part; at most a quarter of the pool."""
     model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
     facts = model_facts.read(model)
     pool = {"gpu.kv_cache_memory_bytes": 2 * GIB, "kv_offload.block_size": 16}
@@ -213,10 +215,8 @@ def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
     plan = make_plan(config_for(model, **extended), facts, make_host(24), "cuda")
     page = 16 * 4096  # one 16-token block of one layer: K and V, 8 heads x 128, bf16
     ext = plan.extension
-    assert ext.staging_scratch_bytes == 2 * ext.staging_scratch_tokens // 16 * page
+    assert (ext.staging_scratch_tokens, ext.staging_scratch_bytes) == (65536, 4096 * page)
     assert plan.gpu.kv_pool_bytes == 2 * GIB - ext.staging_scratch_bytes
-    gpu_tokens = (plan.gpu.kv_pool_blocks - 1) * 16  # the null block
-    assert 0 <= ext.staging_scratch_tokens - (65536 - gpu_tokens) < 32 * 16  # one granule
     assert "staging_scratch_bytes" in plan.to_json()
     assert (
         f"  staging scratch     {ext.staging_scratch_bytes / GIB:.2f} GiB of GPU memory, "
@@ -230,19 +230,25 @@ def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
         make_host(24),
         "cuda",
     )
-    for none in (plain, short):
+    off = make_plan(
+        config_for(model, **extended, **{"kv_offload.staged_prefill": False}),
+        facts,
+        make_host(24),
+        "cuda",
+    )
+    for none in (plain, short, off):
         assert none.extension.staging_scratch_bytes == 0 and none.gpu.kv_pool_bytes == 2 * GIB
         assert "staging scratch" not in render(none)
-    # a pool that cannot give a whole spill's scratch gives a quarter of itself: 64 MiB =
-    # 512 blocks of 16 tokens in each of two buffers, and the chunks split their passes
+    # a pool that cannot give the whole request's scratch gives a quarter of itself: 64 MiB
+    # = 1,024 blocks of 16 tokens; a longer spilled request reads in place
     small = {**extended, "gpu.kv_cache_memory_bytes": 256 * MIB}
     capped = make_plan(config_for(model, **small), facts, make_host(24), "cuda")
     assert (capped.extension.staging_scratch_bytes, capped.extension.staging_scratch_tokens) == (
         64 * MIB,
-        8192,
+        16384,
     )
-    assert any("stages in several passes" in d for d in capped.notes.decisions)
-    # two layers (the demo model): a quarter of an 8 MiB pool holds no granule's pair
+    assert any("longer than 16,384 tokens reads its host" in d for d in capped.notes.decisions)
+    # two layers (the demo model): a quarter of an 8 MiB pool, 2,048 tokens of one layer
     demo = make_plan(
         config_for(
             demo_dir,
@@ -256,8 +262,7 @@ def test_the_staging_scratch_holds_one_layers_spill_and_the_pool_gives_it(
         make_host(24),
         "cuda",
     )
-    assert demo.extension.staging_scratch_bytes == 0 and demo.gpu.kv_pool_bytes == 8 * MIB
-    assert any("reads its host blocks in place" in d for d in demo.notes.decisions)
+    assert demo.extension.staging_scratch_bytes == 2 * MIB and demo.gpu.kv_pool_bytes == 6 * MIB
 
 
 def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> None:

@@ -28,12 +28,15 @@ from vllm_offload.vllm_ext.knobs import (
     HOST_EXTENSION_KEY,
     LAYERWISE_LOADS_KEY,
     SLEEP_ARENA_ENV,
+    STAGED_PREFILL_ENV,
+    STAGING_TOKENS_KEY,
     SYNC_LOAD_BUDGET_KEY,
 )
 from vllm_offload.vllm_version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
     SERVER_MODULE,
+    has_staged_prefill,
     has_sync_loads,
 )
 
@@ -251,7 +254,11 @@ def build(
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
-        options.add("--additional-config", {HOST_EXTENSION_KEY: plan.extension.bytes})
+        additional = {HOST_EXTENSION_KEY: plan.extension.bytes}
+        if plan.extension.staging_scratch_tokens and has_staged_prefill(vllm_version):
+            additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
+            env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
+        options.add("--additional-config", additional)
     sleeps = engine is not None and engine.sleeps
     kv_config = kv_transfer_config(config, plan, sleeps, has_sync_loads(vllm_version))
     if kv_config is not None:

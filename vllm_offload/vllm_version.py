@@ -41,6 +41,12 @@ def has_sync_loads(version: str) -> bool:
     return version != "0.32.0"
 
 
+def has_staged_prefill(version: str) -> bool:
+    """Whether vllm_ext.staged_attention fits this vLLM's FlashAttention backend (written
+    against 0.33.0's; 0.32.0 GPU hosts read host blocks in place)."""
+    return version != "0.32.0"
+
+
 class VllmNotFound(VllmOffloadError):
     """No vLLM importable from this Python."""
 

@@ -243,10 +243,17 @@ class KvOffloadSection(_Section):
         "request may be longer than the GPU holds (vLLM 0.32.0 and 0.33.0, patch 0006; "
         "NVIDIA GPUs, models whose layers are all full attention). The GPU's blocks are "
         "used first; a request whose KV reaches these blocks reads them over PCIe: every "
-        "decode step "
-        "moves its spilled bytes once, and its prefill reads them many times (minutes for "
-        "tens of thousands of spilled tokens). Not the CPU tier (cpu_tier_gib: prefix "
-        "reuse), which it is taken from first. 0: off.",
+        "decode step moves its spilled bytes once, and its prefill copies them once per "
+        "layer and chunk (staged_prefill). Not the CPU tier (cpu_tier_gib: prefix reuse), "
+        "which it is taken from first. 0: off.",
+    )
+    staged_prefill: bool = Field(
+        True,
+        description="With host_extension_gib: a prefill chunk of a request whose KV reaches "
+        "host RAM copies its context into GPU scratch once per layer (vLLM 0.33.0; the "
+        "scratch, one layer's worth of the longest request, comes out of the GPU pool and "
+        "plan shows it). false: no scratch, the prefill reads host blocks in place once "
+        "per query tile of the kernel (tens of times slower).",
     )
     disk_path: str = Field(
         "",

@@ -12,10 +12,15 @@ PIN_REGISTER_MIN_ENV = "VLLM_PIN_REGISTER_MIN_BYTES"
 # With it set to 1 (the launcher does for engines that sleep), the plugin makes
 # vllm_ext.sleep's backend the one vLLM's sleep mode uses.
 SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
+# With it set to 1 (the launcher does for engines with staged prefill), the plugin puts
+# vllm_ext.staged_attention's backend in the place of vLLM's FlashAttention.
+STAGED_PREFILL_ENV = "VLLM_OFFLOAD_STAGED_PREFILL"
 
 # --additional-config keys.
 # The KV pool's host extension, bytes of host RAM per GPU (kv_host_extension).
 HOST_EXTENSION_KEY = "kv_host_extension_bytes"
+# Staged prefill's GPU scratch, in tokens of one layer (staged_attention; plan/staging.py).
+STAGING_TOKENS_KEY = "kv_staging_tokens"
 
 # The OffloadingConnector's kv_connector_extra_config keys.
 # The CPU tier, bytes over all ranks (vLLM's own key).

@@ -18,6 +18,15 @@ from vllm_offload.vllm_ext.kv_host_extension import MAP_GRANULE
 
 logger = init_logger("vllm.vllm_offload.kv_host_mapping")  # printed as vLLM's own
 
+# Per GPU ordinal, the pool allocated last: (its blocks, the first in host RAM). Staged
+# prefill (staged_attention) reads it: the attention impl sees the pool's views only.
+_SPLITS: dict[int, tuple[int, int]] = {}
+
+
+def pool_split(device: torch.device) -> tuple[int, int] | None:
+    """(blocks, first host block) of the pool on ``device``; None without an extension."""
+    return _SPLITS.get(device.index if device.index is not None else 0)
+
 
 def host_ranges(kv_cache_config: Any) -> list[tuple[int, int]]:
     """Byte ranges of the backing allocation that hold only host blocks (the last
@@ -164,6 +173,8 @@ def allocate(kv_cache_config: Any, size: int, device: torch.device) -> torch.Ten
     _ok(driver.cuMemSetAccess(address, total, [access], 1))
     buf = torch.as_tensor(_Mapping(address, size, total, handles), device=device)
     buf.zero_()
+    first_host = kv_cache_config.num_blocks - kv_cache_config.num_host_blocks
+    _SPLITS[ordinal] = (kv_cache_config.num_blocks, first_host)
     host_bytes = sum(end - start for start, end, on_host in runs if on_host)
     logger.info(
         "KV host extension mapped: %.2f GiB in GPU memory, %.2f GiB pinned in host RAM "

@@ -8,9 +8,12 @@ import logging
 import os
 
 from vllm_offload import amx
-from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
+from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV, STAGED_PREFILL_ENV
 
 logger = logging.getLogger("vllm_offload")
+
+# vLLM's FlashAttention with staged prefill, by module path (imported only where it runs).
+STAGED_BACKEND = "vllm_offload.vllm_ext.staged_attention.StagedFlashAttentionBackend"
 
 
 def register() -> None:
@@ -24,3 +27,7 @@ def register() -> None:
         from vllm_offload.vllm_ext import sleep
 
         sleep.register()
+    if os.environ.get(STAGED_PREFILL_ENV) == "1":  # an engine with a host extension
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.FLASH_ATTN, STAGED_BACKEND)
