@@ -127,15 +127,17 @@ def test_a_step_with_staged_and_in_place_rows_equals_the_pool(
         assert torch.equal(got, expected)
     step = getattr(meta, staged_attention._STEP_ATTR)
     assert [r.staged.row for r in step.rows] == [1]
+    assert step.rows[0].metadata.scheduler_metadata is None  # planned for the whole batch
     assert step.rest is not None and step.rest.seq_lens.tolist() == [100, 0, 150, 340]
     assert Reader.calls == 2 * (1 + 2)  # per layer: the reference, the rest, the staged row
 
 
-def test_a_step_of_one_staged_row_runs_one_kernel_over_the_scratch(
+def test_a_step_of_one_staged_row_runs_one_kernel_over_the_scratch_on_its_schedule(
     impl: staged_attention.StagedFlashAttentionImpl,
 ) -> None:
     torch.manual_seed(1)
     meta = metadata([ROWS[1]])
+    meta.scheduler_metadata = torch.zeros(4, dtype=torch.int32)  # the builder's, for this row
     query = torch.randn(int(meta.num_actual_tokens), HEADS, DIM)
     kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
     expected = reference_forward(
@@ -144,7 +146,9 @@ def test_a_step_of_one_staged_row_runs_one_kernel_over_the_scratch(
     got = torch.full_like(query, float("nan"))
     impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
     assert torch.equal(got, expected)
-    assert getattr(meta, staged_attention._STEP_ATTR).rest is None
+    step = getattr(meta, staged_attention._STEP_ATTR)
+    assert step.rest is None
+    assert step.rows[0].metadata.scheduler_metadata is meta.scheduler_metadata
     assert Reader.calls == 2
 
 

@@ -53,6 +53,7 @@ class _Row:
 
     staged: staged_prefill.StagedRow
     metadata: FlashAttentionMetadata
+    runs: tuple[staged_prefill.CopyRun, ...]
     gather: torch.Tensor | None  # its pool blocks, when copied by one gather
 
 
@@ -134,10 +135,16 @@ def _plan_step(
         rest.seq_lens = meta.seq_lens.clone()
         rest.seq_lens[_tensor(sorted(done), meta.query_start_loc).long()] = 0
         rest.scheduler_metadata = None  # planned for the key counts above
-    return _Step(rows=tuple(_row(meta, row) for row in staged), rest=rest)
+    # A step of this one row: the builder's ahead-of-time schedule is the row's own (the
+    # kernel's split of the work depends on it: the same schedule, the same sums).
+    alone = rest is None and len(staged) == 1
+    schedule = meta.scheduler_metadata if alone else None
+    return _Step(rows=tuple(_row(meta, row, schedule) for row in staged), rest=rest)
 
 
-def _row(meta: FlashAttentionMetadata, row: staged_prefill.StagedRow) -> _Row:
+def _row(
+    meta: FlashAttentionMetadata, row: staged_prefill.StagedRow, schedule: torch.Tensor | None
+) -> _Row:
     own = copy.copy(meta)
     tokens = row.query_end - row.query_start
     own.num_actual_tokens = own.max_query_len = tokens
@@ -145,11 +152,11 @@ def _row(meta: FlashAttentionMetadata, row: staged_prefill.StagedRow) -> _Row:
     own.max_seq_len = row.seq_len
     own.seq_lens = _tensor([row.seq_len], meta.seq_lens)
     own.block_table = _tensor([list(row.scratch_table)], meta.block_table)
-    own.scheduler_metadata = None
-    gather = None
-    if len(row.runs) > MAX_RUNS:
+    own.scheduler_metadata = schedule
+    runs, gather = row.runs, None
+    if len(runs) > MAX_RUNS:
         gather = torch.tensor(row.blocks, dtype=torch.long, device=meta.block_table.device)
-    return _Row(staged=row, metadata=own, gather=gather)
+    return _Row(staged=row, metadata=own, runs=runs, gather=gather)
 
 
 def _copy_row(row: _Row, kv_cache: torch.Tensor, scratch: torch.Tensor) -> None:
@@ -158,7 +165,7 @@ def _copy_row(row: _Row, kv_cache: torch.Tensor, scratch: torch.Tensor) -> None:
         start, count = staged.scratch_start, len(staged.blocks)
         torch.index_select(kv_cache, 0, row.gather, out=scratch[start : start + count])
         return
-    for run in staged.runs:
+    for run in row.runs:
         scratch[run.dst : run.dst + run.count].copy_(kv_cache[run.src : run.src + run.count])
 
 

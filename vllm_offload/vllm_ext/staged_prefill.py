@@ -65,12 +65,16 @@ def copy_runs(pairs: Sequence[tuple[int, int]]) -> tuple[CopyRun, ...]:
     """(src, dst) block copies merged where both sides are consecutive (a long request's
     blocks mostly are: the pool hands them out in order)."""
     runs: list[CopyRun] = []
-    for src, dst in pairs:
-        last = runs[-1] if runs else None
-        if last and src == last.src + last.count and dst == last.dst + last.count:
-            runs[-1] = CopyRun(src=last.src, dst=last.dst, count=last.count + 1)
-        else:
-            runs.append(CopyRun(src=src, dst=dst, count=1))
+    src = dst = count = 0
+    for next_src, next_dst in pairs:
+        if count and next_src == src + count and next_dst == dst + count:
+            count += 1
+            continue
+        if count:
+            runs.append(CopyRun(src=src, dst=dst, count=count))
+        src, dst, count = next_src, next_dst, 1
+    if count:
+        runs.append(CopyRun(src=src, dst=dst, count=count))
     return tuple(runs)
 
 
