@@ -27,7 +27,14 @@ CHUNK = 64 * 1024  # bytes of one offloaded chunk in these tests
 
 
 def disk_facts(path: Path, **changes: Any) -> DiskFacts:
-    facts = DiskFacts(str(path), True, True, "ext4", 1000 * GIB, True)
+    facts = DiskFacts(
+        path=str(path),
+        exists=True,
+        writable=True,
+        filesystem="ext4",
+        total_bytes=1000 * GIB,
+        o_direct=True,
+    )
     return replace(facts, **changes)
 
 

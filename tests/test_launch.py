@@ -366,6 +366,10 @@ def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     parsed = KVTransferConfig(**json.loads(flag(spec, "--kv-transfer-config")))
     assert parsed.kv_connector == "OffloadingConnector"
     assert parsed.kv_connector_extra_config["cpu_bytes_to_use"] == GIB
-    bad = launch.LaunchSpec((), {}, {"kv_connector": "OffloadingConnector", "kv_role": "sideways"})
+    bad = launch.LaunchSpec(
+        args=(),
+        env={},
+        kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "sideways"},
+    )
     with pytest.raises(launch.PreflightError, match="vLLM rejects"):
         run_vllm.validate(bad)

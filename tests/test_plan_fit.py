@@ -215,8 +215,32 @@ def test_plan_prints_its_decisions(tmp_path: Path) -> None:
 
 def test_h2d_speed_follows_the_pcie_link() -> None:
     host = make_host(80)
-    gen5 = replace(host, gpus=(GpuFacts(0, "H100", 80 * GIB, 80 * GIB, 5, 16),))
-    gen3x8 = replace(host, gpus=(GpuFacts(0, "old", 80 * GIB, 80 * GIB, 3, 8),))
+    gen5 = replace(
+        host,
+        gpus=(
+            GpuFacts(
+                index=0,
+                name="H100",
+                total_bytes=80 * GIB,
+                free_bytes=80 * GIB,
+                pcie_generation=5,
+                pcie_width=16,
+            ),
+        ),
+    )
+    gen3x8 = replace(
+        host,
+        gpus=(
+            GpuFacts(
+                index=0,
+                name="old",
+                total_bytes=80 * GIB,
+                free_bytes=80 * GIB,
+                pcie_generation=3,
+                pcie_width=8,
+            ),
+        ),
+    )
     config = with_overrides(
         DeploymentConfig(), {"model.path": str(LLAMA3_70B), "weights_offload.cpu_gib": "auto"}
     )

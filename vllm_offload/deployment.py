@@ -28,7 +28,7 @@ from vllm_offload.plan import Plan, PlanError, Platform, make_plan
 from vllm_offload.vllm_version import API_KEY_ENV, SUPPORTED, InstalledVllm
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     model_dir: Path
     plan: Plan
@@ -174,7 +174,13 @@ def prepare(
     version = vllm.version if vllm is not None else SUPPORTED[0]
     spec = launch.build(config, plan, directory, version, api_key)
     problems += found
-    return Prepared(directory, plan, spec, tuple(problems), (*spec.notes, *notes))
+    return Prepared(
+        model_dir=directory,
+        plan=plan,
+        spec=spec,
+        problems=tuple(problems),
+        notes=(*spec.notes, *notes),
+    )
 
 
 def machine_checks(

@@ -75,7 +75,12 @@ def install(tmp_path: Path, model: Path) -> Deployment:
             )
         )
     )
-    return Deployment(config, root, port, Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root))
+    return Deployment(
+        config,
+        root,
+        port,
+        Systemd(systemctl=(SYSTEMCTL3,), journalctl=(str(BIN / "journalctl3"),), root=root),
+    )
 
 
 @contextmanager

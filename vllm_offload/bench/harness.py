@@ -63,7 +63,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     arms, skipped = available_arms(options.arms)
     facts = model_facts.read(options.model)
     per_token = kv_bytes_per_token(facts, compute_dtype_bytes(facts, "auto"))
-    maker = workloads.PromptMaker(options.token_ids, facts.vocab_size or workloads.TOKEN_HIGH)
+    maker = workloads.PromptMaker(
+        token_ids=options.token_ids, vocab_high=facts.vocab_size or workloads.TOKEN_HIGH
+    )
     steps_per_arm = (
         ("reuse" in options.workloads) * (2 * options.docs + len(options.hit_concurrency))
         + ("chat" in options.workloads) * options.conversations * options.turns
@@ -79,7 +81,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     # The bursts drop the GPU prefix cache through vLLM's dev route.
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if options.hit_concurrency else None
     servers = {
-        arm.label: ServerProcess(arm_args(options, arm), options.out / f"{arm.label}.log", env=env)
+        arm.label: ServerProcess(
+            serve_args=arm_args(options, arm), log_path=options.out / f"{arm.label}.log", env=env
+        )
         for arm in arms
     }
     results: dict[str, Any] = {

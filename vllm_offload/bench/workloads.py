@@ -71,7 +71,7 @@ def complete_alone(base_url: str, prompt: Prompt, max_tokens: int) -> RequestRes
     return complete(client, base_url, prompt, max_tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptMaker:
     token_ids: bool
     vocab_high: int = TOKEN_HIGH

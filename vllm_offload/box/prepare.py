@@ -28,7 +28,7 @@ ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alo
 CONTROL_SOCKET = "control.sock"  # the front door's control routes, for the manager
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PreparedFleet:
     fleet: FleetPlan
     model_dirs: dict[str, Path]
@@ -120,9 +120,17 @@ def prepare_fleet(
     specs = {}
     for i, (name, model) in enumerate(fleet.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
-        engine = EngineLaunch(str(socket), sleeps=model.idle == "sleep")
+        engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
         specs[name] = launch.build(model.config, model.plan, dirs[name], version, None, engine)
-    return PreparedFleet(fleet, dirs, specs, run_dir, api_key, tuple(problems), tuple(notes))
+    return PreparedFleet(
+        fleet=fleet,
+        model_dirs=dirs,
+        specs=specs,
+        runtime_dir=run_dir,
+        api_key=api_key,
+        problems=tuple(problems),
+        notes=tuple(notes),
+    )
 
 
 def socket_of(prepared: PreparedFleet, name: str) -> Path:

@@ -75,6 +75,10 @@ def offload_costs(
             f"~{speed / 1e9:.1f} GB/s ({source}): at most {ceiling:.1f} steps/s, "
             "i.e. tokens/s per request"
         )
-    costs = Costs(speed, source, None if ceiling is None else round(ceiling, 2))
+    costs = Costs(
+        h2d_bytes_per_s=speed,
+        h2d_source=source,
+        decode_steps_per_s_ceiling=None if ceiling is None else round(ceiling, 2),
+    )
     rounded = None if spilled_ceiling is None else round(spilled_ceiling, 2)
     return costs, rounded, Notes(decisions=tuple(decisions))

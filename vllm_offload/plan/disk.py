@@ -17,7 +17,7 @@ from vllm_offload.plan.records import DiskTier, KvLayout, Notes, gib
 DISK_RESERVE_BYTES = 10 * GIB
 DISK_RESERVE_FRACTION = 0.05
 DISK_AUTO_SHARE = 0.5
-NO_DISK_TIER = DiskTier("", "", 0, 0, 0)
+NO_DISK_TIER = DiskTier(path="", root="", bytes=0, tokens=0, reserve_bytes=0)
 
 
 def plan_disk_tier(
@@ -121,4 +121,6 @@ def plan_disk_tier(
     # Each model's files under its own folder: changed weights at the same path (a new
     # fingerprint) never find another model's KV.
     root = str(disk_layout.tier_root(path) / model.fingerprint)
-    return DiskTier(path, root, size, tokens, reserve), notes + Notes(warnings=tuple(warnings))
+    return DiskTier(
+        path=path, root=root, bytes=size, tokens=tokens, reserve_bytes=reserve
+    ), notes + Notes(warnings=tuple(warnings))

@@ -41,7 +41,7 @@ SLEEP_POOLS_BYTES = int(0.6 * GIB)
 MIN_GPU_SHARE = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelPlan:
     name: str
     config: DeploymentConfig  # what its engine runs (its GPU share as the set leaves it)
@@ -51,7 +51,7 @@ class ModelPlan:
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FleetPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
@@ -159,9 +159,11 @@ def plan_fleet(
         view = _view(host, name, alone, tiers, idle, level, together)
         plan = _plan(i, name, engine, facts[name], view, platform, env, disks[name])
         away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
-        planned[name] = ModelPlan(name, engine, facts[name], plan, idle, away)
+        planned[name] = ModelPlan(
+            name=name, config=engine, model=facts[name], plan=plan, idle=idle, away_ram_bytes=away
+        )
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(planned, default, resident, notes)
+    return FleetPlan(models=planned, default=default, max_resident=resident, notes=notes)
 
 
 def _resident(

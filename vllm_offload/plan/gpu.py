@@ -33,7 +33,7 @@ AUTO_OFFLOAD_ROOM_TOKENS = 4096
 Target = tuple[int, int]  # (tokens, requests) the pool must hold at once
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuMemory:
     """Where the weights go and how big the GPU KV pool is, per rank."""
 
@@ -48,7 +48,7 @@ class GpuMemory:
     offloaded_layers: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuBudget:
     """One rank's GPU memory before the KV pool: what vLLM may use, its working memory,
     and the weights (whole decoder layers are what can be offloaded)."""
@@ -157,7 +157,13 @@ def cpu_platform_memory(
         pool = config.gpu.kv_cache_memory_bytes
     else:
         pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
-    return GpuMemory(0, 0, 0, weights_per_rank, pool)
+    return GpuMemory(
+        total_bytes=0,
+        budget_bytes=0,
+        weights_offloaded_bytes=0,
+        weights_gpu_bytes=weights_per_rank,
+        kv_pool_bytes=pool,
+    )
 
 
 def place_weights(
@@ -254,14 +260,14 @@ def place_weights(
             "more weights in host RAM (weights_offload.cpu_gib)",
         )
     memory = GpuMemory(
-        gpu.total_bytes,
-        gpu.budget_bytes,
-        offloaded,
-        weights_gpu,
-        pool,
-        group_size,
-        num_in_group,
-        offloaded_layers,
+        total_bytes=gpu.total_bytes,
+        budget_bytes=gpu.budget_bytes,
+        weights_offloaded_bytes=offloaded,
+        weights_gpu_bytes=weights_gpu,
+        kv_pool_bytes=pool,
+        prefetch_group_size=group_size,
+        prefetch_num_in_group=num_in_group,
+        offloaded_layers=offloaded_layers,
     )
     return memory, notes
 

@@ -77,7 +77,7 @@ def ram_that_holds(offloaded: int, world: int) -> str:
     return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierRoom:
     """The largest CPU tier this host holds, by RAM and by /dev/shm, in bytes: what patched
     vLLM will find when it checks the tier, once its own processes and the offloaded
@@ -93,7 +93,7 @@ class TierRoom:
 
 def tier_room(host: HostFacts, reserve: int, weights_in_ram: int, world_size: int) -> TierRoom:
     ram = host.ram_available_bytes - reserve - weights_in_ram - server_ram_bytes(world_size)
-    return TierRoom(max(0, ram), max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
+    return TierRoom(ram_bytes=max(0, ram), shm_bytes=max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
 
 
 def extension_bytes(
@@ -172,16 +172,16 @@ def size_cpu_tier(
     tier, notes = configured_tier_bytes(config, layout, room)
     blocks = tier // (layout.bytes_per_block * tp) if layout.bytes_per_block else 0
     ram = HostRam(
-        host.ram_total_bytes,
-        host.ram_available_bytes,
-        reserve,
-        host.shm_free_bytes,
-        server_ram_bytes(tp * pp),
-        room.ram_bytes,
-        room.shm_bytes,
+        total_bytes=host.ram_total_bytes,
+        available_bytes=host.ram_available_bytes,
+        reserve_bytes=reserve,
+        shm_free_bytes=host.shm_free_bytes,
+        server_bytes=server_ram_bytes(tp * pp),
+        tier_room_ram_bytes=room.ram_bytes,
+        tier_room_shm_bytes=room.shm_bytes,
     )
     notes += tier_fits(layout, tier, ram, weights_offloaded * tp)
-    return CpuTier(tier, blocks, blocks * layout.block_tokens), ram, notes
+    return CpuTier(bytes=tier, blocks=blocks, tokens=blocks * layout.block_tokens), ram, notes
 
 
 def tier_fits(layout: KvLayout, tier: int, ram: HostRam, weights_in_ram: int) -> Notes:

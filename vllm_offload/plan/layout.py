@@ -88,7 +88,14 @@ def layout_for(
     else:
         chunk = configured
     return KvLayout(
-        backend, reason, block, chunk, cache_dtype, dtype_b, per_token, per_token * block
+        backend=backend,
+        backend_reason=reason,
+        block_tokens=block,
+        chunk_tokens=chunk,
+        cache_dtype=cache_dtype,
+        dtype_bytes=dtype_b,
+        bytes_per_token=per_token,
+        bytes_per_block=per_token * block,
     )
 
 

@@ -28,7 +28,7 @@ ALLOW_LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 HOST_MAP_GRANULE = 2 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolShape:
     """The KV pool in blocks: the GPU part, the host extension after it, the bytes one
     request (and several at once) may use, and the full-length requests it holds."""
@@ -56,14 +56,18 @@ def pool_shape(model: ModelFacts, layout: KvLayout, pool_bytes: int, extension: 
     per_block = layout.bytes_per_block
     gpu_blocks = pool_bytes // per_block if per_block else 0
     if not (extension and per_block):
-        return PoolShape(gpu_blocks, 0, pool_bytes)
+        return PoolShape(gpu_blocks=gpu_blocks, extension_blocks=0, usable_bytes=pool_bytes)
     # As patch 0006 counts them: both parts in whole multiples of the blocks that keep each
     # GPU/host boundary on a 2 MiB mapping granule in every layer's region.
     page = per_block // len(model.layers)
     step = HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
     gpu_blocks = gpu_blocks // step * step
     extension_blocks = extension // per_block // step * step
-    return PoolShape(gpu_blocks, extension_blocks, (gpu_blocks + extension_blocks) * per_block)
+    return PoolShape(
+        gpu_blocks=gpu_blocks,
+        extension_blocks=extension_blocks,
+        usable_bytes=(gpu_blocks + extension_blocks) * per_block,
+    )
 
 
 def fit_lengths(
@@ -107,9 +111,20 @@ def fit_lengths(
     gpu_tokens = int(concurrency * max_len)
     concurrency += shape.extension_blocks / blocks_per_request if blocks_per_request else 0.0
     shape = PoolShape(
-        shape.gpu_blocks, shape.extension_blocks, shape.usable_bytes, concurrency, gpu_tokens
+        gpu_blocks=shape.gpu_blocks,
+        extension_blocks=shape.extension_blocks,
+        usable_bytes=shape.usable_bytes,
+        concurrency=concurrency,
+        gpu_tokens=gpu_tokens,
     )
-    lengths = Lengths(longest, model_max, max_len, source, round(concurrency, 2), requests)
+    lengths = Lengths(
+        longest_request_tokens=longest,
+        model_max_tokens=model_max,
+        max_model_len=max_len,
+        source=source,
+        concurrency_at_full_length=round(concurrency, 2),
+        min_concurrent_requests=requests,
+    )
     return shape, lengths, notes
 
 
