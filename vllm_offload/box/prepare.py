@@ -20,7 +20,7 @@ from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
 from vllm_offload.model_facts import ModelFacts, ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
-from vllm_offload.plan.records import PlanError
+from vllm_offload.plan.records import FleetInputs, PlanError
 from vllm_offload.vllm_ext import plugin_missing
 from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
 
@@ -97,7 +97,17 @@ def prepare_fleet(
         name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
         for name, e in engines.items()
     }
-    fleet = plan_fleet(config, engines, facts, host, platform, dict(environ), disks)
+    fleet = plan_fleet(
+        FleetInputs(
+            config=config,
+            engines=engines,
+            facts=facts,
+            disks=disks,
+            host=host,
+            platform=platform,
+            env=dict(environ),
+        )
+    )
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in fleet.notes.problems
     ]

@@ -2,15 +2,20 @@
 its unit in its name, and the notes the steps left (decisions, warnings, problems).
 
 ``plan_json`` flattens it into the keys `plan --json`, the manager's page and the bench
-read (each field's ``json`` name, in declaration order).
+read (each field's ``json`` name, in declaration order). ``FleetInputs`` is what planning
+several models starts from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import FieldError
+from vllm_offload.hardware import DiskFacts, HostFacts
+from vllm_offload.model_facts import ModelFacts
 
 Platform = Literal["cuda", "cpu"]
 Backend = Literal["native", "lmcache", "none"]
@@ -186,6 +191,21 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return plan_json(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetInputs:
+    """What a set of models is planned from: the whole config, each model's engine config
+    and facts and disk tier's facts (by name, in the file's order), the host, its platform
+    and the server's environment."""
+
+    config: DeploymentConfig
+    engines: Mapping[str, DeploymentConfig]
+    facts: Mapping[str, ModelFacts]
+    disks: Mapping[str, DiskFacts | None]
+    host: HostFacts
+    platform: Platform
+    env: dict[str, str]
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
