@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from tests.test_plan_fleet import two_models
+from tests.plan.test_fleet import two_models
 from vllm_offload.box.prepare import prepare_fleet
 from vllm_offload.config import parse
 from vllm_offload.hardware import declared

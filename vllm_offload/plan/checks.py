@@ -1,6 +1,6 @@
 """Combinations known to fail or to run badly with vLLM 0.32 (or with this host), each
 refused as a problem or warned about, with where it comes from upstream. Each has a test
-(tests/test_plan_fit.py, tests/test_amx.py)."""
+(tests/plan/test_fit.py, tests/test_amx.py)."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     from vllm_offload.box.prepare import prepare_fleet
     from vllm_offload.config import load
 
-    example = load(Path(__file__).parents[1] / "examples/config-two-models.toml")
+    example = load(Path(__file__).parents[2] / "examples/config-two-models.toml")
     data = example.model_dump()
     data["server"]["api_key_file"] = ""
     for entry in data["models"]:

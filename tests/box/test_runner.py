@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.box.test_residency import StandIn
 from tests.conftest import make_host
-from tests.test_plan_fleet import fleet_of, two_models
+from tests.plan.test_fleet import fleet_of, two_models
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.box.residency import Residency, ResidencySettings

@@ -22,7 +22,7 @@ from vllm_offload.hardware import GIB, GpuFacts, declared
 from vllm_offload.launch import build
 from vllm_offload.plan import Plan, PlanError, make_plan, render
 
-LLAMA3_70B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-70b"
+LLAMA3_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 # A Qwen3-Next-like hybrid: three linear-attention layers to every full one.
 HYBRID: dict[str, Any] = dict(
     LLAMA3_8B,
@@ -327,7 +327,7 @@ def test_wsl2_is_explained(tmp_path: Path) -> None:
 def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
     """examples/config-24gb.toml on the host it describes: an RTX 4090 and 128 GB of RAM,
     whose /dev/shm is half of it (Linux's default), so a 64 GiB tier cannot be mapped."""
-    example = load(Path(__file__).parents[1] / "examples/config-24gb.toml")
+    example = load(Path(__file__).parents[2] / "examples/config-24gb.toml")
     model = write_shape(
         tmp_path / "Meta-Llama-3.1-8B-Instruct", dict(LLAMA3_8B, max_position_embeddings=131072)
     )

@@ -22,7 +22,7 @@ from vllm_offload.plan.fleet import FleetPlan, holds, plan_fleet
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import FleetInputs
 
-LLAMA_70B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-70b"
+LLAMA_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 
 
 def test_offloaded_weights_larger_than_the_ram_are_refused(
