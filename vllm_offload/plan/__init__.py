@@ -40,6 +40,7 @@ from vllm_offload.plan.records import (
     Notes,
     Plan,
     PlanError,
+    PlanInputs,
     Platform,
     Weights,
     plan_json,
@@ -71,23 +72,17 @@ def make_plan(
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
     env = env or {}
     tp = config.parallel.tensor_parallel_size
+    asked = PlanInputs(config=config, model=model, host=host, platform=platform, env=env)
     notes = Notes(
         warnings=tuple(f"could not read {what}" for what in model.unknown), unplanned=model.unknown
     )
     notes += past_the_model_limit(config, model, env)
-    layout, step = choose_layout(config, model, host, platform, env)
+    layout, step = choose_layout(asked)
     notes += step
+    # The steps after the layout plan the model as vLLM does with its backend.
     planned = planned_model(model, layout.backend)
-    memory, step = place_weights(
-        config,
-        planned,
-        host,
-        platform,
-        env,
-        layout.dtype_bytes,
-        layout.block_tokens,
-        target(config, planned),
-    )
+    inputs = replace(asked, model=planned)
+    memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
     extension, step = extension_bytes(config, planned, platform)
     notes += step
@@ -96,9 +91,7 @@ def make_plan(
     scratch, step = staging_scratch(config, planned, layout, memory.kv_pool_bytes, staged)
     notes += step
     memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
-    shape, length, step = fit_lengths(
-        config, planned, layout, memory.kv_pool_bytes, extension, platform
-    )
+    shape, length, step = fit_lengths(inputs, layout, memory.kv_pool_bytes, extension)
     notes += step
     tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes, extension)
     notes += step
@@ -112,10 +105,8 @@ def make_plan(
     # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered
     # 4 GiB at full speed under an 8 MiB limit without CAP_IPC_LOCK: benchmarks/results/
     # h200-vllm-0.32.0/host-checks/), so refusing a tier for it would refuse what works.
-    notes += combination_checks(config, model, host, platform, env, layout.backend)
-    costs, spilled_ceiling, step = offload_costs(
-        host, platform, planned, layout, memory, shape, length, extension, tp
-    )
+    notes += combination_checks(asked, layout.backend)
+    costs, spilled_ceiling, step = offload_costs(inputs, layout, memory, shape, length, extension)
     notes += step
     return Plan(
         platform=platform,

@@ -18,7 +18,7 @@ from vllm_offload.plan.host import (
     weights_room_bytes,
 )
 from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
-from vllm_offload.plan.records import Notes, PlanError, Platform, gib
+from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
 
 # GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
 # peak during profiling and CUDA graphs. Measured on an H100 with an 8B shape
@@ -166,22 +166,15 @@ def cpu_platform_memory(
     )
 
 
-def place_weights(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    dtype_b: int,
-    block: int,
-    target: Target,
-) -> tuple[GpuMemory, Notes]:
+def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple[GpuMemory, Notes]:
     """Weights on the GPU or offloaded (as configured, or the fewest that leave a pool for
-    ``target``), then the KV pool from what is left (or as configured); raises PlanError
-    when nothing is left. ``dtype_b``: bytes per KV element."""
+    ``target`` in ``layout``'s blocks and KV dtype), then the KV pool from what is left (or
+    as configured); raises PlanError when nothing is left."""
+    config, model, host = inputs.config, inputs.model, inputs.host
+    dtype_b, block = layout.dtype_bytes, layout.block_tokens
     weight_bytes = served_weight_bytes(config, model)
-    if platform != "cuda":
-        return cpu_platform_memory(config, weight_bytes, env), Notes()
+    if inputs.platform != "cuda":
+        return cpu_platform_memory(config, weight_bytes, inputs.env), Notes()
     tp = config.parallel.tensor_parallel_size
     gpu = gpu_budget(config, model, host, weight_bytes)
     fixed_pool = config.gpu.kv_cache_memory_bytes
@@ -197,7 +190,7 @@ def place_weights(
         if need > 0:
             need += gpu.prefetch_buffer_bytes
         if need > gpu.offloadable_bytes:
-            raise unreachable(config, model, host, weight_bytes, dtype_b, block, target, room)
+            raise unreachable(inputs, layout, weight_bytes, target, room)
         # rounded up to 0.1 GiB, the figure shown
         offloaded = min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes)
         offloaded = max(0, offloaded)
@@ -273,34 +266,25 @@ def place_weights(
 
 
 def reachable_tokens(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    weight_bytes: int,
-    dtype_b: int,
-    block: int,
-    requests: int,
+    inputs: PlanInputs, weight_bytes: int, dtype_b: int, block: int, requests: int
 ) -> int:
     """The longest request of which ``requests`` fit the GPU pool left with every decoder
-    layer's weights offloaded (capped at the model's limit)."""
-    gpu = gpu_budget(config, model, host, weight_bytes)
+    layer's weights offloaded (capped at the model's limit), at ``dtype_b`` bytes per KV
+    element in blocks of ``block`` tokens."""
+    config, model = inputs.config, inputs.model
+    gpu = gpu_budget(config, model, inputs.host, weight_bytes)
     cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
     return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
 
 
 def unreachable(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    weight_bytes: int,
-    dtype_b: int,
-    block: int,
-    target: Target,
-    room: int,
+    inputs: PlanInputs, layout: KvLayout, weight_bytes: int, target: Target, room: int
 ) -> PlanError:
     """Why no weight offload reaches ``target``, the longest length that is reachable, and
     what else would reach further, each with its number."""
+    config, model, host = inputs.config, inputs.model, inputs.host
+    dtype_b, block = layout.dtype_bytes, layout.block_tokens
     tokens, requests = target
     gpu = gpu_budget(config, model, host, weight_bytes)
     if config.gpu.kv_cache_memory_bytes != "auto":
@@ -310,7 +294,7 @@ def unreachable(
             f"in host RAM ({gib(gpu.offloadable_bytes)} per GPU): set it <= "
             f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
         )
-    best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
+    best = reachable_tokens(inputs, weight_bytes, dtype_b, block, requests)
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     offloaded_words = (
         f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
@@ -327,13 +311,15 @@ def unreachable(
     if gpu.ram_bound:
         helps.append(ram_that_holds(need, world) if layers_reach else "more host RAM")
     if dtype_b > 1:
-        fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
+        fp8 = reachable_tokens(inputs, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
     if config.gpu.memory_utilization < 0.95:
         roomier = config.model_copy(
             update={"gpu": config.gpu.model_copy(update={"memory_utilization": 0.95})}
         )
-        more = reachable_tokens(roomier, model, host, weight_bytes, dtype_b, block, requests)
+        more = reachable_tokens(
+            replace(inputs, config=roomier), weight_bytes, dtype_b, block, requests
+        )
         helps.append(f"gpu.memory_utilization = 0.95 ({more:,} tokens)")
     if host.gpus:
         tp = config.parallel.tensor_parallel_size * 2
@@ -341,7 +327,9 @@ def unreachable(
             update={"parallel": config.parallel.model_copy(update={"tensor_parallel_size": tp})}
         )
         twice = replace(host, gpus=tuple(replace(host.gpus[0], index=i) for i in range(tp)))
-        more = reachable_tokens(wider, model, twice, weight_bytes, dtype_b, block, requests)
+        more = reachable_tokens(
+            replace(inputs, config=wider, host=twice), weight_bytes, dtype_b, block, requests
+        )
         helps.append(f"{tp} GPUs (parallel.tensor_parallel_size = {tp}: {more:,} tokens)")
     field_name = "model.max_model_len" if config.model.max_model_len != "auto" else "gpu"
     limit = f"set model.max_model_len <= {best:,}" if best > 0 else "no request length fits at all"

@@ -18,7 +18,7 @@ from vllm_offload.plan.records import (
     Lengths,
     Notes,
     PlanError,
-    Platform,
+    PlanInputs,
 )
 
 # vLLM's switch for a max_model_len past the model's limit (its envs.py).
@@ -71,15 +71,11 @@ def pool_shape(model: ModelFacts, layout: KvLayout, pool_bytes: int, extension: 
 
 
 def fit_lengths(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    layout: KvLayout,
-    pool_bytes: int,
-    extension: int,
-    platform: Platform,
+    inputs: PlanInputs, layout: KvLayout, pool_bytes: int, extension: int
 ) -> tuple[PoolShape, Lengths, Notes]:
     """The longest request, max_model_len and the concurrency at that length; raises
     PlanError (naming the field) when the configured length or concurrency does not fit."""
+    config, model = inputs.config, inputs.model
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp = config.parallel.tensor_parallel_size
     requests = config.gpu.min_concurrent_requests
@@ -96,13 +92,11 @@ def fit_lengths(
     notes = Notes()
     source: Literal["configured", "auto"]
     if configured == "auto":
-        max_len, notes = _auto_length(
-            model, layout, pool_bytes, shape, longest, model_max, tp, requests, bool(extension)
-        )
+        max_len, notes = _auto_length(inputs, layout, pool_bytes, shape, longest, bool(extension))
         source = "auto"
     else:
         max_len, source = configured, "configured"
-        notes = _check_configured(config, model, layout, shape, longest, platform, bool(extension))
+        notes = _check_configured(inputs, layout, shape, longest, bool(extension))
     per_block = layout.bytes_per_block
     blocks_per_request = (
         request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block if per_block else 1
@@ -129,18 +123,19 @@ def fit_lengths(
 
 
 def _auto_length(
-    model: ModelFacts,
+    inputs: PlanInputs,
     layout: KvLayout,
     pool_bytes: int,
     shape: PoolShape,
     longest: int,
-    model_max: int,
-    tp: int,
-    requests: int,
     extended: bool,
 ) -> tuple[int, Notes]:
-    """max_model_len 'auto': the longest the pool holds for ``requests`` at once, capped at
-    the model's limit."""
+    """max_model_len 'auto': the longest the pool holds for gpu.min_concurrent_requests at
+    once (``longest``: for one), capped at the model's limit."""
+    model = inputs.model
+    model_max = model.max_len_limit or longest
+    tp = inputs.config.parallel.tensor_parallel_size
+    requests = inputs.config.gpu.min_concurrent_requests
     block = layout.block_tokens
     max_len = (
         min(model_max, longest)
@@ -168,16 +163,11 @@ def _auto_length(
 
 
 def _check_configured(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    layout: KvLayout,
-    shape: PoolShape,
-    longest: int,
-    platform: Platform,
-    extended: bool,
+    inputs: PlanInputs, layout: KvLayout, shape: PoolShape, longest: int, extended: bool
 ) -> Notes:
     """A configured max_model_len: refused (naming the field) where one request, or
     gpu.min_concurrent_requests of them, do not fit."""
+    config, model, platform = inputs.config, inputs.model, inputs.platform
     max_len = int(config.model.max_model_len)
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp, requests = config.parallel.tensor_parallel_size, config.gpu.min_concurrent_requests

@@ -2,8 +2,8 @@
 its unit in its name, and the notes the steps left (decisions, warnings, problems).
 
 ``plan_json`` flattens it into the keys `plan --json`, the manager's page and the bench
-read (each field's ``json`` name, in declaration order). ``FleetInputs`` is what planning
-several models starts from.
+read (each field's ``json`` name, in declaration order). ``PlanInputs`` is what the steps
+of one model's plan carry, ``FleetInputs`` what planning several models starts from.
 """
 
 from __future__ import annotations
@@ -191,6 +191,18 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return plan_json(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanInputs:
+    """What one model's plan is made from, as each step takes it: the config, the model's
+    facts, the host, its platform and the server's environment."""
+
+    config: DeploymentConfig
+    model: ModelFacts
+    host: HostFacts
+    platform: Platform
+    env: dict[str, str]
 
 
 @dataclass(frozen=True, kw_only=True)
