@@ -26,7 +26,12 @@ from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
 from vllm_offload.plan.gpu import place_weights, served_weight_bytes
 from vllm_offload.plan.host import extension_bytes, size_cpu_tier
-from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token, request_kv_bytes
+from vllm_offload.plan.kv import (
+    KvSizing,
+    compute_dtype_bytes,
+    kv_bytes_per_token,
+    request_kv_bytes,
+)
 from vllm_offload.plan.layout import choose_layout, planned_model
 from vllm_offload.plan.lengths import (
     capacity_warnings,
@@ -95,10 +100,10 @@ def make_plan(
     notes += step
     tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes, extension)
     notes += step
-    request_bytes = (
-        request_kv_bytes(planned, layout.dtype_bytes, length.max_model_len, layout.block_tokens, tp)
-        * tp
+    kv = KvSizing(
+        model=planned, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
     )
+    request_bytes = request_kv_bytes(kv, length.max_model_len) * tp
     disk_tier, step = plan_disk_tier(config, planned, disk, layout, request_bytes)
     notes += step
     notes += capacity_warnings(layout, tier, length, shape, bool(extension))

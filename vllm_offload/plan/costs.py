@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vllm_offload.hardware import HostFacts
 from vllm_offload.plan.gpu import GpuMemory
-from vllm_offload.plan.kv import request_kv_bytes
+from vllm_offload.plan.kv import KvSizing, request_kv_bytes
 from vllm_offload.plan.lengths import PoolShape
 from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, PlanInputs, gib
 
@@ -49,7 +49,10 @@ def offload_costs(
     # The GPU part as aligned for the extension: what a spilled request does not spill.
     gpu_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
     max_len = lengths.max_model_len
-    request = request_kv_bytes(model, layout.dtype_bytes, max_len, layout.block_tokens, tp)
+    kv = KvSizing(
+        model=model, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
+    )
+    request = request_kv_bytes(kv, max_len)
     spilled = max(0, request - gpu_part)
     spilled_ceiling = speed / spilled if extension and spilled and speed else None
     decisions = []

@@ -17,7 +17,7 @@ from vllm_offload.plan.host import (
     weights_ram_refusal,
     weights_room_bytes,
 )
-from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
+from vllm_offload.plan.kv import KvSizing, compute_dtype_bytes, longest_for, pool_bytes_for
 from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
 
 # GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
@@ -184,7 +184,11 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
         room = (
             fixed_pool
             if fixed_pool != "auto"
-            else pool_bytes_for(model, dtype_b, block, tp, tokens, requests)
+            else pool_bytes_for(
+                KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp),
+                tokens,
+                requests,
+            )
         )
         need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
         if need > 0:
@@ -275,7 +279,8 @@ def reachable_tokens(
     gpu = gpu_budget(config, model, inputs.host, weight_bytes)
     cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
-    return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
+    return longest_for(kv, gpu.largest_pool_bytes(), requests, cap)
 
 
 def unreachable(

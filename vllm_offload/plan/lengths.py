@@ -11,7 +11,7 @@ from typing import Literal
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, Target
-from vllm_offload.plan.kv import longest_for, pool_bytes_for, request_kv_bytes
+from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for, request_kv_bytes
 from vllm_offload.plan.records import (
     CpuTier,
     KvLayout,
@@ -79,6 +79,7 @@ def fit_lengths(
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp = config.parallel.tensor_parallel_size
     requests = config.gpu.min_concurrent_requests
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
     shape = pool_shape(model, layout, pool_bytes, extension)
     usable_blocks = max(0, shape.gpu_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
@@ -87,7 +88,7 @@ def fit_lengths(
     configured = config.model.max_model_len
     extended_tokens = (usable_blocks + shape.extension_blocks) * block
     cap = max(extended_tokens, model_limit or 0, configured if configured != "auto" else 0)
-    longest = longest_for(model, dtype_b, block, tp, shape.usable_bytes, 1, cap)
+    longest = longest_for(kv, shape.usable_bytes, 1, cap)
     model_max = model_limit or longest
     notes = Notes()
     source: Literal["configured", "auto"]
@@ -98,9 +99,7 @@ def fit_lengths(
         max_len, source = configured, "configured"
         notes = _check_configured(inputs, layout, shape, longest, bool(extension))
     per_block = layout.bytes_per_block
-    blocks_per_request = (
-        request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block if per_block else 1
-    )
+    blocks_per_request = request_kv_bytes(kv, max_len) // per_block if per_block else 1
     concurrency = shape.gpu_blocks / blocks_per_request if blocks_per_request else 0.0
     gpu_tokens = int(concurrency * max_len)
     concurrency += shape.extension_blocks / blocks_per_request if blocks_per_request else 0.0
@@ -137,12 +136,11 @@ def _auto_length(
     tp = inputs.config.parallel.tensor_parallel_size
     requests = inputs.config.gpu.min_concurrent_requests
     block = layout.block_tokens
+    kv = KvSizing(model=model, dtype_bytes=layout.dtype_bytes, block_tokens=block, tp=tp)
     max_len = (
         min(model_max, longest)
         if requests == 1
-        else longest_for(
-            model, layout.dtype_bytes, block, tp, shape.usable_bytes, requests, model_max
-        )
+        else longest_for(kv, shape.usable_bytes, requests, model_max)
     )
     pool_name = "GPU KV pool and host extension" if extended else "GPU KV pool"
     if max_len <= 0:
@@ -194,11 +192,10 @@ def _check_configured(
                 else ""
             ),
         )
-    if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > shape.usable_bytes:
-        reach = longest_for(model, dtype_b, block, tp, shape.usable_bytes, requests, max_len)
-        request_blocks = -(
-            -request_kv_bytes(model, dtype_b, max_len, block, tp) // layout.bytes_per_block
-        )
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
+    if pool_bytes_for(kv, max_len, requests) > shape.usable_bytes:
+        reach = longest_for(kv, shape.usable_bytes, requests, max_len)
+        request_blocks = -(-request_kv_bytes(kv, max_len) // layout.bytes_per_block)
         usable_blocks = max(0, shape.gpu_blocks - 1)
         raise PlanError(
             "gpu.min_concurrent_requests",

@@ -19,7 +19,7 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.gpu import gpu_overhead_bytes, served_weight_bytes
-from vllm_offload.plan.kv import pool_bytes_for
+from vllm_offload.plan.kv import KvSizing, pool_bytes_for
 from vllm_offload.plan.lengths import target
 from vllm_offload.plan.records import FleetInputs, Notes, Plan, gib
 
@@ -35,9 +35,10 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
     pool = config.gpu.kv_cache_memory_bytes
     if pool == "auto":
         tokens, requests = target(config, model)
-        pool = pool_bytes_for(
-            model, plan.kv.dtype_bytes, plan.kv.block_tokens, tp, tokens, requests
+        kv = KvSizing(
+            model=model, dtype_bytes=plan.kv.dtype_bytes, block_tokens=plan.kv.block_tokens, tp=tp
         )
+        pool = pool_bytes_for(kv, tokens, requests)
     return weights + gpu_overhead_bytes(model) + pool
 
 
