@@ -27,7 +27,7 @@ def spec_for(
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
     host = make_host(gpu_gib)
     plan = make_plan(config, model_facts.read(demo_dir), host, "cuda" if gpu_gib else "cpu")
-    return launch.build(config, plan, demo_dir, version, api_key)
+    return launch.build(config, plan, demo_dir, version, api_key=api_key)
 
 
 def flag(spec: launch.LaunchSpec, name: str) -> str:

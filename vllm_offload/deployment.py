@@ -172,7 +172,7 @@ def prepare(
         config, plan.kv.backend == "lmcache", environ, vllm, allow_unpatched
     )
     version = vllm.version if vllm is not None else SUPPORTED[0]
-    spec = launch.build(config, plan, directory, version, api_key)
+    spec = launch.build(config, plan, directory, version, api_key=api_key)
     problems += found
     return Prepared(
         model_dir=directory,

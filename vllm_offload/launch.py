@@ -206,6 +206,7 @@ def build(
     plan: Plan,
     model_dir: Path,
     vllm_version: str,
+    *,
     api_key: str | None = None,
     engine: EngineLaunch | None = None,
 ) -> LaunchSpec:

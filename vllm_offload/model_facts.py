@@ -268,7 +268,7 @@ def headers_bytes(headers: dict[str, dict[str, Any]]) -> int:
 
 
 def _shape(
-    cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
+    cfg: dict[str, Any], *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
 ) -> weight_estimate.Shape:
     """The parameter counts of config.json, each checked against its range."""
     inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
@@ -364,7 +364,9 @@ def facts_of(
         if isinstance(quant, dict) and scheme is None:
             method = _text(quant, "quant_method", "unknown")
             unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
-        shape = _shape(cfg, num_layers, hidden, heads, kv_heads, head_dim)
+        shape = _shape(
+            cfg, layers=num_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
+        )
         weight_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
         source = "parameter count"
     return ModelFacts(

@@ -131,7 +131,7 @@ def prepare_fleet(
     for i, (name, model) in enumerate(fleet.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
         engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
-        specs[name] = launch.build(model.config, model.plan, dirs[name], version, None, engine)
+        specs[name] = launch.build(model.config, model.plan, dirs[name], version, engine=engine)
     return PreparedFleet(
         fleet=fleet,
         model_dirs=dirs,
