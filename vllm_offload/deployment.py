@@ -134,7 +134,7 @@ def plan_for(
     path = config.kv_offload.disk_path
     disk = hardware.probe_disk(path) if path else None
     facts = facts or model_facts.read(directory)
-    return make_plan(config, facts, host, platform, dict(environ), disk)
+    return make_plan(config, facts, host, platform, env=dict(environ), disk=disk)
 
 
 def prepare(

@@ -263,12 +263,12 @@ def test_expandable_segments_with_the_tier_is_refused(tmp_path: Path) -> None:
     facts, host = model_facts.read(directory), make_host(24)
     env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6,expandable_segments:True"}
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory)})
-    plan = make_plan(config, facts, host, "cuda", env)
+    plan = make_plan(config, facts, host, "cuda", env=env)
     (problem,) = plan.notes.problems
     assert problem["field"] == "PYTORCH_CUDA_ALLOC_CONF" and "#41237" in problem["message"]
     assert "cannot start: PYTORCH_CUDA_ALLOC_CONF" in render(plan)
     without_tier = with_overrides(config, {"kv_offload.backend": "none"})
-    assert make_plan(without_tier, facts, host, "cuda", env).notes.problems == ()
+    assert make_plan(without_tier, facts, host, "cuda", env=env).notes.problems == ()
 
 
 def test_lmcache_on_hybrid_models(tmp_path: Path) -> None:
@@ -317,7 +317,7 @@ def test_wsl2_is_explained(tmp_path: Path) -> None:
     facts, wsl = model_facts.read(directory), replace(make_host(24), wsl=True)
     warnings = make_plan(config, facts, wsl, "cuda").notes.warnings
     assert any("VLLM_WSL2_ENABLE_PIN_MEMORY=1" in w and "pageable" in w for w in warnings)
-    pinned = make_plan(config, facts, wsl, "cuda", {"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
+    pinned = make_plan(config, facts, wsl, "cuda", env={"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
     assert any("half the RAM" in w for w in pinned.notes.warnings)
     assert not any(
         "WSL2" in w for w in make_plan(config, facts, make_host(24), "cuda").notes.warnings

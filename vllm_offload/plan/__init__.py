@@ -71,6 +71,7 @@ def make_plan(
     model: ModelFacts,
     host: HostFacts,
     platform: Platform,
+    *,
     env: dict[str, str] | None = None,
     disk: DiskFacts | None = None,
 ) -> Plan:

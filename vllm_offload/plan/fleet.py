@@ -196,7 +196,7 @@ def _plan(
     others leave it)."""
     model, disk = inputs.facts[name], inputs.disks[name]
     try:
-        return make_plan(config, model, host, inputs.platform, inputs.env, disk)
+        return make_plan(config, model, host, inputs.platform, env=inputs.env, disk=disk)
     except PlanError as exc:
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
