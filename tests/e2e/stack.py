@@ -39,7 +39,7 @@ def answers(url: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Deployment:
     config: Path
     root: Path  # systemctl3's --root
@@ -76,10 +76,10 @@ def install(tmp_path: Path, model: Path) -> Deployment:
         )
     )
     return Deployment(
-        config,
-        root,
-        port,
-        Systemd(systemctl=(SYSTEMCTL3,), journalctl=(str(BIN / "journalctl3"),), root=root),
+        config=config,
+        root=root,
+        server_port=port,
+        systemd=Systemd(systemctl=(SYSTEMCTL3,), journalctl=(str(BIN / "journalctl3"),), root=root),
     )
 
 

@@ -26,7 +26,7 @@ WantedBy=multi-user.target
 """
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Env:
     config_path: Path
     models: Path
@@ -60,7 +60,7 @@ def env(tmp_path: Path, demo_dir: Path) -> Iterator[Env]:
     systemd = Systemd(
         systemctl=(str(BIN / "systemctl3"),), journalctl=(str(BIN / "journalctl3"),), root=root
     )
-    yield Env(config_path, models, root, systemd)
+    yield Env(config_path=config_path, models=models, root=root, systemd=systemd)
     subprocess.run([str(BIN / "systemctl3"), f"--root={root}", "stop", "vllm.service"], timeout=60)
 
 
