@@ -82,7 +82,7 @@ def make_plan(
     notes = Notes(
         warnings=tuple(f"could not read {what}" for what in model.unknown), unplanned=model.unknown
     )
-    notes += past_the_model_limit(config, model, env)
+    notes += past_the_model_limit(asked)
     layout, step = choose_layout(asked)
     notes += step
     # The steps after the layout plan the model as vLLM does with its backend.
@@ -90,7 +90,7 @@ def make_plan(
     inputs = replace(asked, model=planned)
     memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
-    extension, step = extension_bytes(config, planned, platform)
+    extension, step = extension_bytes(inputs)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
     staged = extension if platform == "cuda" else 0
@@ -99,13 +99,13 @@ def make_plan(
     memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
     shape, length, step = fit_lengths(inputs, layout, memory.kv_pool_bytes, extension)
     notes += step
-    tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes, extension)
+    tier, ram, step = size_cpu_tier(inputs, layout, memory.weights_offloaded_bytes, extension)
     notes += step
     kv = KvSizing(
         model=planned, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
     )
     request_bytes = request_kv_bytes(kv, length.max_model_len) * tp
-    disk_tier, step = plan_disk_tier(config, planned, disk, layout, request_bytes)
+    disk_tier, step = plan_disk_tier(inputs, disk, layout, request_bytes)
     notes += step
     notes += capacity_warnings(layout, tier, length, shape, bool(extension))
     # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered

@@ -7,10 +7,8 @@ from __future__ import annotations
 import os
 
 from vllm_offload import disk_layout
-from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.records import DiskTier, KvLayout, Notes, gib
+from vllm_offload.plan.records import DiskTier, KvLayout, Notes, PlanInputs, gib
 
 # The disk tier never lets its filesystem's free space fall below this (the launcher hands
 # it to the tier, which evicts to keep it); 'auto' sizes the tier at half of what is left.
@@ -21,13 +19,10 @@ NO_DISK_TIER = DiskTier(path="", root="", bytes=0, tokens=0, reserve_bytes=0)
 
 
 def plan_disk_tier(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    disk: DiskFacts | None,
-    layout: KvLayout,
-    request_bytes: int,
+    inputs: PlanInputs, disk: DiskFacts | None, layout: KvLayout, request_bytes: int
 ) -> tuple[DiskTier, Notes]:
     """The disk tier as configured, or none (with a problem saying why not)."""
+    config, model = inputs.config, inputs.model
     path = config.kv_offload.disk_path
     if not path:
         return NO_DISK_TIER, Notes()

@@ -139,7 +139,7 @@ def fit_kv_cache_dtype(
     asked = f"{config.gpu.min_concurrent_requests} x {config.model.max_model_len:,} tokens"
     try:
         memory, _ = place_weights(inputs, at_model_dtype, target(config, model))
-        extension, _ = extension_bytes(config, model, platform)
+        extension, _ = extension_bytes(inputs)
         fit_lengths(inputs, at_model_dtype, memory.kv_pool_bytes, extension)
     except PlanError:
         return "fp8", f"at the model's dtype {asked} do not fit the GPU"

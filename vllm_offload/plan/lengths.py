@@ -214,9 +214,10 @@ def long_len_allowed(config: DeploymentConfig, env: dict[str, str]) -> bool:
     return config.model.allow_long_max_model_len or allowed
 
 
-def past_the_model_limit(config: DeploymentConfig, model: ModelFacts, env: dict[str, str]) -> Notes:
+def past_the_model_limit(inputs: PlanInputs) -> Notes:
     """A configured max_model_len past the model's limit: vLLM refuses to start with it
     (config/model.py _get_and_verify_max_len) unless told it is on purpose."""
+    config, model, env = inputs.config, inputs.model, inputs.env
     max_len, limit = config.model.max_model_len, model.max_len_limit
     if max_len == "auto" or not limit or max_len <= limit:
         return Notes()
