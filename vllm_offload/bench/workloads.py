@@ -119,6 +119,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def reuse(
     repeat: Repeat,
+    *,
     docs: int,
     doc_tokens: int,
     settle_s: float = 0.0,
@@ -260,7 +261,7 @@ def hit_burst(
 
 
 def chat(
-    repeat: Repeat, conversations: int, turns: int, turn_tokens: int, output_tokens: int
+    repeat: Repeat, *, conversations: int, turns: int, turn_tokens: int, output_tokens: int
 ) -> dict[str, Any]:
     """Conversations taking turns; each turn's prompt is the whole history so far. The
     assistant's words are stood in for by random tokens of the same length."""
@@ -298,6 +299,7 @@ MAX_RATE = "max"
 
 def sweep(
     repeat: Repeat,
+    *,
     rates: list[Rate],
     seconds: float,
     prompt_tokens: int,
@@ -373,7 +375,7 @@ def sweep(
     return rows
 
 
-def decode(repeat: Repeat, batch: int, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+def decode(repeat: Repeat, *, batch: int, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
     """``batch`` requests at once, decoding ``output_tokens`` each: the decode speed that
     weight offload costs (every step reads the offloaded weights once)."""
     base_url, maker, progress = repeat.base_url, repeat.maker, repeat.progress

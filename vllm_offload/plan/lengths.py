@@ -93,7 +93,9 @@ def fit_lengths(
     notes = Notes()
     source: Literal["configured", "auto"]
     if configured == "auto":
-        max_len, notes = _auto_length(inputs, layout, pool_bytes, shape, longest, bool(extension))
+        max_len, notes = _auto_length(
+            inputs, layout, shape, pool_bytes=pool_bytes, longest=longest, extended=bool(extension)
+        )
         source = "auto"
     else:
         max_len, source = configured, "configured"
@@ -124,8 +126,9 @@ def fit_lengths(
 def _auto_length(
     inputs: PlanInputs,
     layout: KvLayout,
-    pool_bytes: int,
     shape: PoolShape,
+    *,
+    pool_bytes: int,
     longest: int,
     extended: bool,
 ) -> tuple[int, Notes]:
