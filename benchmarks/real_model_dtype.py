@@ -37,8 +37,8 @@ def served(model: Path, arm: str, ids: list[int], scratch: Path) -> dict[str, An
     dtype, extra = ARMS[arm]
     env = dict(os.environ, VLLM_CACHE_ROOT=str(scratch / arm))  # a fresh compile per arm
     server = ServerProcess(
-        ["--model", str(model), "--model-dtype", dtype, "--", *extra],
-        scratch / f"{arm}.log",
+        serve_args=["--model", str(model), "--model-dtype", dtype, "--", *extra],
+        log_path=scratch / f"{arm}.log",
         env=env,
     )
     server.start()

@@ -17,7 +17,14 @@ def make_host(gpu_gib: float | None = None, ram_gib: float = 128, shm_gib: float
     gpus = (
         ()
         if gpu_gib is None
-        else (GpuFacts(0, "test GPU", int(gpu_gib * GIB), int(gpu_gib * GIB)),)
+        else (
+            GpuFacts(
+                index=0,
+                name="test GPU",
+                total_bytes=int(gpu_gib * GIB),
+                free_bytes=int(gpu_gib * GIB),
+            ),
+        )
     )
     return HostFacts(
         gpus=gpus,

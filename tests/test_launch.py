@@ -27,7 +27,7 @@ def spec_for(
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
     host = make_host(gpu_gib)
     plan = make_plan(config, model_facts.read(demo_dir), host, "cuda" if gpu_gib else "cpu")
-    return launch.build(config, plan, demo_dir, version, api_key)
+    return launch.build(config, plan, demo_dir, version, api_key=api_key)
 
 
 def flag(spec: launch.LaunchSpec, name: str) -> str:
@@ -391,6 +391,10 @@ def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     parsed = KVTransferConfig(**json.loads(flag(spec, "--kv-transfer-config")))
     assert parsed.kv_connector == "OffloadingConnector"
     assert parsed.kv_connector_extra_config["cpu_bytes_to_use"] == GIB
-    bad = launch.LaunchSpec((), {}, {"kv_connector": "OffloadingConnector", "kv_role": "sideways"})
+    bad = launch.LaunchSpec(
+        args=(),
+        env={},
+        kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "sideways"},
+    )
     with pytest.raises(launch.PreflightError, match="vLLM rejects"):
         run_vllm.validate(bad)

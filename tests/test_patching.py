@@ -167,7 +167,7 @@ def test_apply_after_pips_reinstall_of_a_patched_vllm(site: Path) -> None:
 
 def test_launcher_refuses_unpatched_vllm(site: Path) -> None:
     version = patching.site_version(site)
-    installed = InstalledVllm(version, "tree", site / "vllm")
+    installed = InstalledVllm(version=version, distribution="tree", package_dir=site / "vllm")
     problem = patch_problem(installed)
     assert problem is not None and "is not patched by vllm-offload" in problem
     patching.apply(site)

@@ -28,7 +28,7 @@ from vllm_offload.plan import Plan, PlanError, Platform, make_plan
 from vllm_offload.vllm_version import API_KEY_ENV, SUPPORTED, InstalledVllm
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     model_dir: Path
     plan: Plan
@@ -134,7 +134,7 @@ def plan_for(
     path = config.kv_offload.disk_path
     disk = hardware.probe_disk(path) if path else None
     facts = facts or model_facts.read(directory)
-    return make_plan(config, facts, host, platform, dict(environ), disk)
+    return make_plan(config, facts, host, platform, env=dict(environ), disk=disk)
 
 
 def prepare(
@@ -172,9 +172,15 @@ def prepare(
         config, plan.kv.backend == "lmcache", environ, vllm, allow_unpatched
     )
     version = vllm.version if vllm is not None else SUPPORTED[0]
-    spec = launch.build(config, plan, directory, version, api_key)
+    spec = launch.build(config, plan, directory, version, api_key=api_key)
     problems += found
-    return Prepared(directory, plan, spec, tuple(problems), (*spec.notes, *notes))
+    return Prepared(
+        model_dir=directory,
+        plan=plan,
+        spec=spec,
+        problems=tuple(problems),
+        notes=(*spec.notes, *notes),
+    )
 
 
 def machine_checks(

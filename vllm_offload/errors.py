@@ -47,7 +47,7 @@ ErrorKind = Literal[
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     exit_code: int
     http_status: int
@@ -55,24 +55,24 @@ class Outcome:
 
 OUTCOMES: dict[ErrorKind, Outcome] = {
     # A bad config value, flag, model directory or request body: fix the input.
-    "input": Outcome(2, 422),
+    "input": Outcome(exit_code=2, http_status=422),
     # Valid, but it cannot start here and now (the host cannot hold the tier, vLLM is not
     # patched, the saved config is unusable): nothing was started or changed.
-    "refused": Outcome(2, 409),
+    "refused": Outcome(exit_code=2, http_status=409),
     # Only an administrator may change it, in the config file (the manager's API may not).
-    "forbidden": Outcome(2, 403),
+    "forbidden": Outcome(exit_code=2, http_status=403),
     # The machine is not as vllm-offload needs it (vLLM missing, its files modified).
-    "environment": Outcome(1, 500),
+    "environment": Outcome(exit_code=1, http_status=500),
     # systemctl or journalctl failed, or the server did not answer in time.
-    "service": Outcome(1, 502),
+    "service": Outcome(exit_code=1, http_status=502),
     # The manager's API: no token (or a wrong one) ...
-    "unauthenticated": Outcome(2, 401),
+    "unauthenticated": Outcome(exit_code=2, http_status=401),
     # ... too many wrong ones from this client ...
-    "throttled": Outcome(2, 429),
+    "throttled": Outcome(exit_code=2, http_status=429),
     # ... a request body over the limit ...
-    "too_large": Outcome(2, 413),
+    "too_large": Outcome(exit_code=2, http_status=413),
     # ... and a save the disk could not take (the old file stays).
-    "storage": Outcome(1, 507),
+    "storage": Outcome(exit_code=1, http_status=507),
 }
 
 

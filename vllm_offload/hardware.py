@@ -29,7 +29,7 @@ GIB = 1 << 30
 SHM_PATH = "/dev/shm"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuFacts:
     index: int
     name: str
@@ -41,7 +41,7 @@ class GpuFacts:
     pcie_width: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostFacts:
     gpus: tuple[GpuFacts, ...]
     ram_total_bytes: int
@@ -172,7 +172,7 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DiskFacts:
     """The disk tier's directory as this host has it."""
 

@@ -57,7 +57,7 @@ SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineLaunch:
     """One engine of several models: it listens on a unix socket only the front door
     reaches, instead of server.host:port, and (sleeps) is put to sleep when away."""
@@ -66,7 +66,7 @@ class EngineLaunch:
     sleeps: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     args: tuple[str, ...]
     env: dict[str, str]
@@ -100,13 +100,13 @@ class LaunchSpec:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchSpec:
         return cls(
-            tuple(data["args"]),
-            dict(data["env"]),
-            data["kv_transfer_config"],
-            tuple(data["notes"]),
-            tuple(data["secret_env"]),
-            dict(data["owned"]),
-            tuple(data["extra_args"]),
+            args=tuple(data["args"]),
+            env=dict(data["env"]),
+            kv_transfer_config=data["kv_transfer_config"],
+            notes=tuple(data["notes"]),
+            secret_env=tuple(data["secret_env"]),
+            owned=dict(data["owned"]),
+            extra_args=tuple(data["extra_args"]),
         )
 
 
@@ -209,6 +209,7 @@ def build(
     plan: Plan,
     model_dir: Path,
     vllm_version: str,
+    *,
     api_key: str | None = None,
     engine: EngineLaunch | None = None,
 ) -> LaunchSpec:
@@ -279,7 +280,13 @@ def build(
         secret = (API_KEY_ENV,)
     extra = tuple(config.extra_args)
     return LaunchSpec(
-        tuple(options.args) + extra, env, kv_config, tuple(notes), secret, options.owned, extra
+        args=tuple(options.args) + extra,
+        env=env,
+        kv_transfer_config=kv_config,
+        notes=tuple(notes),
+        secret_env=secret,
+        owned=options.owned,
+        extra_args=extra,
     )
 
 

@@ -77,7 +77,7 @@ class ModelFactsError(VllmOffloadError):
         super().__init__(message, field="model.path")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerKind:
     """How one decoder layer stores KV per token."""
 
@@ -87,7 +87,7 @@ class LayerKind:
     rope_dim: int = 0  # mla
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     path: str
     architecture: str
@@ -163,7 +163,7 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[tuple[LayerKind,
     unknown: list[str] = []
     if cfg.get("kv_lora_rank"):
         mla = LayerKind(
-            "mla",
+            kind="mla",
             kv_lora_rank=_int(cfg, "kv_lora_rank"),
             rope_dim=_int(cfg, "qk_rope_head_dim", low=0),
         )
@@ -176,25 +176,27 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[tuple[LayerKind,
         kinds: list[LayerKind] = []
         for name in layer_types:
             if name == "full_attention":
-                kinds.append(LayerKind("full"))
+                kinds.append(LayerKind(kind="full"))
             elif name in ("sliding_attention", "chunked_attention") and window is not None:
-                kinds.append(LayerKind("sliding", window=window))
+                kinds.append(LayerKind(kind="sliding", window=window))
             elif name in ("linear_attention", "mamba", "mamba2", "conv", "gated_delta_net"):
-                kinds.append(LayerKind("linear"))
+                kinds.append(LayerKind(kind="linear"))
             else:
                 unknown.append(f"layer type {str(name)[:40]!r} (planned as full attention)")
-                kinds.append(LayerKind("full"))
+                kinds.append(LayerKind(kind="full"))
         return tuple(kinds), unknown
     pattern = _optional_int(cfg, "sliding_window_pattern", 0, MAX_LAYERS)
     if window is not None and pattern > 1:
         # Gemma-2/3 style: every pattern-th layer is global, the rest slide.
         return tuple(
-            LayerKind("full") if (i + 1) % pattern == 0 else LayerKind("sliding", window=window)
+            LayerKind(kind="full")
+            if (i + 1) % pattern == 0
+            else LayerKind(kind="sliding", window=window)
             for i in range(num_layers)
         ), unknown
     if window is not None:
-        return (LayerKind("sliding", window=window),) * num_layers, unknown
-    return (LayerKind("full"),) * num_layers, unknown
+        return (LayerKind(kind="sliding", window=window),) * num_layers, unknown
+    return (LayerKind(kind="full"),) * num_layers, unknown
 
 
 def _json(data: bytes, what: str) -> Any:
@@ -266,7 +268,7 @@ def headers_bytes(headers: dict[str, dict[str, Any]]) -> int:
 
 
 def _shape(
-    cfg: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
+    cfg: dict[str, Any], *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
 ) -> weight_estimate.Shape:
     """The parameter counts of config.json, each checked against its range."""
     inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
@@ -362,7 +364,9 @@ def facts_of(
         if isinstance(quant, dict) and scheme is None:
             method = _text(quant, "quant_method", "unknown")
             unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
-        shape = _shape(cfg, num_layers, hidden, heads, kv_heads, head_dim)
+        shape = _shape(
+            cfg, layers=num_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
+        )
         weight_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
         source = "parameter count"
     return ModelFacts(

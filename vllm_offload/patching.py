@@ -54,7 +54,7 @@ def _apply(text: str, hunks: tuple[Hunk, ...], reverse: bool, path: str) -> str:
         raise PatchError(f"{path}: {exc}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Patch:
     name: str  # its file in the series, e.g. 0001-CPU-block-accounting.patch
     subject: str
@@ -71,10 +71,10 @@ def parse_patch(name: str, text: str) -> Patch:
         if line.startswith("Subject: "):
             subject = line.removeprefix("Subject: ").removeprefix("[PATCH] ")
     reason, _, _diff = rest.partition("\n---\n")
-    return Patch(name, subject, reason.strip(), tuple(parse_diff(text)))
+    return Patch(name=name, subject=subject, reason=reason.strip(), files=tuple(parse_diff(text)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Series:
     version: str
     name: str  # vllm-X.Y.Z
@@ -104,7 +104,7 @@ def load_series(version: str, patches_dir: Traversable = PATCHES_DIR) -> Series:
         if line.strip():
             digest, path = line.split(maxsplit=1)
             pristine[path] = "" if digest == "-" else digest
-    return Series(version, directory.name, patches, pristine)
+    return Series(version=version, name=directory.name, patches=patches, pristine=pristine)
 
 
 def site_version(site: Path) -> str:

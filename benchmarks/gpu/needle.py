@@ -160,7 +160,7 @@ def main() -> None:
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
     servers = {
         name: ServerProcess(
-            [
+            serve_args=[
                 *common,
                 "--gpu-kv-cache-memory-bytes",
                 str(tokens * kv_bytes_per_token),
@@ -168,7 +168,7 @@ def main() -> None:
                 "--",
                 "--enforce-eager",
             ],
-            args.out / f"{name}.log",
+            log_path=args.out / f"{name}.log",
         )
         for name, tokens in pools.items()
     }

@@ -307,7 +307,7 @@ def test_bench_bad_input_exits_2(tmp_path: Path) -> None:
 def test_arm_parse() -> None:
     from vllm_offload.bench.options import Arm
 
-    assert Arm.parse("native") == Arm("native", "native")
+    assert Arm.parse("native") == Arm(label="native", kind="native")
     assert Arm.parse("c256=native --kv-offload-cpu-chunk-tokens 256") == Arm(
-        "c256", "native", ("--kv-offload-cpu-chunk-tokens", "256")
+        label="c256", kind="native", flags=("--kv-offload-cpu-chunk-tokens", "256")
     )

@@ -14,11 +14,13 @@ from vllm_offload.bench.options import Arm, BenchOptions, add_arguments, from_ar
 def parse(*argv: str) -> BenchOptions:
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_arguments(parser)
-    return from_args(parser.parse_args(["--model", "/m", *argv]), [Arm("native", "native")], [])
+    return from_args(
+        parser.parse_args(["--model", "/m", *argv]), [Arm(label="native", kind="native")], []
+    )
 
 
 def test_no_flags_give_the_records_defaults() -> None:
-    assert parse() == BenchOptions(model=Path("/m"), arms=[Arm("native", "native")])
+    assert parse() == BenchOptions(model=Path("/m"), arms=[Arm(label="native", kind="native")])
 
 
 def test_flags_reach_their_fields() -> None:

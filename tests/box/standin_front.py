@@ -37,11 +37,21 @@ async def serve(scratch: Path, api_key: str | None) -> None:
             "--record",
             str(scratch / f"{name}.jsonl"),
         )
-        return EngineProcess(EngineSpec(name, command, dict(os.environ), socket, "sleep"), exited)
+        return EngineProcess(
+            spec=EngineSpec(
+                name=name, command=command, env=dict(os.environ), socket=socket, idle="sleep"
+            ),
+            on_exit=exited,
+        )
 
     engines = {name: engine(name) for name in MODELS}
     residency = Residency(engines, ResidencySettings(min_resident_s=0.2))
-    front = FrontDoor(engines, residency, dict.fromkeys(MODELS, 2048), api_key)
+    front = FrontDoor(
+        engines=engines,
+        residency=residency,
+        max_model_len=dict.fromkeys(MODELS, 2048),
+        api_key=api_key,
+    )
     await residency.bring_in("chat")
     residency.start()
     front.ready = True

@@ -43,7 +43,9 @@ async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
     }
     residency = Residency(engines, ResidencySettings(min_resident_s=60, keep_alive_s=600))
     residency_ref.append(residency)
-    front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096})
+    front = FrontDoor(
+        engines=engines, residency=residency, max_model_len={"chat": 2048, "coder": 4096}
+    )
     events: deque[Event] = deque()
     socket = tmp_path / "control.sock"
     app = create_control_app(front, events, {n: PLANNED for n in engines})

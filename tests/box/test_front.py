@@ -32,7 +32,12 @@ Front = tuple[httpx.AsyncClient, FrontDoor]
 def standin(tmp_path: Path, name: str, exited: Callable[[str, int], None]) -> EngineProcess:
     socket = tmp_path / f"{name}.sock"
     command = (sys.executable, STANDIN, "--uds", str(socket), "--name", name)
-    return EngineProcess(EngineSpec(name, command, dict(os.environ), socket, "sleep"), exited)
+    return EngineProcess(
+        spec=EngineSpec(
+            name=name, command=command, env=dict(os.environ), socket=socket, idle="sleep"
+        ),
+        on_exit=exited,
+    )
 
 
 @asynccontextmanager
@@ -45,7 +50,12 @@ async def front_door(tmp_path: Path, api_key: str | None = None) -> AsyncIterato
     engines = {name: standin(tmp_path, name, exited) for name in ("chat", "coder")}
     residency = Residency(engines, ResidencySettings(min_resident_s=0.2))
     residency_ref.append(residency)
-    front = FrontDoor(engines, residency, {"chat": 2048, "coder": 4096}, api_key)
+    front = FrontDoor(
+        engines=engines,
+        residency=residency,
+        max_model_len={"chat": 2048, "coder": 4096},
+        api_key=api_key,
+    )
     await residency.bring_in("chat")
     residency.start()
     # Real HTTP under uvicorn, as serve runs it: httpx's ASGI transport hands a streamed
@@ -180,8 +190,10 @@ def test_an_engine_s_long_lines_do_not_stop_its_output(tmp_path: Path) -> None:
     async def test() -> None:
         socket = tmp_path / "noisy.sock"
         command = (sys.executable, STANDIN, "--uds", str(socket), "--name", "noisy", "--noisy")
-        spec = EngineSpec("noisy", command, dict(os.environ), socket, "stop")
-        engine = EngineProcess(spec, lambda _name, _code: None)
+        spec = EngineSpec(
+            name="noisy", command=command, env=dict(os.environ), socket=socket, idle="stop"
+        )
+        engine = EngineProcess(spec=spec, on_exit=lambda _name, _code: None)
         try:
             await asyncio.wait_for(engine.start(), 120)
             assert engine.state == "serving"

@@ -30,7 +30,7 @@ KEY = "k-" + "x" * 30
 ANSWER_S = 30.0  # a refusal needs no engine: this is only the bound for a busy box
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Door:
     proc: subprocess.Popen[bytes]
     port: int
@@ -52,7 +52,7 @@ def start_door(scratch: Path, *extra: str) -> Iterator[Door]:
     )
     port_file = scratch / "port"
     wait_until(port_file.exists, 120, "the front door to listen", lambda: proc.poll() is None)
-    yield Door(proc, int(port_file.read_text()), scratch)
+    yield Door(proc=proc, port=int(port_file.read_text()), scratch=scratch)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
 

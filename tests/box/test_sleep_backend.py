@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from tests.test_plan_fleet import two_models
+from tests.plan.test_fleet import two_models
 from vllm_offload.box.prepare import prepare_fleet
 from vllm_offload.config import parse
 from vllm_offload.hardware import declared
@@ -64,7 +64,9 @@ def test_serve_refuses_a_sleeping_set_without_the_registration(
 def test_the_engine_process_refuses_to_start_without_it(tmp_path: Path) -> None:
     """The engine child, as the front door runs it, with our plugin left out of the ones
     vLLM loads: exit 2 naming why, before vLLM is imported."""
-    spec = LaunchSpec(("--model=/nonexistent",), {SLEEP_ARENA_ENV: "1"}, None)
+    spec = LaunchSpec(
+        args=("--model=/nonexistent",), env={SLEEP_ARENA_ENV: "1"}, kv_transfer_config=None
+    )
     path = tmp_path / "0.json"
     path.write_text(json.dumps(spec.to_json()))
     env = {**os.environ, "VLLM_PLUGINS": "lora_filesystem_resolver"}

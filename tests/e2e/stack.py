@@ -39,7 +39,7 @@ def answers(url: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Deployment:
     config: Path
     root: Path  # systemctl3's --root
@@ -75,7 +75,12 @@ def install(tmp_path: Path, model: Path) -> Deployment:
             )
         )
     )
-    return Deployment(config, root, port, Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root))
+    return Deployment(
+        config=config,
+        root=root,
+        server_port=port,
+        systemd=Systemd(systemctl=(SYSTEMCTL3,), journalctl=(str(BIN / "journalctl3"),), root=root),
+    )
 
 
 @contextmanager

@@ -39,7 +39,7 @@ def start_limit_in_service_section(unit_file: Path) -> None:
     unit_file.write_text(text.replace("[Service]\n", "[Service]\n" + "\n".join(keys) + "\n", 1))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Stack:
     manager_url: str
     model_dir: Path
@@ -62,7 +62,12 @@ def supervised(tmp_path: Path) -> Iterator[Stack]:
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
             wait_server(deployment.server_port)
-            yield Stack(url, model, deployment.systemd, deployment.config)
+            yield Stack(
+                manager_url=url,
+                model_dir=model,
+                systemd=deployment.systemd,
+                config=deployment.config,
+            )
     finally:
         subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
         os.killpg(init.pid, signal.SIGTERM)

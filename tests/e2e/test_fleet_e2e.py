@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 START_S = 600  # two engines' starts on a busy 2-core box
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Front:
     proc: subprocess.Popen[bytes]
     url: str
@@ -80,7 +80,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     except (RuntimeError, TimeoutError) as exc:
         proc.kill()
         raise RuntimeError(f"{exc}:\n{log.read_text(errors='replace')[-6000:]}") from None
-    yield Front(proc, url, scratch / "run" / "control.sock", log)
+    yield Front(proc=proc, url=url, control=scratch / "run" / "control.sock", log=log)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=180)
 

@@ -103,8 +103,10 @@ def test_bring_in_reaches_a_fleet_started_by_hand(tmp_path: Path) -> None:
             )
         )
     )
-    systemd = Systemd((stack.SYSTEMCTL3,), (str(stack.BIN / "journalctl3"),), root)
-    deployment = stack.Deployment(config, root, port, systemd)
+    systemd = Systemd(
+        systemctl=(stack.SYSTEMCTL3,), journalctl=(str(stack.BIN / "journalctl3"),), root=root
+    )
+    deployment = stack.Deployment(config=config, root=root, server_port=port, systemd=systemd)
     log = tmp_path / "front.log"
     with log.open("wb") as out:
         front = subprocess.Popen(

@@ -34,7 +34,7 @@ START_S = 600  # two boxes' engines starting at once on a busy 2-core box
 KEY = "router-e2e-key"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Box:
     name: str
     config: Path
@@ -83,7 +83,7 @@ class Box:
             return server.metrics([GPU_PREFIX_HITS]).get(GPU_PREFIX_HITS, 0.0)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Cluster:
     a: Box
     b: Box
@@ -168,7 +168,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         home = scratch / name
         home.mkdir()
         port = free_port()
-        boxes.append(Box(name, box_config(home, port, key_file, models), port, home))
+        boxes.append(
+            Box(name=name, config=box_config(home, port, key_file, models), port=port, scratch=home)
+        )
     a, b = boxes
     log = scratch / "router.log"
     router: subprocess.Popen[bytes] | None = None
@@ -188,7 +190,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        found = Cluster(a, b, router, f"http://127.0.0.1:{section.router_port}", log)
+        found = Cluster(
+            a=a, b=b, router=router, url=f"http://127.0.0.1:{section.router_port}", log=log
+        )
         alive = router.poll
         wait_until(lambda: alive() is None and answers(found), 120, "the router")
         everyone = dict.fromkeys(every_worker(a, b), True)

@@ -70,7 +70,7 @@ def installed(tmp_path: Path, demo_dir: Path) -> Iterator[tuple[Systemd, int, Pa
             )
         )
     )
-    systemd = Systemd((SYSTEMCTL3,), (str(BIN / "journalctl3"),), root)
+    systemd = Systemd(systemctl=(SYSTEMCTL3,), journalctl=(str(BIN / "journalctl3"),), root=root)
     yield systemd, port, root
     subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
 

@@ -26,7 +26,7 @@ WantedBy=multi-user.target
 """
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Env:
     config_path: Path
     models: Path
@@ -57,14 +57,18 @@ def env(tmp_path: Path, demo_dir: Path) -> Iterator[Env]:
     root = tmp_path / "a" / "b" / "root"
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/vllm.service").write_text(UNIT)
-    systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
-    yield Env(config_path, models, root, systemd)
+    systemd = Systemd(
+        systemctl=(str(BIN / "systemctl3"),), journalctl=(str(BIN / "journalctl3"),), root=root
+    )
+    yield Env(config_path=config_path, models=models, root=root, systemd=systemd)
     subprocess.run([str(BIN / "systemctl3"), f"--root={root}", "stop", "vllm.service"], timeout=60)
 
 
 @pytest.fixture
 async def client(env: Env) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
+    app = create_app(
+        ManagerSettings(config_path=env.config_path, token=TOKEN, unit="vllm", systemd=env.systemd)
+    )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
         yield c

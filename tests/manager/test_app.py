@@ -530,7 +530,9 @@ def test_temp_files_a_killed_save_left_are_swept_at_start(env: Env) -> None:
 
     leftover = env.config_path.parent / f".{env.config_path.name}.k1ll3d"
     leftover.write_text("half a config")
-    create_app(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
+    create_app(
+        ManagerSettings(config_path=env.config_path, token=TOKEN, unit="vllm", systemd=env.systemd)
+    )
     assert not leftover.exists() and env.config_path.exists()
 
 

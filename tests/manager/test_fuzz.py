@@ -49,10 +49,12 @@ _root = _scratch / "a" / "b" / "root"
 (_root / "etc/systemd/system/vllm.service").write_text(UNIT)
 APP = create_app(
     ManagerSettings(
-        CONFIG,
-        TOKEN,
-        "vllm",
-        Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), _root),
+        config_path=CONFIG,
+        token=TOKEN,
+        unit="vllm",
+        systemd=Systemd(
+            systemctl=(str(BIN / "systemctl3"),), journalctl=(str(BIN / "journalctl3"),), root=_root
+        ),
     )
 )
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)

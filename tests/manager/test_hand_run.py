@@ -21,7 +21,13 @@ pytestmark = pytest.mark.anyio
 
 
 async def login_page(env: Env, token_file: Path | None) -> str:
-    settings = ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd, token_file=token_file)
+    settings = ManagerSettings(
+        config_path=env.config_path,
+        token=TOKEN,
+        unit="vllm",
+        systemd=env.systemd,
+        token_file=token_file,
+    )
     transport = httpx.ASGITransport(app=create_app(settings))
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         return (await client.get("/login")).text
@@ -36,7 +42,9 @@ async def test_the_login_page_says_where_the_token_is(env: Env, tmp_path: Path) 
 
 
 def test_the_control_socket_is_found_where_a_hand_run_serve_keeps_it(env: Env) -> None:
-    manager = Manager(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
+    manager = Manager(
+        ManagerSettings(config_path=env.config_path, token=TOKEN, unit="vllm", systemd=env.systemd)
+    )
     config = config_mod.load(env.config_path)
     # The unit is down: a `serve` this user ran keeps it where runtime_dir finds it.
     assert manager.control_socket(config) == control_socket(config, os.environ)

@@ -12,7 +12,7 @@ def test_memory_stays_flat_once_the_history_is_full() -> None:
     # Traced from the start, so the samples the full ring drops count as freed.
     tracemalloc.start()
     try:
-        sampler = Sampler("http://127.0.0.1:1")  # nothing listens: host samples only
+        sampler = Sampler(server_url="http://127.0.0.1:1")  # nothing listens: host samples only
         for _ in range(HISTORY_S):
             sampler.sample_once()
         gc.collect()

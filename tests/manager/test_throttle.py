@@ -25,7 +25,9 @@ ORIGIN = {"Origin": "http://testserver"}
 
 @pytest.fixture
 async def app(env: Env) -> AsyncIterator[object]:
-    yield create_app(ManagerSettings(env.config_path, TOKEN, "vllm", env.systemd))
+    yield create_app(
+        ManagerSettings(config_path=env.config_path, token=TOKEN, unit="vllm", systemd=env.systemd)
+    )
 
 
 def client_at(app: object, address: str) -> httpx.AsyncClient:

@@ -59,7 +59,13 @@ def test_the_start_limit_is_shown_over_the_crash_loop() -> None:
 
 def test_health_of_a_unit_the_service_manager_gave_up_on() -> None:
     def unit(active: str, result: str = "") -> ServiceStatus:
-        return ServiceStatus("vllm", active, "dead", 42 if active == "active" else None, result)
+        return ServiceStatus(
+            unit="vllm",
+            active_state=active,
+            sub_state="dead",
+            main_pid=42 if active == "active" else None,
+            result=result,
+        )
 
     assert health_of(unit("failed", "start-limit-hit"), answers=False) == "start-limit"
     assert health_of(unit("error"), answers=False) == "start-limit"  # systemctl3's word
@@ -121,9 +127,9 @@ def test_any_number_of_readers_cost_one_systemctl_call(tmp_path: Path) -> None:
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/vllm.service").write_text(UNIT)
     monitor = UnitMonitor(
-        Systemd((str(counting),), ("journalctl3",), root),
-        "vllm",
-        Sampler("http://127.0.0.1:1"),
+        systemd=Systemd(systemctl=(str(counting),), journalctl=("journalctl3",), root=root),
+        unit="vllm",
+        sampler=Sampler(server_url="http://127.0.0.1:1"),
         interval_s=60,
     )
     with ThreadPoolExecutor(20) as pool:
@@ -156,11 +162,18 @@ def test_the_monitor_survives_any_failure_and_says_when_it_hangs(
                 raise failure
             if hang.is_set():
                 release.wait(120)
-            return ServiceStatus(unit, "inactive", "dead", None)
+            return ServiceStatus(
+                unit=unit, active_state="inactive", sub_state="dead", main_pid=None
+            )
 
     # Stale after 5 s: a busy box may hold a 0.05 s loop back a while, never 5 s.
     monkeypatch.setattr(unit_monitor, "MONITOR_STALE_S", 5.0)
-    monitor = UnitMonitor(Flaky(), "vllm", Sampler("http://127.0.0.1:1"), interval_s=0.05)
+    monitor = UnitMonitor(
+        systemd=Flaky(),
+        unit="vllm",
+        sampler=Sampler(server_url="http://127.0.0.1:1"),
+        interval_s=0.05,
+    )
     assert not monitor.stopped  # not started: nothing to report
     monitor.start()
     try:

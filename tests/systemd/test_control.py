@@ -21,7 +21,9 @@ def test_a_start_by_hand_resets_a_failed_unit_and_starts_it(tmp_path: Path) -> N
         "[Unit]\nDescription=fails until the file exists\n[Service]\n"
         f"ExecStart=/bin/sh -c 'test -e {ready} && exec sleep 600'\n"
     )
-    systemd = Systemd((str(BIN / "systemctl3"),), (str(BIN / "journalctl3"),), root)
+    systemd = Systemd(
+        systemctl=(str(BIN / "systemctl3"),), journalctl=(str(BIN / "journalctl3"),), root=root
+    )
     with pytest.raises(ServiceError, match=r"systemctl start vllm\.service failed"):
         systemd.start("vllm")
     wait_until(lambda: systemd.status("vllm").active_state == "failed", 60, "the failed state")
@@ -46,5 +48,5 @@ def test_a_service_manager_that_does_not_answer_is_a_service_error(
     hung.chmod(0o755)
     monkeypatch.setattr(service, "TIMEOUT_S", 1)
     with pytest.raises(ServiceError, match="did not answer in 1 s") as info:
-        Systemd((str(hung),), (str(hung),)).restart("vllm")
+        Systemd(systemctl=(str(hung),), journalctl=(str(hung),)).restart("vllm")
     assert info.value.exit_code == 1 and info.value.http_status == 502

@@ -173,7 +173,7 @@ class RecordingStream:
         self.waited.append(event)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Worker:
     """The connector's worker side over the demo model's real KV tensors, its copies
     recorded: each load job copies the tensors in ``copied[job]`` (default: all)."""
@@ -262,7 +262,7 @@ def worker(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Worker:
     }
     connector.register_kv_caches(kv_caches)
     assert recorder[0].events_on and recorder[0].num_tensors == 2
-    return Worker(connector, stream, loads, copied, finished)
+    return Worker(connector=connector, stream=stream, loads=loads, copied=copied, finished=finished)
 
 
 def test_each_attention_layer_waits_for_its_own_copy(worker: Worker) -> None:

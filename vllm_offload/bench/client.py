@@ -12,7 +12,7 @@ import httpx
 Prompt = str | list[int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestResult:
     ok: bool
     ttft_s: float | None
@@ -54,11 +54,11 @@ def complete(
             if response.status_code != 200:
                 detail = response.read().decode(errors="replace")[:300]
                 return RequestResult(
-                    False,
-                    None,
-                    time.perf_counter() - began,
-                    0,
-                    f"HTTP {response.status_code}: {detail}",
+                    ok=False,
+                    ttft_s=None,
+                    latency_s=time.perf_counter() - began,
+                    output_tokens=0,
+                    error=f"HTTP {response.status_code}: {detail}",
                 )
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -69,5 +69,13 @@ def complete(
                 if chunk.get("usage"):
                     tokens = int(chunk["usage"]["completion_tokens"])
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return RequestResult(False, ttft, time.perf_counter() - began, tokens, repr(exc))
-    return RequestResult(True, ttft, time.perf_counter() - began, tokens)
+        return RequestResult(
+            ok=False,
+            ttft_s=ttft,
+            latency_s=time.perf_counter() - began,
+            output_tokens=tokens,
+            error=repr(exc),
+        )
+    return RequestResult(
+        ok=True, ttft_s=ttft, latency_s=time.perf_counter() - began, output_tokens=tokens
+    )

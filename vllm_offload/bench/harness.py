@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     arms, skipped = available_arms(options.arms)
     facts = model_facts.read(options.model)
     per_token = kv_bytes_per_token(facts, compute_dtype_bytes(facts, "auto"))
-    maker = workloads.PromptMaker(options.token_ids, facts.vocab_size or workloads.TOKEN_HIGH)
+    maker = workloads.PromptMaker(
+        token_ids=options.token_ids, vocab_high=facts.vocab_size or workloads.TOKEN_HIGH
+    )
     steps_per_arm = (
         ("reuse" in options.workloads) * (2 * options.docs + len(options.hit_concurrency))
         + ("chat" in options.workloads) * options.conversations * options.turns
@@ -79,7 +80,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     # The bursts drop the GPU prefix cache through vLLM's dev route.
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if options.hit_concurrency else None
     servers = {
-        arm.label: ServerProcess(arm_args(options, arm), options.out / f"{arm.label}.log", env=env)
+        arm.label: ServerProcess(
+            serve_args=arm_args(options, arm), log_path=options.out / f"{arm.label}.log", env=env
+        )
         for arm in arms
     }
     results: dict[str, Any] = {
@@ -110,7 +113,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 url = servers[arm].base_url
                 run_result: dict[str, Any] = {"repeat": repeat, "started": time.time()}
                 try:
-                    run_workloads(options, maker, url, repeat, tick, run_result)
+                    turn = workloads.Repeat(base_url=url, maker=maker, seed=repeat, progress=tick)
+                    run_workloads(options, turn, run_result)
                 except httpx.HTTPError as exc:
                     # Its server stopped answering (an engine that died): that arm ends
                     # here with what it measured, the others go on.
@@ -140,57 +144,40 @@ def failure(server: ServerProcess, repeat: int, exc: httpx.HTTPError) -> str:
 
 
 def run_workloads(
-    options: BenchOptions,
-    maker: workloads.PromptMaker,
-    url: str,
-    repeat: int,
-    tick: Callable[[], None],
-    run_result: dict[str, Any],
+    options: BenchOptions, repeat: workloads.Repeat, run_result: dict[str, Any]
 ) -> None:
     """One arm's turn in one repeat: each chosen workload, into ``run_result``."""
     if "reuse" in options.workloads:
         run_result["reuse"] = workloads.reuse(
-            url,
-            maker,
-            options.docs,
-            options.doc_tokens,
             repeat,
-            tick,
-            options.settle_s,
-            tuple(options.hit_concurrency),
+            docs=options.docs,
+            doc_tokens=options.doc_tokens,
+            settle_s=options.settle_s,
+            hit_concurrency=tuple(options.hit_concurrency),
         )
     if "chat" in options.workloads:
         run_result["chat"] = workloads.chat(
-            url,
-            maker,
-            options.conversations,
-            options.turns,
-            options.turn_tokens,
-            options.output_tokens,
             repeat,
-            tick,
+            conversations=options.conversations,
+            turns=options.turns,
+            turn_tokens=options.turn_tokens,
+            output_tokens=options.output_tokens,
         )
     if "sweep" in options.workloads:
         run_result["sweep"] = workloads.sweep(
-            url,
-            maker,
-            options.rates,
-            options.rate_seconds,
-            options.prompt_tokens,
-            options.output_tokens,
             repeat,
-            tick,
-            options.max_concurrency,
+            rates=options.rates,
+            seconds=options.rate_seconds,
+            prompt_tokens=options.prompt_tokens,
+            output_tokens=options.output_tokens,
+            max_concurrency=options.max_concurrency,
         )
     if "decode" in options.workloads:
         run_result["decode"] = workloads.decode(
-            url,
-            maker,
-            options.decode_batch,
-            options.prompt_tokens,
-            options.output_tokens,
             repeat,
-            tick,
+            batch=options.decode_batch,
+            prompt_tokens=options.prompt_tokens,
+            output_tokens=options.output_tokens,
         )
 
 

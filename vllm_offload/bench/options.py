@@ -19,7 +19,7 @@ WORKLOADS = ("reuse", "chat", "sweep", "decode", "memory")
 DEFAULT_WORKLOADS = ("reuse", "chat", "sweep", "memory")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Arm:
     """One server under test: a label, its KV tier kind and more `serve` flags (after
     a `--` among them: more vLLM arguments)."""
@@ -42,7 +42,7 @@ class Arm:
         label = label.strip() if sep else words[0]
         if not label.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"{text!r}: the label may hold letters, digits, '-' and '_'")
-        return cls(label, words[0], tuple(words[1:]))
+        return cls(label=label, kind=words[0], flags=tuple(words[1:]))
 
 
 def rates(text: str) -> list[Rate]:
@@ -95,12 +95,15 @@ def cli(
     return {"help": help, "parse": parse, "low": low, "flag": flag, "metavar": metavar}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BenchOptions:
     model: Path = field(metadata=cli("HF model directory", parse=Path))
     out: Path = field(default=Path("bench-results"), metadata=cli("where results go"))
     arms: list[Arm] = field(  # from --arms and --arm together (bench_cmd)
-        default_factory=lambda: [Arm("baseline", "baseline"), Arm("native", "native")]
+        default_factory=lambda: [
+            Arm(label="baseline", kind="baseline"),
+            Arm(label="native", kind="native"),
+        ]
     )
     workloads: list[str] = field(
         default_factory=lambda: list(DEFAULT_WORKLOADS),

@@ -47,7 +47,7 @@ def scan_log(text: str) -> dict[str, float | None]:
     return found
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServerProcess:
     serve_args: list[str]  # vllm-offload serve flags, then "--", then vLLM's own
     log_path: Path

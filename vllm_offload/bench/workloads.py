@@ -71,7 +71,7 @@ def complete_alone(base_url: str, prompt: Prompt, max_tokens: int) -> RequestRes
     return complete(client, base_url, prompt, max_tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptMaker:
     token_ids: bool
     vocab_high: int = TOKEN_HIGH
@@ -87,6 +87,17 @@ class PromptMaker:
         if isinstance(a, list) and isinstance(b, list):
             return a + b
         return f"{a} {b}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Repeat:
+    """One arm's part of one repeat, as every workload drives it: its server's URL, the
+    prompt maker, the seed (the repeat's number) and the progress bar's tick."""
+
+    base_url: str
+    maker: PromptMaker
+    seed: int
+    progress: Callable[[], None]
 
 
 def mean_or_none(values: list[float | None]) -> float | None:
@@ -107,12 +118,10 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def reuse(
-    base_url: str,
-    maker: PromptMaker,
+    repeat: Repeat,
+    *,
     docs: int,
     doc_tokens: int,
-    seed: int,
-    progress: Callable[[], None],
     settle_s: float = 0.0,
     hit_concurrency: tuple[int, ...] = (),
 ) -> dict[str, Any]:
@@ -122,7 +131,8 @@ def reuse(
     times one request alone. Then a ``hit_burst`` for each of ``hit_concurrency``: that
     many CPU hits at once (the server needs VLLM_SERVER_DEV_MODE=1, and a GPU pool that
     holds that many documents)."""
-    rng = random.Random(seed)
+    base_url, maker, progress = repeat.base_url, repeat.maker, repeat.progress
+    rng = random.Random(repeat.seed)
     documents = [maker.make(rng, doc_tokens) for _ in range(docs)]
     passes: list[list[dict[str, Any]]] = []
 
@@ -147,7 +157,8 @@ def reuse(
         warm = one(client, probe)
         bursts = []
         for n in hit_concurrency:
-            bursts.append(hit_burst(base_url, server, maker, rng, n, doc_tokens, settle_s))
+            new = [maker.make(rng, doc_tokens) for _ in range(n)]
+            bursts.append(hit_burst(base_url, server, new, doc_tokens, settle_s))
             progress()
     return {
         "docs": docs,
@@ -209,17 +220,14 @@ def _at_once(base_url: str, prompts: list[Prompt]) -> tuple[list[RequestResult],
 def hit_burst(
     base_url: str,
     server: VllmClient,
-    maker: PromptMaker,
-    rng: random.Random,
-    concurrency: int,
+    documents: list[Prompt],
     doc_tokens: int,
     settle_s: float,
 ) -> dict[str, Any]:
-    """``concurrency`` new documents read at once (cold), the GPU prefix cache dropped
-    (the CPU tier keeps them), then read again at once: CPU hits arriving together; then
-    once more: GPU hits together, the floor's first part. The server's counters over each
-    burst say how many bytes the CPU tier loaded and how long its copies took."""
-    documents = [maker.make(rng, doc_tokens) for _ in range(concurrency)]
+    """New ``documents`` (``doc_tokens`` each) read at once (cold), the GPU prefix cache
+    dropped (the CPU tier keeps them), then read again at once: CPU hits arriving together;
+    then once more: GPU hits together, the floor's first part. The server's counters over
+    each burst say how many bytes the CPU tier loaded and how long its copies took."""
     cold, _ = _at_once(base_url, documents)
     time.sleep(settle_s)  # their stores to the CPU tier land
     reset_s = reset_gpu_prefix_cache(server)
@@ -239,7 +247,7 @@ def hit_burst(
     loaded = phases["cpu_hit"]["server"].get("vllm:kv_offload_load_bytes", 0.0)
     load_time = phases["cpu_hit"]["server"].get("vllm:kv_offload_load_time", 0.0)
     return {
-        "concurrency": concurrency,
+        "concurrency": len(documents),
         "doc_tokens": doc_tokens,
         "cold_ttft_s": [r.ttft_s for r in cold],
         "reset_s": reset_s,
@@ -253,18 +261,12 @@ def hit_burst(
 
 
 def chat(
-    base_url: str,
-    maker: PromptMaker,
-    conversations: int,
-    turns: int,
-    turn_tokens: int,
-    output_tokens: int,
-    seed: int,
-    progress: Callable[[], None],
+    repeat: Repeat, *, conversations: int, turns: int, turn_tokens: int, output_tokens: int
 ) -> dict[str, Any]:
     """Conversations taking turns; each turn's prompt is the whole history so far. The
     assistant's words are stood in for by random tokens of the same length."""
-    rng = random.Random(seed)
+    base_url, maker, progress = repeat.base_url, repeat.maker, repeat.progress
+    rng = random.Random(repeat.seed)
     history: list[Prompt] = [maker.make(rng, turn_tokens) for _ in range(conversations)]
     per_turn: list[list[float | None]] = []
     errors = 0
@@ -296,20 +298,19 @@ MAX_RATE = "max"
 
 
 def sweep(
-    base_url: str,
-    maker: PromptMaker,
+    repeat: Repeat,
+    *,
     rates: list[Rate],
     seconds: float,
     prompt_tokens: int,
     output_tokens: int,
-    seed: int,
-    progress: Callable[[], None],
     max_concurrency: int = 64,
 ) -> list[dict[str, Any]]:
     """No reuse: fresh prompts at each rate. None: one request at a time, back to back;
     a number: Poisson arrivals (throughput then follows the offered load); MAX_RATE:
     ``max_concurrency`` clients back to back, the server's saturated throughput."""
-    rng = random.Random(seed)
+    base_url, maker, progress = repeat.base_url, repeat.maker, repeat.progress
+    rng = random.Random(repeat.seed)
     rng_lock = threading.Lock()
     rows = []
 
@@ -374,18 +375,11 @@ def sweep(
     return rows
 
 
-def decode(
-    base_url: str,
-    maker: PromptMaker,
-    batch: int,
-    prompt_tokens: int,
-    output_tokens: int,
-    seed: int,
-    progress: Callable[[], None],
-) -> dict[str, Any]:
+def decode(repeat: Repeat, *, batch: int, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
     """``batch`` requests at once, decoding ``output_tokens`` each: the decode speed that
     weight offload costs (every step reads the offloaded weights once)."""
-    rng = random.Random(seed)
+    base_url, maker, progress = repeat.base_url, repeat.maker, repeat.progress
+    rng = random.Random(repeat.seed)
     prompts = [maker.make(rng, prompt_tokens) for _ in range(batch)]
 
     with ThreadPoolExecutor(max_workers=batch) as pool:

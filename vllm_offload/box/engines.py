@@ -50,7 +50,7 @@ class EngineError(Exception):
     """An engine did not start, sleep or wake; the text says why (its log's last error)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     name: str  # the served model name
     command: tuple[str, ...]  # `vllm-offload serve ... --uds SOCKET` for this model alone
@@ -68,7 +68,7 @@ def uds_client(socket_path: Path, timeout: httpx.Timeout | float) -> httpx.Async
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineProcess:
     """Implements the switcher's EngineOps for one spec."""
 

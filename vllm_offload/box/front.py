@@ -58,7 +58,7 @@ NOT_A_ROUTE = "not a route of this server: it serves GET /v1/models and POST " +
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FrontDoor:
     engines: Mapping[str, EngineProcess]
     residency: Residency

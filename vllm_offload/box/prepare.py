@@ -20,7 +20,7 @@ from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
 from vllm_offload.model_facts import ModelFacts, ModelFactsError
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
-from vllm_offload.plan.records import PlanError
+from vllm_offload.plan.records import FleetInputs, PlanError
 from vllm_offload.vllm_ext import plugin_missing
 from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
 
@@ -28,7 +28,7 @@ ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alo
 CONTROL_SOCKET = "control.sock"  # the front door's control routes, for the manager
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PreparedFleet:
     fleet: FleetPlan
     model_dirs: dict[str, Path]
@@ -97,7 +97,17 @@ def prepare_fleet(
         name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
         for name, e in engines.items()
     }
-    fleet = plan_fleet(config, engines, facts, host, platform, dict(environ), disks)
+    fleet = plan_fleet(
+        FleetInputs(
+            config=config,
+            engines=engines,
+            facts=facts,
+            disks=disks,
+            host=host,
+            platform=platform,
+            env=dict(environ),
+        )
+    )
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in fleet.notes.problems
     ]
@@ -120,9 +130,17 @@ def prepare_fleet(
     specs = {}
     for i, (name, model) in enumerate(fleet.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
-        engine = EngineLaunch(str(socket), sleeps=model.idle == "sleep")
-        specs[name] = launch.build(model.config, model.plan, dirs[name], version, None, engine)
-    return PreparedFleet(fleet, dirs, specs, run_dir, api_key, tuple(problems), tuple(notes))
+        engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
+        specs[name] = launch.build(model.config, model.plan, dirs[name], version, engine=engine)
+    return PreparedFleet(
+        fleet=fleet,
+        model_dirs=dirs,
+        specs=specs,
+        runtime_dir=run_dir,
+        api_key=api_key,
+        problems=tuple(problems),
+        notes=tuple(notes),
+    )
 
 
 def socket_of(prepared: PreparedFleet, name: str) -> Path:

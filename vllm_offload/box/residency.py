@@ -65,7 +65,7 @@ class Unavailable(Exception):
 _SECTION = ResidencySection.model_fields
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResidencySettings:
     """The switcher's settings; their defaults are [residency]'s (one home: its schema)."""
 
@@ -76,7 +76,7 @@ class ResidencySettings:
     drain_timeout_s: float = _SECTION["drain_timeout_s"].default  # in flight, put away
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Slot:
     """One model's place in the switcher's books."""
 
@@ -92,7 +92,7 @@ class Slot:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Event:
     t: float  # wall clock
     text: str
@@ -114,7 +114,7 @@ class Residency:
         self.clock = clock
         self.sleep = sleep
         self.on_event = on_event
-        self.slots = {name: Slot(name) for name in engines}
+        self.slots = {name: Slot(name=name) for name in engines}
         self._kick = asyncio.Event()
         self._switching = asyncio.Lock()  # one switch step at a time, by hand or not
         self._task: asyncio.Task[None] | None = None
@@ -325,6 +325,9 @@ class Residency:
     def _event(self, model: str, text: str, seconds: float | None = None) -> None:
         self.on_event(
             Event(
-                round(time.time(), 3), text, model, None if seconds is None else round(seconds, 3)
+                t=round(time.time(), 3),
+                text=text,
+                model=model,
+                seconds=None if seconds is None else round(seconds, 3),
             )
         )

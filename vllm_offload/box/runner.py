@@ -136,14 +136,14 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
         idle = prepared.fleet.models[name].idle
         spec = EngineSpec(
-            name,
-            command,
-            dict(os.environ),
-            socket_of(prepared, name),
-            idle,
-            config.residency.sleep_level,
+            name=name,
+            command=command,
+            env=dict(os.environ),
+            socket=socket_of(prepared, name),
+            idle=idle,
+            sleep_level=config.residency.sleep_level,
         )
-        return EngineProcess(spec, exited)
+        return EngineProcess(spec=spec, on_exit=exited)
 
     engines = {name: engine(name, path) for name, path in specs.items()}
 
@@ -155,7 +155,9 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
     resident = prepared.fleet.max_resident
     residency = Residency(engines, settings(config, resident), on_event=record)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
-    front = FrontDoor(engines, residency, lengths, prepared.api_key)
+    front = FrontDoor(
+        engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key
+    )
     control_socket = prepared.runtime_dir / CONTROL_SOCKET
     control_socket.unlink(missing_ok=True)
     public = _Server(

@@ -52,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     arms = [
-        options.Arm(kind, kind)
+        options.Arm(label=kind, kind=kind)
         for kind in args.arms or ([] if args.arm else ["baseline", "native"])
     ]
     arms += args.arm

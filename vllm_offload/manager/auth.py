@@ -23,7 +23,7 @@ UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 TOO_MANY = "too many wrong tokens from here; wait a minute and try again"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sessions:
     token: str
     _sessions: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> csrf, expiry

@@ -83,7 +83,7 @@ def _disks() -> list[dict[str, Any]]:
     return rows
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sampler:
     """Samples every ``interval_s`` in a daemon thread; ``server_url`` is vLLM's base URL
     (``follow`` moves it when the config's host or port changes)."""

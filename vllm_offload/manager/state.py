@@ -40,7 +40,7 @@ PLAN_MAX_AGE_S = 60.0
 AnyPrepared = Prepared | PreparedFleet
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ManagerSettings:
     config_path: Path
     token: str
@@ -56,13 +56,17 @@ class ManagerSettings:
 class Manager:
     def __init__(self, settings: ManagerSettings) -> None:
         self.settings = settings
-        self.sessions = Sessions(settings.token)
+        self.sessions = Sessions(token=settings.token)
         self.saving = threading.Lock()  # one save at a time: the If-Match check and the write
         self.sampler = Sampler(
-            server_url(config_mod.load(settings.config_path)), settings.sample_interval_s
+            server_url=server_url(config_mod.load(settings.config_path)),
+            interval_s=settings.sample_interval_s,
         )
         self.monitor = UnitMonitor(
-            settings.systemd, settings.unit, self.sampler, limits=self.manager_section
+            systemd=settings.systemd,
+            unit=settings.unit,
+            sampler=self.sampler,
+            limits=self.manager_section,
         )
         self.pulls = Pulls()  # hub models the API fetches (manager.hub_models)
         self._kept: tuple[tuple[Any, ...], float, AnyPrepared | VllmOffloadError] | None = None

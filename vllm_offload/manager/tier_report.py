@@ -30,7 +30,7 @@ QUIET_VERDICT_S = 3600.0
 STORED_MUCH_BYTES = 1 << 30
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Totals:
     served_tokens: float = 0.0
     gpu_hit_tokens: float = 0.0

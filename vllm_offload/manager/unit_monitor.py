@@ -30,7 +30,7 @@ VLLM_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d [\d:]+ 
 EXCEPTION_MESSAGE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception): .")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServiceWatch:
     """Changes seen between status polls: restarts, processes gone, health moving. What
     lets the page show a crash and the recovery after it."""
@@ -116,7 +116,7 @@ def health_of(unit: ServiceStatus, answers: bool) -> str:
     return "failed" if unit.active_state == "failed" else "stopped"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class UnitMonitor:
     """Polls the unit every ``interval_s`` in a daemon thread, so a crash at night is in
     the Events card in the morning and a server process that lives a few seconds is

@@ -28,7 +28,7 @@ SOURCES = {
 RESTART_WINDOW_S = 3600.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Counters:
     """What one scrape of vLLM's /metrics says about progress."""
 
@@ -67,7 +67,7 @@ class Counters:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WedgeWatch:
     """Fed one Counters per poll; says whether the server is wedged and whether loads have
     stalled, and keeps the restarts it was asked to make."""

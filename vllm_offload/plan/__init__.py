@@ -26,7 +26,12 @@ from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
 from vllm_offload.plan.gpu import place_weights, served_weight_bytes
 from vllm_offload.plan.host import extension_bytes, size_cpu_tier
-from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token, request_kv_bytes
+from vllm_offload.plan.kv import (
+    KvSizing,
+    compute_dtype_bytes,
+    kv_bytes_per_token,
+    request_kv_bytes,
+)
 from vllm_offload.plan.layout import choose_layout, planned_model
 from vllm_offload.plan.lengths import (
     capacity_warnings,
@@ -40,6 +45,7 @@ from vllm_offload.plan.records import (
     Notes,
     Plan,
     PlanError,
+    PlanInputs,
     Platform,
     Weights,
     plan_json,
@@ -65,57 +71,48 @@ def make_plan(
     model: ModelFacts,
     host: HostFacts,
     platform: Platform,
+    *,
     env: dict[str, str] | None = None,
     disk: DiskFacts | None = None,
 ) -> Plan:
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
     env = env or {}
     tp = config.parallel.tensor_parallel_size
+    asked = PlanInputs(config=config, model=model, host=host, platform=platform, env=env)
     notes = Notes(
         warnings=tuple(f"could not read {what}" for what in model.unknown), unplanned=model.unknown
     )
-    notes += past_the_model_limit(config, model, env)
-    layout, step = choose_layout(config, model, host, platform, env)
+    notes += past_the_model_limit(asked)
+    layout, step = choose_layout(asked)
     notes += step
+    # The steps after the layout plan the model as vLLM does with its backend.
     planned = planned_model(model, layout.backend)
-    memory, step = place_weights(
-        config,
-        planned,
-        host,
-        platform,
-        env,
-        layout.dtype_bytes,
-        layout.block_tokens,
-        target(config, planned),
-    )
+    inputs = replace(asked, model=planned)
+    memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
-    extension, step = extension_bytes(config, planned, platform)
+    extension, step = extension_bytes(inputs)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
     staged = extension if platform == "cuda" else 0
     scratch, step = staging_scratch(config, planned, layout, memory.kv_pool_bytes, staged)
     notes += step
     memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
-    shape, length, step = fit_lengths(
-        config, planned, layout, memory.kv_pool_bytes, extension, platform
-    )
+    shape, length, step = fit_lengths(inputs, layout, memory.kv_pool_bytes, extension)
     notes += step
-    tier, ram, step = size_cpu_tier(config, layout, host, memory.weights_offloaded_bytes, extension)
+    tier, ram, step = size_cpu_tier(inputs, layout, memory.weights_offloaded_bytes, extension)
     notes += step
-    request_bytes = (
-        request_kv_bytes(planned, layout.dtype_bytes, length.max_model_len, layout.block_tokens, tp)
-        * tp
+    kv = KvSizing(
+        model=planned, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
     )
-    disk_tier, step = plan_disk_tier(config, planned, disk, layout, request_bytes)
+    request_bytes = request_kv_bytes(kv, length.max_model_len) * tp
+    disk_tier, step = plan_disk_tier(inputs, disk, layout, request_bytes)
     notes += step
     notes += capacity_warnings(layout, tier, length, shape, bool(extension))
     # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered
     # 4 GiB at full speed under an 8 MiB limit without CAP_IPC_LOCK: benchmarks/results/
     # h200-vllm-0.32.0/host-checks/), so refusing a tier for it would refuse what works.
-    notes += combination_checks(config, model, host, platform, env, layout.backend)
-    costs, spilled_ceiling, step = offload_costs(
-        host, platform, planned, layout, memory, shape, length, extension, tp
-    )
+    notes += combination_checks(asked, layout.backend)
+    costs, spilled_ceiling, step = offload_costs(inputs, layout, memory, shape, length, extension)
     notes += step
     return Plan(
         platform=platform,
@@ -123,28 +120,28 @@ def make_plan(
         architecture=model.architecture,
         kv=layout,
         weights=Weights(
-            served_weight_bytes(config, planned),
-            model.weight_bytes_source,
-            memory.weights_gpu_bytes,
-            memory.weights_offloaded_bytes,
-            memory.prefetch_group_size,
-            memory.prefetch_num_in_group,
-            memory.offloaded_layers,
+            bytes=served_weight_bytes(config, planned),
+            source=model.weight_bytes_source,
+            gpu_bytes=memory.weights_gpu_bytes,
+            offloaded_bytes=memory.weights_offloaded_bytes,
+            prefetch_group_size=memory.prefetch_group_size,
+            prefetch_num_in_group=memory.prefetch_num_in_group,
+            offloaded_layers=memory.offloaded_layers,
         ),
         gpu=GpuPool(
-            memory.total_bytes,
-            memory.budget_bytes,
-            memory.kv_pool_bytes,
-            shape.gpu_blocks,
-            shape.gpu_tokens,
+            total_bytes=memory.total_bytes,
+            budget_bytes=memory.budget_bytes,
+            kv_pool_bytes=memory.kv_pool_bytes,
+            kv_pool_blocks=shape.gpu_blocks,
+            kv_pool_tokens=shape.gpu_tokens,
         ),
         length=length,
         extension=HostExtension(
-            extension,
-            shape.extension_blocks * layout.block_tokens,
-            spilled_ceiling,
-            scratch.bytes,
-            scratch.tokens,
+            bytes=extension,
+            tokens=shape.extension_blocks * layout.block_tokens,
+            spilled_decode_steps_per_s_ceiling=spilled_ceiling,
+            staging_scratch_bytes=scratch.bytes,
+            staging_scratch_tokens=scratch.tokens,
         ),
         cpu_tier=tier,
         host_ram=ram,

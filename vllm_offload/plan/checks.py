@@ -1,13 +1,12 @@
 """Combinations known to fail or to run badly with vLLM 0.32 (or with this host), each
 refused as a problem or warned about, with where it comes from upstream. Each has a test
-(tests/test_plan_fit.py, tests/test_amx.py)."""
+(tests/plan/test_fit.py, tests/test_amx.py)."""
 
 from __future__ import annotations
 
 from vllm_offload.config import DeploymentConfig, flag_name
-from vllm_offload.hardware import HostFacts
 from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.records import Backend, Notes, Platform, Problem
+from vllm_offload.plan.records import Backend, Notes, PlanInputs, Problem
 
 
 def runs_bfloat16(config: DeploymentConfig, model: ModelFacts) -> bool:
@@ -18,16 +17,11 @@ def runs_bfloat16(config: DeploymentConfig, model: ModelFacts) -> bool:
     return model.torch_dtype not in ("float16", "half")
 
 
-def combination_checks(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    backend: Backend,
-) -> Notes:
+def combination_checks(inputs: PlanInputs, backend: Backend) -> Notes:
     """Combinations known to fail or to run badly with vLLM 0.32, each refused (a problem)
     or warned about with where it comes from upstream."""
+    config, model, host = inputs.config, inputs.model, inputs.host
+    platform, env = inputs.platform, inputs.env
     problems: list[Problem] = []
     warnings: list[str] = []
     if platform == "cpu" and host.amx == "refused" and runs_bfloat16(config, model):

@@ -5,11 +5,10 @@ once; the link's speed bounds the steps per second."""
 from __future__ import annotations
 
 from vllm_offload.hardware import HostFacts
-from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.gpu import GpuMemory
-from vllm_offload.plan.kv import request_kv_bytes
+from vllm_offload.plan.kv import KvSizing, request_kv_bytes
 from vllm_offload.plan.lengths import PoolShape
-from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, Platform, gib
+from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, PlanInputs, gib
 
 # Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
 # (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
@@ -34,25 +33,26 @@ def h2d_bytes_per_s(host: HostFacts) -> tuple[float, str]:
 
 
 def offload_costs(
-    host: HostFacts,
-    platform: Platform,
-    model: ModelFacts,
+    inputs: PlanInputs,
     layout: KvLayout,
     memory: GpuMemory,
     shape: PoolShape,
     lengths: Lengths,
     extension: int,
-    tp: int,
 ) -> tuple[Costs, float | None, Notes]:
     """The weight-offload decode ceiling, and (with a host extension) a max_model_len
     request's: (costs, that request's ceiling rounded, the decisions that say them)."""
-    speed, source = h2d_bytes_per_s(host) if platform == "cuda" else (0.0, "no GPU")
+    model, tp = inputs.model, inputs.config.parallel.tensor_parallel_size
+    speed, source = h2d_bytes_per_s(inputs.host) if inputs.platform == "cuda" else (0.0, "no GPU")
     offloaded = memory.weights_offloaded_bytes
     ceiling = speed / offloaded if offloaded and speed else None
     # The GPU part as aligned for the extension: what a spilled request does not spill.
     gpu_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
     max_len = lengths.max_model_len
-    request = request_kv_bytes(model, layout.dtype_bytes, max_len, layout.block_tokens, tp)
+    kv = KvSizing(
+        model=model, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
+    )
+    request = request_kv_bytes(kv, max_len)
     spilled = max(0, request - gpu_part)
     spilled_ceiling = speed / spilled if extension and spilled and speed else None
     decisions = []
@@ -75,6 +75,10 @@ def offload_costs(
             f"~{speed / 1e9:.1f} GB/s ({source}): at most {ceiling:.1f} steps/s, "
             "i.e. tokens/s per request"
         )
-    costs = Costs(speed, source, None if ceiling is None else round(ceiling, 2))
+    costs = Costs(
+        h2d_bytes_per_s=speed,
+        h2d_source=source,
+        decode_steps_per_s_ceiling=None if ceiling is None else round(ceiling, 2),
+    )
     rounded = None if spilled_ceiling is None else round(spilled_ceiling, 2)
     return costs, rounded, Notes(decisions=tuple(decisions))

@@ -7,27 +7,22 @@ from __future__ import annotations
 import os
 
 from vllm_offload import disk_layout
-from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.records import DiskTier, KvLayout, Notes, gib
+from vllm_offload.plan.records import DiskTier, KvLayout, Notes, PlanInputs, gib
 
 # The disk tier never lets its filesystem's free space fall below this (the launcher hands
 # it to the tier, which evicts to keep it); 'auto' sizes the tier at half of what is left.
 DISK_RESERVE_BYTES = 10 * GIB
 DISK_RESERVE_FRACTION = 0.05
 DISK_AUTO_SHARE = 0.5
-NO_DISK_TIER = DiskTier("", "", 0, 0, 0)
+NO_DISK_TIER = DiskTier(path="", root="", bytes=0, tokens=0, reserve_bytes=0)
 
 
 def plan_disk_tier(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    disk: DiskFacts | None,
-    layout: KvLayout,
-    request_bytes: int,
+    inputs: PlanInputs, disk: DiskFacts | None, layout: KvLayout, request_bytes: int
 ) -> tuple[DiskTier, Notes]:
     """The disk tier as configured, or none (with a problem saying why not)."""
+    config, model = inputs.config, inputs.model
     path = config.kv_offload.disk_path
     if not path:
         return NO_DISK_TIER, Notes()
@@ -121,4 +116,6 @@ def plan_disk_tier(
     # Each model's files under its own folder: changed weights at the same path (a new
     # fingerprint) never find another model's KV.
     root = str(disk_layout.tier_root(path) / model.fingerprint)
-    return DiskTier(path, root, size, tokens, reserve), notes + Notes(warnings=tuple(warnings))
+    return DiskTier(
+        path=path, root=root, bytes=size, tokens=tokens, reserve_bytes=reserve
+    ), notes + Notes(warnings=tuple(warnings))

@@ -18,11 +18,11 @@ from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.schema import entry_field
-from vllm_offload.hardware import GIB, DiskFacts, HostFacts
+from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
-from vllm_offload.plan.records import Notes, Plan, PlanError, Platform, gib
+from vllm_offload.plan.records import FleetInputs, Notes, Plan, PlanError, Platform, gib
 from vllm_offload.plan.together import resident_models
 
 Idle = Literal["sleep", "stop"]
@@ -41,7 +41,7 @@ SLEEP_POOLS_BYTES = int(0.6 * GIB)
 MIN_GPU_SHARE = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelPlan:
     name: str
     config: DeploymentConfig  # what its engine runs (its GPU share as the set leaves it)
@@ -51,12 +51,22 @@ class ModelPlan:
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FleetPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
     max_resident: int  # models on the GPU at once ('auto' resolved)
     notes: Notes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Away:
+    """How the set's engines spend their time off the GPU: asleep or stopped, at which
+    sleep level, and whether several are alive at once (else each is planned alone)."""
+
+    idle: Idle
+    level: int
+    together: bool
 
 
 def idle_mode(
@@ -116,19 +126,12 @@ def holds(plan: Plan, idle: Idle, level: int) -> int:
     return engine + (backup if idle == "sleep" else 0)
 
 
-def plan_fleet(
-    config: DeploymentConfig,
-    engines: Mapping[str, DeploymentConfig],
-    facts: Mapping[str, ModelFacts],
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    disks: Mapping[str, DiskFacts | None],
-) -> FleetPlan:
+def plan_fleet(inputs: FleetInputs) -> FleetPlan:
     """Plan every model of the set; raises PlanError naming the model's entry for what no
     setting makes fit, lists in the notes' problems what forbids a start."""
-    resident, shares, notes = _resident(config, engines, facts, host, platform, env, disks)
-    idle, step = idle_mode(config, platform, resident >= len(engines))
+    config, engines, host = inputs.config, inputs.engines, inputs.host
+    resident, shares, notes = _resident(inputs)
+    idle, step = idle_mode(config, inputs.platform, resident >= len(engines))
     notes = step + notes
     level = config.residency.sleep_level
     sleepers = len(engines) - resident if idle == "sleep" else 0
@@ -137,14 +140,11 @@ def plan_fleet(
             shares[name], step = _gpu_share(name, engine, host, sleepers)
             notes += step
     notes += _resident_shares_fit(resident, shares, host, sleepers)
-    alone = {
-        name: _plan(i, name, shares[name], facts[name], host, platform, env, disks[name])
-        for i, name in enumerate(engines)
-    }
+    alone = {name: _plan(inputs, i, name, shares[name], host) for i, name in enumerate(engines)}
     # Engines alive at once: every one when they sleep; else max_resident of them (counted
     # as all, which only errs on the safe side).
-    together = idle == "sleep" or resident > 1
-    tiers, step = _tier_shares(alone, shares, host, idle, level, together)
+    away = Away(idle=idle, level=level, together=idle == "sleep" or resident > 1)
+    tiers, step = _tier_shares(alone, shares, host, away)
     notes += step + _disk_tiers_apart(shares)
     if idle == "sleep":
         notes += _no_extension_asleep(alone)
@@ -156,35 +156,32 @@ def plan_fleet(
             engine = engine.model_copy(
                 update={"kv_offload": engine.kv_offload.model_copy(update=update)}
             )
-        view = _view(host, name, alone, tiers, idle, level, together)
-        plan = _plan(i, name, engine, facts[name], view, platform, env, disks[name])
-        away = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
-        planned[name] = ModelPlan(name, engine, facts[name], plan, idle, away)
+        plan = _plan(inputs, i, name, engine, _view(host, name, alone, tiers, away))
+        held = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
+        planned[name] = ModelPlan(
+            name=name,
+            config=engine,
+            model=inputs.facts[name],
+            plan=plan,
+            idle=idle,
+            away_ram_bytes=held,
+        )
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(planned, default, resident, notes)
+    return FleetPlan(models=planned, default=default, max_resident=resident, notes=notes)
 
 
-def _resident(
-    config: DeploymentConfig,
-    engines: Mapping[str, DeploymentConfig],
-    facts: Mapping[str, ModelFacts],
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    disks: Mapping[str, DiskFacts | None],
-) -> tuple[int, dict[str, DeploymentConfig], Notes]:
+def _resident(inputs: FleetInputs) -> tuple[int, dict[str, DeploymentConfig], Notes]:
     """max_resident as configured (no shares set here), or 'auto' (plan.together): the
     count, and each model's config with its share when several stay together."""
-    asked = config.residency.max_resident
+    engines = inputs.engines
+    asked = inputs.config.residency.max_resident
     if asked != "auto":
         return min(asked, len(engines)), {}, Notes()
     alone = {
-        name: _plan(i, name, engine, facts[name], host, platform, env, disks[name])
+        name: _plan(inputs, i, name, engine, inputs.host)
         for i, (name, engine) in enumerate(engines.items())
     }
-    count, shares, notes = resident_models(
-        config, engines, facts, alone, host, platform, ASLEEP_GPU_BYTES
-    )
+    count, shares, notes = resident_models(inputs, alone, ASLEEP_GPU_BYTES)
     configs = {}
     for name, share in shares.items():
         gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})
@@ -193,17 +190,13 @@ def _resident(
 
 
 def _plan(
-    index: int,
-    name: str,
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    disk: DiskFacts | None,
+    inputs: FleetInputs, index: int, name: str, config: DeploymentConfig, host: HostFacts
 ) -> Plan:
+    """Model ``name`` planned with ``config`` (its share of the set) on ``host`` (as the
+    others leave it)."""
+    model, disk = inputs.facts[name], inputs.disks[name]
     try:
-        return make_plan(config, model, host, platform, env, disk)
+        return make_plan(config, model, host, inputs.platform, env=inputs.env, disk=disk)
     except PlanError as exc:
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 
@@ -234,15 +227,14 @@ def _tier_shares(
     alone: Mapping[str, Plan],
     configs: Mapping[str, DeploymentConfig],
     host: HostFacts,
-    idle: Idle,
-    level: int,
-    together: bool,
+    away: Away,
 ) -> tuple[dict[str, int], Notes]:
     """The 'auto' CPU tiers: equal shares, in whole GiB, of the RAM and /dev/shm every
     engine's holdings and the configured tiers leave (engines that never run together:
     each planned alone)."""
-    if not together:
+    if not away.together:
         return {}, Notes()  # one engine at a time: each planned alone, as it runs
+    idle, level = away.idle, away.level
     auto = [
         n
         for n, c in configs.items()
@@ -282,14 +274,13 @@ def _view(
     name: str,
     alone: Mapping[str, Plan],
     tiers: Mapping[str, int],
-    idle: Idle,
-    level: int,
-    together: bool,
+    away: Away,
 ) -> HostFacts:
     """The host as model ``name`` finds it: less what the other engines hold (their
     processes, weights, tiers) and what its own sleep keeps."""
-    if not together:
+    if not away.together:
         return host
+    idle, level = away.idle, away.level
     own = alone[name]
     backup = holds(own, idle, level) - holds(own, "stop", level)
     others = [

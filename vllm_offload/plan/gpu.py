@@ -17,8 +17,8 @@ from vllm_offload.plan.host import (
     weights_ram_refusal,
     weights_room_bytes,
 )
-from vllm_offload.plan.kv import compute_dtype_bytes, longest_for, pool_bytes_for
-from vllm_offload.plan.records import Notes, PlanError, Platform, gib
+from vllm_offload.plan.kv import KvSizing, compute_dtype_bytes, longest_for, pool_bytes_for
+from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
 
 # GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
 # peak during profiling and CUDA graphs. Measured on an H100 with an 8B shape
@@ -33,7 +33,7 @@ AUTO_OFFLOAD_ROOM_TOKENS = 4096
 Target = tuple[int, int]  # (tokens, requests) the pool must hold at once
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuMemory:
     """Where the weights go and how big the GPU KV pool is, per rank."""
 
@@ -48,7 +48,7 @@ class GpuMemory:
     offloaded_layers: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuBudget:
     """One rank's GPU memory before the KV pool: what vLLM may use, its working memory,
     and the weights (whole decoder layers are what can be offloaded)."""
@@ -157,25 +157,24 @@ def cpu_platform_memory(
         pool = config.gpu.kv_cache_memory_bytes
     else:
         pool = CPU_PLATFORM_DEFAULT_POOL_BYTES
-    return GpuMemory(0, 0, 0, weights_per_rank, pool)
+    return GpuMemory(
+        total_bytes=0,
+        budget_bytes=0,
+        weights_offloaded_bytes=0,
+        weights_gpu_bytes=weights_per_rank,
+        kv_pool_bytes=pool,
+    )
 
 
-def place_weights(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    dtype_b: int,
-    block: int,
-    target: Target,
-) -> tuple[GpuMemory, Notes]:
+def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple[GpuMemory, Notes]:
     """Weights on the GPU or offloaded (as configured, or the fewest that leave a pool for
-    ``target``), then the KV pool from what is left (or as configured); raises PlanError
-    when nothing is left. ``dtype_b``: bytes per KV element."""
+    ``target`` in ``layout``'s blocks and KV dtype), then the KV pool from what is left (or
+    as configured); raises PlanError when nothing is left."""
+    config, model, host = inputs.config, inputs.model, inputs.host
+    dtype_b, block = layout.dtype_bytes, layout.block_tokens
     weight_bytes = served_weight_bytes(config, model)
-    if platform != "cuda":
-        return cpu_platform_memory(config, weight_bytes, env), Notes()
+    if inputs.platform != "cuda":
+        return cpu_platform_memory(config, weight_bytes, inputs.env), Notes()
     tp = config.parallel.tensor_parallel_size
     gpu = gpu_budget(config, model, host, weight_bytes)
     fixed_pool = config.gpu.kv_cache_memory_bytes
@@ -185,13 +184,17 @@ def place_weights(
         room = (
             fixed_pool
             if fixed_pool != "auto"
-            else pool_bytes_for(model, dtype_b, block, tp, tokens, requests)
+            else pool_bytes_for(
+                KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp),
+                tokens,
+                requests,
+            )
         )
         need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
         if need > 0:
             need += gpu.prefetch_buffer_bytes
         if need > gpu.offloadable_bytes:
-            raise unreachable(config, model, host, weight_bytes, dtype_b, block, target, room)
+            raise unreachable(inputs, layout, weight_bytes, target, room)
         # rounded up to 0.1 GiB, the figure shown
         offloaded = min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes)
         offloaded = max(0, offloaded)
@@ -254,47 +257,39 @@ def place_weights(
             "more weights in host RAM (weights_offload.cpu_gib)",
         )
     memory = GpuMemory(
-        gpu.total_bytes,
-        gpu.budget_bytes,
-        offloaded,
-        weights_gpu,
-        pool,
-        group_size,
-        num_in_group,
-        offloaded_layers,
+        total_bytes=gpu.total_bytes,
+        budget_bytes=gpu.budget_bytes,
+        weights_offloaded_bytes=offloaded,
+        weights_gpu_bytes=weights_gpu,
+        kv_pool_bytes=pool,
+        prefetch_group_size=group_size,
+        prefetch_num_in_group=num_in_group,
+        offloaded_layers=offloaded_layers,
     )
     return memory, notes
 
 
 def reachable_tokens(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    weight_bytes: int,
-    dtype_b: int,
-    block: int,
-    requests: int,
+    inputs: PlanInputs, weight_bytes: int, dtype_b: int, block: int, requests: int
 ) -> int:
     """The longest request of which ``requests`` fit the GPU pool left with every decoder
-    layer's weights offloaded (capped at the model's limit)."""
-    gpu = gpu_budget(config, model, host, weight_bytes)
+    layer's weights offloaded (capped at the model's limit), at ``dtype_b`` bytes per KV
+    element in blocks of ``block`` tokens."""
+    config, model = inputs.config, inputs.model
+    gpu = gpu_budget(config, model, inputs.host, weight_bytes)
     cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
-    return longest_for(model, dtype_b, block, tp, gpu.largest_pool_bytes(), requests, cap)
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
+    return longest_for(kv, gpu.largest_pool_bytes(), requests, cap)
 
 
 def unreachable(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    weight_bytes: int,
-    dtype_b: int,
-    block: int,
-    target: Target,
-    room: int,
+    inputs: PlanInputs, layout: KvLayout, weight_bytes: int, target: Target, room: int
 ) -> PlanError:
     """Why no weight offload reaches ``target``, the longest length that is reachable, and
     what else would reach further, each with its number."""
+    config, model, host = inputs.config, inputs.model, inputs.host
+    dtype_b, block = layout.dtype_bytes, layout.block_tokens
     tokens, requests = target
     gpu = gpu_budget(config, model, host, weight_bytes)
     if config.gpu.kv_cache_memory_bytes != "auto":
@@ -304,7 +299,7 @@ def unreachable(
             f"in host RAM ({gib(gpu.offloadable_bytes)} per GPU): set it <= "
             f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
         )
-    best = reachable_tokens(config, model, host, weight_bytes, dtype_b, block, requests)
+    best = reachable_tokens(inputs, weight_bytes, dtype_b, block, requests)
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     offloaded_words = (
         f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
@@ -321,13 +316,15 @@ def unreachable(
     if gpu.ram_bound:
         helps.append(ram_that_holds(need, world) if layers_reach else "more host RAM")
     if dtype_b > 1:
-        fp8 = reachable_tokens(config, model, host, weight_bytes, 1, block, requests)
+        fp8 = reachable_tokens(inputs, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")
     if config.gpu.memory_utilization < 0.95:
         roomier = config.model_copy(
             update={"gpu": config.gpu.model_copy(update={"memory_utilization": 0.95})}
         )
-        more = reachable_tokens(roomier, model, host, weight_bytes, dtype_b, block, requests)
+        more = reachable_tokens(
+            replace(inputs, config=roomier), weight_bytes, dtype_b, block, requests
+        )
         helps.append(f"gpu.memory_utilization = 0.95 ({more:,} tokens)")
     if host.gpus:
         tp = config.parallel.tensor_parallel_size * 2
@@ -335,7 +332,9 @@ def unreachable(
             update={"parallel": config.parallel.model_copy(update={"tensor_parallel_size": tp})}
         )
         twice = replace(host, gpus=tuple(replace(host.gpus[0], index=i) for i in range(tp)))
-        more = reachable_tokens(wider, model, twice, weight_bytes, dtype_b, block, requests)
+        more = reachable_tokens(
+            replace(inputs, config=wider, host=twice), weight_bytes, dtype_b, block, requests
+        )
         helps.append(f"{tp} GPUs (parallel.tensor_parallel_size = {tp}: {more:,} tokens)")
     field_name = "model.max_model_len" if config.model.max_model_len != "auto" else "gpu"
     limit = f"set model.max_model_len <= {best:,}" if best > 0 else "no request length fits at all"

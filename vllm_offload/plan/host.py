@@ -10,8 +10,15 @@ from dataclasses import dataclass
 from vllm_offload import compat
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.records import CpuTier, HostRam, KvLayout, Notes, PlanError, Platform, gib
+from vllm_offload.plan.records import (
+    CpuTier,
+    HostRam,
+    KvLayout,
+    Notes,
+    PlanError,
+    PlanInputs,
+    gib,
+)
 
 # Host RAM kept free for the OS and page cache. The launcher hands this figure to patched
 # vLLM (VLLM_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with
@@ -77,7 +84,7 @@ def ram_that_holds(offloaded: int, world: int) -> str:
     return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierRoom:
     """The largest CPU tier this host holds, by RAM and by /dev/shm, in bytes: what patched
     vLLM will find when it checks the tier, once its own processes and the offloaded
@@ -93,13 +100,12 @@ class TierRoom:
 
 def tier_room(host: HostFacts, reserve: int, weights_in_ram: int, world_size: int) -> TierRoom:
     ram = host.ram_available_bytes - reserve - weights_in_ram - server_ram_bytes(world_size)
-    return TierRoom(max(0, ram), max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
+    return TierRoom(ram_bytes=max(0, ram), shm_bytes=max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
 
 
-def extension_bytes(
-    config: DeploymentConfig, model: ModelFacts, platform: Platform
-) -> tuple[int, Notes]:
+def extension_bytes(inputs: PlanInputs) -> tuple[int, Notes]:
     """kv_offload.host_extension_gib in bytes, if this model and platform can have it."""
+    config, model, platform = inputs.config, inputs.model, inputs.platform
     extension = int(config.kv_offload.host_extension_gib * GIB)
     if not extension:
         return 0, Notes()
@@ -150,14 +156,11 @@ def configured_tier_bytes(
 
 
 def size_cpu_tier(
-    config: DeploymentConfig,
-    layout: KvLayout,
-    host: HostFacts,
-    weights_offloaded: int,
-    extension: int,
+    inputs: PlanInputs, layout: KvLayout, weights_offloaded: int, extension: int
 ) -> tuple[CpuTier, HostRam, Notes]:
     """The host extension's RAM first (refused where it does not fit), then the CPU tier
     in what is left; a configured tier the RAM or /dev/shm cannot hold is a problem."""
+    config, host = inputs.config, inputs.host
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     reserve = ram_reserve(host)
     ram_left = tier_room(host, reserve, weights_offloaded * tp * pp, tp * pp).ram_bytes
@@ -172,16 +175,16 @@ def size_cpu_tier(
     tier, notes = configured_tier_bytes(config, layout, room)
     blocks = tier // (layout.bytes_per_block * tp) if layout.bytes_per_block else 0
     ram = HostRam(
-        host.ram_total_bytes,
-        host.ram_available_bytes,
-        reserve,
-        host.shm_free_bytes,
-        server_ram_bytes(tp * pp),
-        room.ram_bytes,
-        room.shm_bytes,
+        total_bytes=host.ram_total_bytes,
+        available_bytes=host.ram_available_bytes,
+        reserve_bytes=reserve,
+        shm_free_bytes=host.shm_free_bytes,
+        server_bytes=server_ram_bytes(tp * pp),
+        tier_room_ram_bytes=room.ram_bytes,
+        tier_room_shm_bytes=room.shm_bytes,
     )
     notes += tier_fits(layout, tier, ram, weights_offloaded * tp)
-    return CpuTier(tier, blocks, blocks * layout.block_tokens), ram, notes
+    return CpuTier(bytes=tier, blocks=blocks, tokens=blocks * layout.block_tokens), ram, notes
 
 
 def tier_fits(layout: KvLayout, tier: int, ram: HostRam, weights_in_ram: int) -> Notes:

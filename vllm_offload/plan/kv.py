@@ -9,7 +9,7 @@ back.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from vllm_offload.model_facts import DTYPE_BYTES, LayerKind, ModelFacts
 
@@ -52,42 +52,48 @@ def kv_bytes_per_token(model: ModelFacts, dtype_bytes: int, tensor_parallel_size
     )
 
 
-def request_kv_bytes(
-    model: ModelFacts, dtype_bytes: int, tokens: int, block_size: int, tp: int = 1
-) -> int:
+@dataclass(frozen=True, kw_only=True)
+class KvSizing:
+    """How one rank stores a request's KV: the model's layers, bytes per element, tokens
+    per block and the tensor-parallel ranks the heads are split over."""
+
+    model: ModelFacts
+    dtype_bytes: int
+    block_tokens: int
+    tp: int = 1
+
+
+def request_kv_bytes(kv: KvSizing, tokens: int) -> int:
     """GPU bytes one request of ``tokens`` needs, in whole blocks (sliding layers keep
     only their window)."""
+    block = kv.block_tokens
     total = 0
-    for layer in model.layers:
-        per_token = layer_kv_bytes_per_token(layer, model, dtype_bytes, tp)
+    for layer in kv.model.layers:
+        per_token = layer_kv_bytes_per_token(layer, kv.model, kv.dtype_bytes, kv.tp)
         kept = tokens
         if layer.kind == "sliding" and layer.window is not None:
-            kept = min(tokens, layer.window + block_size)
-        total += math.ceil(kept / block_size) * block_size * per_token
+            kept = min(tokens, layer.window + block)
+        total += math.ceil(kept / block) * block * per_token
     return total
 
 
-def pool_bytes_for(
-    model: ModelFacts, dtype_bytes: int, block: int, tp: int, tokens: int, requests: int
-) -> int:
+def pool_bytes_for(kv: KvSizing, tokens: int, requests: int) -> int:
     """The GPU KV pool, in bytes, that holds ``requests`` requests of ``tokens`` each in
     whole blocks, plus the one block vLLM's pool holds back."""
-    per_block = kv_bytes_per_token(model, dtype_bytes, tp) * block
+    per_block = kv_bytes_per_token(kv.model, kv.dtype_bytes, kv.tp) * kv.block_tokens
     if per_block == 0:
         return 0
-    per_request = -(-request_kv_bytes(model, dtype_bytes, tokens, block, tp) // per_block)
+    per_request = -(-request_kv_bytes(kv, tokens) // per_block)
     return (requests * per_request + 1) * per_block
 
 
-def longest_for(
-    model: ModelFacts, dtype_bytes: int, block: int, tp: int, pool: int, requests: int, cap: int
-) -> int:
+def longest_for(kv: KvSizing, pool: int, requests: int, cap: int) -> int:
     """The longest request (up to ``cap`` tokens) of which ``requests`` fit ``pool`` bytes;
     0 when not even one block each does."""
     low, high = 0, cap  # pool_bytes_for grows with tokens: bisect for the last that fits
     while low < high:
         mid = (low + high + 1) // 2
-        if pool_bytes_for(model, dtype_bytes, block, tp, mid, requests) <= pool:
+        if pool_bytes_for(kv, mid, requests) <= pool:
             low = mid
         else:
             high = mid - 1

@@ -4,6 +4,7 @@ dtype would need more weights offloaded to hold the target)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
@@ -13,7 +14,7 @@ from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, place_weights
 from vllm_offload.plan.host import extension_bytes
 from vllm_offload.plan.kv import kv_bytes_per_token, kv_dtype_bytes, without_hybrid_manager
 from vllm_offload.plan.lengths import fit_lengths, target
-from vllm_offload.plan.records import Backend, KvLayout, Notes, PlanError, Platform, gib
+from vllm_offload.plan.records import Backend, KvLayout, Notes, PlanError, PlanInputs, Platform, gib
 
 # vLLM's CPU attention needs blocks in multiples of 32; 16 is vLLM's default on GPUs.
 DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cuda": 16, "cpu": 128}
@@ -66,14 +67,14 @@ def choose_block(
 
 
 def layout_for(
-    config: DeploymentConfig,
-    model: ModelFacts,
+    inputs: PlanInputs,
     backend: Backend,
     reason: str,
     block: int,
     cache_dtype: Literal["auto", "fp8"],
 ) -> KvLayout:
     """The layout at ``cache_dtype``; raises PlanError for a chunk that is not whole blocks."""
+    config, model = inputs.config, inputs.model
     dtype_b = kv_dtype_bytes(model, config.model.dtype, cache_dtype)
     per_token = kv_bytes_per_token(model, dtype_b, config.parallel.tensor_parallel_size)
     configured = config.kv_offload.cpu_chunk_tokens
@@ -88,18 +89,20 @@ def layout_for(
     else:
         chunk = configured
     return KvLayout(
-        backend, reason, block, chunk, cache_dtype, dtype_b, per_token, per_token * block
+        backend=backend,
+        backend_reason=reason,
+        block_tokens=block,
+        chunk_tokens=chunk,
+        cache_dtype=cache_dtype,
+        dtype_bytes=dtype_b,
+        bytes_per_token=per_token,
+        bytes_per_block=per_token * block,
     )
 
 
-def choose_layout(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-) -> tuple[KvLayout, Notes]:
-    backend, reason = resolve_backend(config, host, platform)
+def choose_layout(inputs: PlanInputs) -> tuple[KvLayout, Notes]:
+    config, platform = inputs.config, inputs.platform
+    backend, reason = resolve_backend(config, inputs.host, platform)
     notes = Notes()
     if config.kv_offload.backend == "auto":
         notes += Notes(
@@ -110,46 +113,34 @@ def choose_layout(
             "kv_offload.backend",
             "CPU KV offload needs an NVIDIA GPU; set kv_offload.backend = none",
         )
-    model = planned_model(model, backend)
-    block, step = choose_block(config, model, backend, platform)
+    inputs = replace(inputs, model=planned_model(inputs.model, backend))
+    block, step = choose_block(config, inputs.model, backend, platform)
     notes += step
     cache_dtype = config.model.kv_cache_dtype
     if cache_dtype == "fit":
         cache_dtype, why = fit_kv_cache_dtype(
-            config,
-            model,
-            host,
-            platform,
-            env,
-            layout_for(config, model, backend, reason, block, "auto"),
+            inputs, layout_for(inputs, backend, reason, block, "auto")
         )
         notes += Notes(decisions=(f"model.kv_cache_dtype fit -> {cache_dtype}: {why}",))
-    return layout_for(config, model, backend, reason, block, cache_dtype), notes
+    return layout_for(inputs, backend, reason, block, cache_dtype), notes
 
 
 def fit_kv_cache_dtype(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    host: HostFacts,
-    platform: Platform,
-    env: dict[str, str],
-    at_model_dtype: KvLayout,
+    inputs: PlanInputs, at_model_dtype: KvLayout
 ) -> tuple[Literal["auto", "fp8"], str]:
     """model.kv_cache_dtype = 'fit': the model's dtype unless it cannot hold the target
     (max_model_len x min_concurrent_requests) without offloading more weights; then fp8.
     Two GPU budgets at the model's dtype are compared: with the target, and without."""
+    config, model, platform = inputs.config, inputs.model, inputs.platform
     if platform != "cuda":
         return "auto", "the model's dtype (fp8 KV needs an NVIDIA GPU)"
     if config.model.max_model_len == "auto":
         return "auto", "the model's dtype (no length to reach: model.max_model_len is auto)"
     asked = f"{config.gpu.min_concurrent_requests} x {config.model.max_model_len:,} tokens"
-    dtype_b, block = at_model_dtype.dtype_bytes, at_model_dtype.block_tokens
     try:
-        memory, _ = place_weights(
-            config, model, host, platform, env, dtype_b, block, target(config, model)
-        )
-        extension, _ = extension_bytes(config, model, platform)
-        fit_lengths(config, model, at_model_dtype, memory.kv_pool_bytes, extension, platform)
+        memory, _ = place_weights(inputs, at_model_dtype, target(config, model))
+        extension, _ = extension_bytes(inputs)
+        fit_lengths(inputs, at_model_dtype, memory.kv_pool_bytes, extension)
     except PlanError:
         return "fp8", f"at the model's dtype {asked} do not fit the GPU"
     if config.weights_offload.cpu_gib != "auto":
@@ -157,9 +148,7 @@ def fit_kv_cache_dtype(
     limit = model.max_len_limit
     one_request = (min(limit or AUTO_OFFLOAD_ROOM_TOKENS, AUTO_OFFLOAD_ROOM_TOKENS), 1)
     try:
-        base = place_weights(config, model, host, platform, env, dtype_b, block, one_request)[
-            0
-        ].weights_offloaded_bytes
+        base = place_weights(inputs, at_model_dtype, one_request)[0].weights_offloaded_bytes
     except PlanError:  # even a short request needs offloading past what fits: no baseline
         base = 0
     if memory.weights_offloaded_bytes > base:

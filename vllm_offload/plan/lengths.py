@@ -11,14 +11,14 @@ from typing import Literal
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, Target
-from vllm_offload.plan.kv import longest_for, pool_bytes_for, request_kv_bytes
+from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for, request_kv_bytes
 from vllm_offload.plan.records import (
     CpuTier,
     KvLayout,
     Lengths,
     Notes,
     PlanError,
-    Platform,
+    PlanInputs,
 )
 
 # vLLM's switch for a max_model_len past the model's limit (its envs.py).
@@ -28,7 +28,7 @@ ALLOW_LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 HOST_MAP_GRANULE = 2 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolShape:
     """The KV pool in blocks: the GPU part, the host extension after it, the bytes one
     request (and several at once) may use, and the full-length requests it holds."""
@@ -56,29 +56,30 @@ def pool_shape(model: ModelFacts, layout: KvLayout, pool_bytes: int, extension: 
     per_block = layout.bytes_per_block
     gpu_blocks = pool_bytes // per_block if per_block else 0
     if not (extension and per_block):
-        return PoolShape(gpu_blocks, 0, pool_bytes)
+        return PoolShape(gpu_blocks=gpu_blocks, extension_blocks=0, usable_bytes=pool_bytes)
     # As patch 0006 counts them: both parts in whole multiples of the blocks that keep each
     # GPU/host boundary on a 2 MiB mapping granule in every layer's region.
     page = per_block // len(model.layers)
     step = HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
     gpu_blocks = gpu_blocks // step * step
     extension_blocks = extension // per_block // step * step
-    return PoolShape(gpu_blocks, extension_blocks, (gpu_blocks + extension_blocks) * per_block)
+    return PoolShape(
+        gpu_blocks=gpu_blocks,
+        extension_blocks=extension_blocks,
+        usable_bytes=(gpu_blocks + extension_blocks) * per_block,
+    )
 
 
 def fit_lengths(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    layout: KvLayout,
-    pool_bytes: int,
-    extension: int,
-    platform: Platform,
+    inputs: PlanInputs, layout: KvLayout, pool_bytes: int, extension: int
 ) -> tuple[PoolShape, Lengths, Notes]:
     """The longest request, max_model_len and the concurrency at that length; raises
     PlanError (naming the field) when the configured length or concurrency does not fit."""
+    config, model = inputs.config, inputs.model
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp = config.parallel.tensor_parallel_size
     requests = config.gpu.min_concurrent_requests
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
     shape = pool_shape(model, layout, pool_bytes, extension)
     usable_blocks = max(0, shape.gpu_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
@@ -87,52 +88,62 @@ def fit_lengths(
     configured = config.model.max_model_len
     extended_tokens = (usable_blocks + shape.extension_blocks) * block
     cap = max(extended_tokens, model_limit or 0, configured if configured != "auto" else 0)
-    longest = longest_for(model, dtype_b, block, tp, shape.usable_bytes, 1, cap)
+    longest = longest_for(kv, shape.usable_bytes, 1, cap)
     model_max = model_limit or longest
     notes = Notes()
     source: Literal["configured", "auto"]
     if configured == "auto":
         max_len, notes = _auto_length(
-            model, layout, pool_bytes, shape, longest, model_max, tp, requests, bool(extension)
+            inputs, layout, shape, pool_bytes=pool_bytes, longest=longest, extended=bool(extension)
         )
         source = "auto"
     else:
         max_len, source = configured, "configured"
-        notes = _check_configured(config, model, layout, shape, longest, platform, bool(extension))
+        notes = _check_configured(inputs, layout, shape, longest, bool(extension))
     per_block = layout.bytes_per_block
-    blocks_per_request = (
-        request_kv_bytes(model, dtype_b, max_len, block, tp) // per_block if per_block else 1
-    )
+    blocks_per_request = request_kv_bytes(kv, max_len) // per_block if per_block else 1
     concurrency = shape.gpu_blocks / blocks_per_request if blocks_per_request else 0.0
     gpu_tokens = int(concurrency * max_len)
     concurrency += shape.extension_blocks / blocks_per_request if blocks_per_request else 0.0
     shape = PoolShape(
-        shape.gpu_blocks, shape.extension_blocks, shape.usable_bytes, concurrency, gpu_tokens
+        gpu_blocks=shape.gpu_blocks,
+        extension_blocks=shape.extension_blocks,
+        usable_bytes=shape.usable_bytes,
+        concurrency=concurrency,
+        gpu_tokens=gpu_tokens,
     )
-    lengths = Lengths(longest, model_max, max_len, source, round(concurrency, 2), requests)
+    lengths = Lengths(
+        longest_request_tokens=longest,
+        model_max_tokens=model_max,
+        max_model_len=max_len,
+        source=source,
+        concurrency_at_full_length=round(concurrency, 2),
+        min_concurrent_requests=requests,
+    )
     return shape, lengths, notes
 
 
 def _auto_length(
-    model: ModelFacts,
+    inputs: PlanInputs,
     layout: KvLayout,
-    pool_bytes: int,
     shape: PoolShape,
+    *,
+    pool_bytes: int,
     longest: int,
-    model_max: int,
-    tp: int,
-    requests: int,
     extended: bool,
 ) -> tuple[int, Notes]:
-    """max_model_len 'auto': the longest the pool holds for ``requests`` at once, capped at
-    the model's limit."""
+    """max_model_len 'auto': the longest the pool holds for gpu.min_concurrent_requests at
+    once (``longest``: for one), capped at the model's limit."""
+    model = inputs.model
+    model_max = model.max_len_limit or longest
+    tp = inputs.config.parallel.tensor_parallel_size
+    requests = inputs.config.gpu.min_concurrent_requests
     block = layout.block_tokens
+    kv = KvSizing(model=model, dtype_bytes=layout.dtype_bytes, block_tokens=block, tp=tp)
     max_len = (
         min(model_max, longest)
         if requests == 1
-        else longest_for(
-            model, layout.dtype_bytes, block, tp, shape.usable_bytes, requests, model_max
-        )
+        else longest_for(kv, shape.usable_bytes, requests, model_max)
     )
     pool_name = "GPU KV pool and host extension" if extended else "GPU KV pool"
     if max_len <= 0:
@@ -153,16 +164,11 @@ def _auto_length(
 
 
 def _check_configured(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    layout: KvLayout,
-    shape: PoolShape,
-    longest: int,
-    platform: Platform,
-    extended: bool,
+    inputs: PlanInputs, layout: KvLayout, shape: PoolShape, longest: int, extended: bool
 ) -> Notes:
     """A configured max_model_len: refused (naming the field) where one request, or
     gpu.min_concurrent_requests of them, do not fit."""
+    config, model, platform = inputs.config, inputs.model, inputs.platform
     max_len = int(config.model.max_model_len)
     block, dtype_b = layout.block_tokens, layout.dtype_bytes
     tp, requests = config.parallel.tensor_parallel_size, config.gpu.min_concurrent_requests
@@ -189,11 +195,10 @@ def _check_configured(
                 else ""
             ),
         )
-    if pool_bytes_for(model, dtype_b, block, tp, max_len, requests) > shape.usable_bytes:
-        reach = longest_for(model, dtype_b, block, tp, shape.usable_bytes, requests, max_len)
-        request_blocks = -(
-            -request_kv_bytes(model, dtype_b, max_len, block, tp) // layout.bytes_per_block
-        )
+    kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
+    if pool_bytes_for(kv, max_len, requests) > shape.usable_bytes:
+        reach = longest_for(kv, shape.usable_bytes, requests, max_len)
+        request_blocks = -(-request_kv_bytes(kv, max_len) // layout.bytes_per_block)
         usable_blocks = max(0, shape.gpu_blocks - 1)
         raise PlanError(
             "gpu.min_concurrent_requests",
@@ -212,9 +217,10 @@ def long_len_allowed(config: DeploymentConfig, env: dict[str, str]) -> bool:
     return config.model.allow_long_max_model_len or allowed
 
 
-def past_the_model_limit(config: DeploymentConfig, model: ModelFacts, env: dict[str, str]) -> Notes:
+def past_the_model_limit(inputs: PlanInputs) -> Notes:
     """A configured max_model_len past the model's limit: vLLM refuses to start with it
     (config/model.py _get_and_verify_max_len) unless told it is on purpose."""
+    config, model, env = inputs.config, inputs.model, inputs.env
     max_len, limit = config.model.max_model_len, model.max_len_limit
     if max_len == "auto" or not limit or max_len <= limit:
         return Notes()

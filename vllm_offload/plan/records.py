@@ -2,15 +2,20 @@
 its unit in its name, and the notes the steps left (decisions, warnings, problems).
 
 ``plan_json`` flattens it into the keys `plan --json`, the manager's page and the bench
-read (each field's ``json`` name, in declaration order).
+read (each field's ``json`` name, in declaration order). ``PlanInputs`` is what the steps
+of one model's plan carry, ``FleetInputs`` what planning several models starts from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import FieldError
+from vllm_offload.hardware import DiskFacts, HostFacts
+from vllm_offload.model_facts import ModelFacts
 
 Platform = Literal["cuda", "cpu"]
 Backend = Literal["native", "lmcache", "none"]
@@ -26,7 +31,7 @@ def _key(name: str) -> dict[str, str]:
     return {"json": name}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Notes:
     """What a step decided, warns about, or finds that forbids a start (the plan is still
     worth showing: `serve --dry-run` prints a GPU host's command anywhere)."""
@@ -38,10 +43,10 @@ class Notes:
 
     def __add__(self, other: Notes) -> Notes:
         return Notes(
-            self.decisions + other.decisions,
-            self.warnings + other.warnings,
-            self.unplanned + other.unplanned,
-            self.problems + other.problems,
+            decisions=self.decisions + other.decisions,
+            warnings=self.warnings + other.warnings,
+            unplanned=self.unplanned + other.unplanned,
+            problems=self.problems + other.problems,
         )
 
     @staticmethod
@@ -49,7 +54,7 @@ class Notes:
         return Notes(problems=({"field": field_name, "message": message},))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KvLayout:
     """Where KV goes besides the GPU and how it is cut: the CPU tier's backend, the GPU
     block and the tier's chunk, the element type, and what a token and a block cost (per
@@ -65,7 +70,7 @@ class KvLayout:
     bytes_per_block: int = field(metadata=_key("kv_bytes_per_block"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Weights:
     """The weights at the dtype vLLM serves them, and how many bytes of them (per rank:
     vLLM's --cpu-offload-gb is per rank) live in host RAM."""
@@ -81,7 +86,7 @@ class Weights:
     offloaded_layers: int = field(metadata=_key("weights_offloaded_layers"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuPool:
     """One GPU's memory and the KV pool vLLM makes of it."""
 
@@ -94,7 +99,7 @@ class GpuPool:
     )  # vLLM's "KV cache size: N tokens"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Lengths:
     """How long one request may be, and how many such the pool holds."""
 
@@ -106,7 +111,7 @@ class Lengths:
     min_concurrent_requests: int = field(metadata=_key("min_concurrent_requests"))  # asked: gpu.*
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostExtension:
     """Host RAM continuing the GPU KV pool (patch 0006), per GPU; 0: none."""
 
@@ -122,7 +127,7 @@ class HostExtension:
     staging_scratch_tokens: int = field(metadata=_key("staging_scratch_tokens"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CpuTier:
     """The CPU KV tier, all ranks together (for reuse and preemption)."""
 
@@ -131,7 +136,7 @@ class CpuTier:
     tokens: int = field(metadata=_key("cpu_tier_tokens"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostRam:
     """The host's RAM and /dev/shm as planned against, and the largest CPU tier each holds
     once vLLM, offloaded weights and the host extension have theirs."""
@@ -145,7 +150,7 @@ class HostRam:
     tier_room_shm_bytes: int = field(metadata=_key("cpu_tier_room_shm_bytes"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DiskTier:
     """The disk tier behind the CPU tier (0 bytes: none): its directory, the folder of this
     model's files in it, and the free space it keeps on that filesystem."""
@@ -157,7 +162,7 @@ class DiskTier:
     reserve_bytes: int = field(metadata=_key("disk_reserve_bytes"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Costs:
     """What weight offload costs: each decode step moves every offloaded byte host->GPU
     over this link."""
@@ -167,7 +172,7 @@ class Costs:
     decode_steps_per_s_ceiling: float | None  # None: no weights offloaded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     platform: Platform
     model_path: str
@@ -186,6 +191,33 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return plan_json(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanInputs:
+    """What one model's plan is made from, as each step takes it: the config, the model's
+    facts, the host, its platform and the server's environment."""
+
+    config: DeploymentConfig
+    model: ModelFacts
+    host: HostFacts
+    platform: Platform
+    env: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetInputs:
+    """What a set of models is planned from: the whole config, each model's engine config
+    and facts and disk tier's facts (by name, in the file's order), the host, its platform
+    and the server's environment."""
+
+    config: DeploymentConfig
+    engines: Mapping[str, DeploymentConfig]
+    facts: Mapping[str, ModelFacts]
+    disks: Mapping[str, DiskFacts | None]
+    host: HostFacts
+    platform: Platform
+    env: dict[str, str]
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:

@@ -16,12 +16,12 @@ import math
 from collections.abc import Mapping
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.hardware import GIB
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.gpu import gpu_overhead_bytes, served_weight_bytes
-from vllm_offload.plan.kv import pool_bytes_for
+from vllm_offload.plan.kv import KvSizing, pool_bytes_for
 from vllm_offload.plan.lengths import target
-from vllm_offload.plan.records import Notes, Plan, Platform, gib
+from vllm_offload.plan.records import FleetInputs, Notes, Plan, gib
 
 
 def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
@@ -35,25 +35,21 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
     pool = config.gpu.kv_cache_memory_bytes
     if pool == "auto":
         tokens, requests = target(config, model)
-        pool = pool_bytes_for(
-            model, plan.kv.dtype_bytes, plan.kv.block_tokens, tp, tokens, requests
+        kv = KvSizing(
+            model=model, dtype_bytes=plan.kv.dtype_bytes, block_tokens=plan.kv.block_tokens, tp=tp
         )
+        pool = pool_bytes_for(kv, tokens, requests)
     return weights + gpu_overhead_bytes(model) + pool
 
 
 def resident_models(
-    config: DeploymentConfig,
-    engines: Mapping[str, DeploymentConfig],
-    facts: Mapping[str, ModelFacts],
-    alone: Mapping[str, Plan],
-    host: HostFacts,
-    platform: Platform,
-    asleep_bytes: int,
+    inputs: FleetInputs, alone: Mapping[str, Plan], asleep_bytes: int
 ) -> tuple[int, dict[str, float], Notes]:
     """(max_resident, each model's GPU share when more than one is resident, the decision).
     ``alone``: each model planned by itself; ``asleep_bytes``: what a sleeping engine keeps
     on the GPU (counted for the others only when they sleep)."""
-    if platform != "cuda" or not host.gpus:
+    config, engines, facts, host = inputs.config, inputs.engines, inputs.facts, inputs.host
+    if inputs.platform != "cuda" or not host.gpus:
         why = "residency.max_resident auto -> 1: no NVIDIA GPU (one engine at a time)"
         return 1, {}, Notes(decisions=(why,))
     total = min(g.total_bytes for g in host.gpus)

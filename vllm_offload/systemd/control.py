@@ -37,7 +37,7 @@ def validate_unit(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServiceStatus:
     unit: str
     active_state: str  # active, inactive, failed, activating, ...
@@ -57,7 +57,7 @@ class ServiceStatus:
         return self.result == "start-limit-hit" or self.active_state == "error"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Systemd:
     """systemctl/journalctl commands; ``root`` for docker-systemctl-replacement's --root."""
 
@@ -90,7 +90,7 @@ class Systemd:
             raise ServiceError(
                 "no systemctl found; install systemd or docker-systemctl-replacement"
             )
-        return cls((ctl,), (journal,), root)
+        return cls(systemctl=(ctl,), journalctl=(journal,), root=root)
 
     @property
     def replacement(self) -> bool:

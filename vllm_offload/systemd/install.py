@@ -44,7 +44,7 @@ class InstallError(VllmOffloadError):
     """Bad install input; names the option and the fix. Nothing has been written."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InstallOptions:
     root: Path = Path("/")
     unit: str = "vllm"
@@ -56,7 +56,7 @@ class InstallOptions:
     python: str = sys.executable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlannedFile:
     path: Path  # as the service sees it
     content: str
@@ -180,13 +180,15 @@ def render(options: InstallOptions) -> list[PlannedFile]:
 
     units = Path("/etc/systemd/system")
     files = [
-        PlannedFile(units / f"{options.unit}.service", fill("vllm.service.in")),
-        PlannedFile(units / f"{options.unit}-manager.service", fill("vllm-manager.service.in")),
-        PlannedFile(env_file, ENV_FILE_TEXT, keep_existing=True),
+        PlannedFile(path=units / f"{options.unit}.service", content=fill("vllm.service.in")),
         PlannedFile(
-            token_file,
-            secrets.token_urlsafe(32) + "\n",
-            0o600,
+            path=units / f"{options.unit}-manager.service", content=fill("vllm-manager.service.in")
+        ),
+        PlannedFile(path=env_file, content=ENV_FILE_TEXT, keep_existing=True),
+        PlannedFile(
+            path=token_file,
+            content=secrets.token_urlsafe(32) + "\n",
+            mode=0o600,
             owner=options.manager_user,
             keep_existing=True,
             secret=True,
@@ -194,20 +196,24 @@ def render(options: InstallOptions) -> list[PlannedFile]:
     ]
     if config.cluster.boxes:  # more than one box: this one also runs their router
         files.append(
-            PlannedFile(units / f"{options.unit}-router.service", fill("vllm-router.service.in"))
+            PlannedFile(
+                path=units / f"{options.unit}-router.service",
+                content=fill("vllm-router.service.in"),
+            )
         )
     if not options.config_given:
         files.append(
             PlannedFile(
-                options.config,
-                config_mod.to_toml(config_mod.DeploymentConfig()),
+                path=options.config,
+                content=config_mod.to_toml(config_mod.DeploymentConfig()),
                 owner=options.manager_user,
                 keep_existing=True,
             )
         )
     files.append(
         PlannedFile(
-            Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"), fill("polkit.rules.in")
+            path=Path(f"/etc/polkit-1/rules.d/50-{options.unit}-offload.rules"),
+            content=fill("polkit.rules.in"),
         )
     )
     return files

@@ -13,8 +13,8 @@ import httpx
 from fastapi import FastAPI
 
 from tests.conftest import make_host
+from tests.plan.test_fleet import LLAMA3_8B, write_shape
 from tests.test_argv_check import vllm_reads
-from tests.test_plan_fleet import LLAMA3_8B, write_shape
 from vllm_offload import argv_check
 from vllm_offload.box.prepare import prepare_fleet
 from vllm_offload.config import parse

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Allocation:
     handle: tuple[int, int]
     tag: str
     is_asleep: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StandInAllocator:
     buffers: dict[str, Any] = field(default_factory=dict)
     pointer_to_data: dict[int, Allocation] = field(default_factory=dict)
@@ -30,7 +30,7 @@ class StandInAllocator:
         buffer = ctypes.create_string_buffer(data, len(data))
         self.buffers[f"{tag}{len(self.buffers)}"] = buffer
         ptr = ctypes.addressof(buffer)
-        self.pointer_to_data[ptr] = Allocation((ptr, len(data)), tag)
+        self.pointer_to_data[ptr] = Allocation(handle=(ptr, len(data)), tag=tag)
         return ptr
 
     def sleep(self, offload_tags: tuple[str, ...]) -> None:

@@ -22,7 +22,7 @@ from vllm_offload.plan.fleet import (
     plan_fleet,
 )
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
-from vllm_offload.plan.records import PlanError
+from vllm_offload.plan.records import FleetInputs, PlanError
 from vllm_offload.plan.together import gpu_need
 
 
@@ -37,13 +37,15 @@ def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> F
     engines = engine_configs(config)
     facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
     return plan_fleet(
-        config,
-        engines,
-        facts,
-        host,
-        platform,
-        {},  # type: ignore[arg-type]
-        {n: None for n in engines},
+        FleetInputs(
+            config=config,
+            engines=engines,
+            facts=facts,
+            disks={n: None for n in engines},
+            host=host,
+            platform=platform,  # type: ignore[arg-type]
+            env={},
+        )
     )
 
 
@@ -136,7 +138,7 @@ def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     from vllm_offload.box.prepare import prepare_fleet
     from vllm_offload.config import load
 
-    example = load(Path(__file__).parents[1] / "examples/config-two-models.toml")
+    example = load(Path(__file__).parents[2] / "examples/config-two-models.toml")
     data = example.model_dump()
     data["server"]["api_key_file"] = ""
     for entry in data["models"]:

@@ -22,7 +22,7 @@ from vllm_offload.hardware import GIB, GpuFacts, declared
 from vllm_offload.launch import build
 from vllm_offload.plan import Plan, PlanError, make_plan, render
 
-LLAMA3_70B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-70b"
+LLAMA3_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 # A Qwen3-Next-like hybrid: three linear-attention layers to every full one.
 HYBRID: dict[str, Any] = dict(
     LLAMA3_8B,
@@ -215,8 +215,32 @@ def test_plan_prints_its_decisions(tmp_path: Path) -> None:
 
 def test_h2d_speed_follows_the_pcie_link() -> None:
     host = make_host(80)
-    gen5 = replace(host, gpus=(GpuFacts(0, "H100", 80 * GIB, 80 * GIB, 5, 16),))
-    gen3x8 = replace(host, gpus=(GpuFacts(0, "old", 80 * GIB, 80 * GIB, 3, 8),))
+    gen5 = replace(
+        host,
+        gpus=(
+            GpuFacts(
+                index=0,
+                name="H100",
+                total_bytes=80 * GIB,
+                free_bytes=80 * GIB,
+                pcie_generation=5,
+                pcie_width=16,
+            ),
+        ),
+    )
+    gen3x8 = replace(
+        host,
+        gpus=(
+            GpuFacts(
+                index=0,
+                name="old",
+                total_bytes=80 * GIB,
+                free_bytes=80 * GIB,
+                pcie_generation=3,
+                pcie_width=8,
+            ),
+        ),
+    )
     config = with_overrides(
         DeploymentConfig(), {"model.path": str(LLAMA3_70B), "weights_offload.cpu_gib": "auto"}
     )
@@ -239,12 +263,12 @@ def test_expandable_segments_with_the_tier_is_refused(tmp_path: Path) -> None:
     facts, host = model_facts.read(directory), make_host(24)
     env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6,expandable_segments:True"}
     config = with_overrides(DeploymentConfig(), {"model.path": str(directory)})
-    plan = make_plan(config, facts, host, "cuda", env)
+    plan = make_plan(config, facts, host, "cuda", env=env)
     (problem,) = plan.notes.problems
     assert problem["field"] == "PYTORCH_CUDA_ALLOC_CONF" and "#41237" in problem["message"]
     assert "cannot start: PYTORCH_CUDA_ALLOC_CONF" in render(plan)
     without_tier = with_overrides(config, {"kv_offload.backend": "none"})
-    assert make_plan(without_tier, facts, host, "cuda", env).notes.problems == ()
+    assert make_plan(without_tier, facts, host, "cuda", env=env).notes.problems == ()
 
 
 def test_lmcache_on_hybrid_models(tmp_path: Path) -> None:
@@ -293,7 +317,7 @@ def test_wsl2_is_explained(tmp_path: Path) -> None:
     facts, wsl = model_facts.read(directory), replace(make_host(24), wsl=True)
     warnings = make_plan(config, facts, wsl, "cuda").notes.warnings
     assert any("VLLM_WSL2_ENABLE_PIN_MEMORY=1" in w and "pageable" in w for w in warnings)
-    pinned = make_plan(config, facts, wsl, "cuda", {"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
+    pinned = make_plan(config, facts, wsl, "cuda", env={"VLLM_WSL2_ENABLE_PIN_MEMORY": "1"})
     assert any("half the RAM" in w for w in pinned.notes.warnings)
     assert not any(
         "WSL2" in w for w in make_plan(config, facts, make_host(24), "cuda").notes.warnings
@@ -303,7 +327,7 @@ def test_wsl2_is_explained(tmp_path: Path) -> None:
 def test_the_24gb_example_passes_its_own_check(tmp_path: Path) -> None:
     """examples/config-24gb.toml on the host it describes: an RTX 4090 and 128 GB of RAM,
     whose /dev/shm is half of it (Linux's default), so a 64 GiB tier cannot be mapped."""
-    example = load(Path(__file__).parents[1] / "examples/config-24gb.toml")
+    example = load(Path(__file__).parents[2] / "examples/config-24gb.toml")
     model = write_shape(
         tmp_path / "Meta-Llama-3.1-8B-Instruct", dict(LLAMA3_8B, max_position_embeddings=131072)
     )

@@ -313,7 +313,7 @@ def test_weights_that_do_not_fit_without_offload(tmp_path: Path) -> None:
 def test_cpu_platform_honours_vllm_cpu_kvcache_space(demo_dir: Path) -> None:
     facts = model_facts.read(demo_dir)
     plan = make_plan(
-        config_for(demo_dir), facts, make_host(None), "cpu", {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        config_for(demo_dir), facts, make_host(None), "cpu", env={"VLLM_CPU_KVCACHE_SPACE": "1"}
     )
     assert plan.gpu.kv_pool_bytes == GIB
     assert plan.kv.block_tokens == 128

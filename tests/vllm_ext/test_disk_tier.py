@@ -27,14 +27,21 @@ CHUNK = 64 * 1024  # bytes of one offloaded chunk in these tests
 
 
 def disk_facts(path: Path, **changes: Any) -> DiskFacts:
-    facts = DiskFacts(str(path), True, True, "ext4", 1000 * GIB, True)
+    facts = DiskFacts(
+        path=str(path),
+        exists=True,
+        writable=True,
+        filesystem="ext4",
+        total_bytes=1000 * GIB,
+        o_direct=True,
+    )
     return replace(facts, **changes)
 
 
 def plan_with_disk(model: Path, disk: DiskFacts | None, **overrides: Any) -> Any:
     values = {"model.path": str(model), "kv_offload.disk_path": "/nvme/kv", **overrides}
     config = with_overrides(DeploymentConfig(), values)
-    return make_plan(config, model_facts.read(model), make_host(24), "cuda", {}, disk)
+    return make_plan(config, model_facts.read(model), make_host(24), "cuda", env={}, disk=disk)
 
 
 def test_the_planner_sizes_and_refuses_the_disk_tier(tmp_path: Path) -> None:
@@ -95,7 +102,12 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     values = {"model.path": str(model), "kv_offload.disk_path": str(tmp_path)}
     config = with_overrides(DeploymentConfig(), values)
     plan = make_plan(
-        config, model_facts.read(model), make_host(24), "cuda", {}, probe_disk(str(tmp_path))
+        config,
+        model_facts.read(model),
+        make_host(24),
+        "cuda",
+        env={},
+        disk=probe_disk(str(tmp_path)),
     )
     spec = launch.build(config, plan, model, "0.32.0")
     parser = make_arg_parser(FlexibleArgumentParser())  # the server's own
@@ -112,7 +124,7 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     assert tier["max_bytes"] == plan.disk.bytes
     assert tier["root_dir"] == plan.disk.root
     without = with_overrides(config, {"kv_offload.disk_path": ""})
-    plain = make_plan(without, model_facts.read(model), make_host(24), "cuda", {}, None)
+    plain = make_plan(without, model_facts.read(model), make_host(24), "cuda", env={}, disk=None)
     extra = launch.build(without, plain, model, "0.32.0").kv_transfer_config
     assert extra is not None and "spec_name" not in extra["kv_connector_extra_config"]
 

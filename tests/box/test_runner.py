@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.box.test_residency import StandIn
 from tests.conftest import make_host
-from tests.test_plan_fleet import fleet_of, two_models
+from tests.plan.test_fleet import fleet_of, two_models
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.box.residency import Residency, ResidencySettings
@@ -21,12 +21,22 @@ from vllm_offload.hardware import declared
 def started(tmp_path: Path, data: dict[str, Any], gpu_gib: float) -> list[str]:
     """What start-up asked of each engine, for the set ``data`` planned on a card."""
     fleet = fleet_of(data, declared(make_host(None), gpu_mem_gib=gpu_gib, ram_gib=256))
-    prepared = PreparedFleet(fleet, {}, {}, tmp_path, None, (), ())
+    prepared = PreparedFleet(
+        fleet=fleet,
+        model_dirs={},
+        specs={},
+        runtime_dir=tmp_path,
+        api_key=None,
+        problems=(),
+        notes=(),
+    )
     log: list[str] = []
     engines = {name: StandIn(name, log) for name in fleet.models}
     settings = ResidencySettings(max_resident=fleet.max_resident)
     residency = Residency(engines, settings)
-    front = FrontDoor(engines, residency, {n: 8192 for n in engines})  # type: ignore[arg-type]
+    front = FrontDoor(
+        engines=engines, residency=residency, max_model_len={n: 8192 for n in engines}
+    )  # type: ignore[arg-type]
     asyncio.run(warm_up(front, prepared, preload=True))
     assert front.ready
     return log

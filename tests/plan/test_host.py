@@ -20,8 +20,9 @@ from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.plan.fleet import FleetPlan, holds, plan_fleet
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
+from vllm_offload.plan.records import FleetInputs
 
-LLAMA_70B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-70b"
+LLAMA_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 
 
 def test_offloaded_weights_larger_than_the_ram_are_refused(
@@ -165,7 +166,17 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
         facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
         host = make_host(gpu_gib=rng.choice([24, 48, 80]), ram_gib=rng.choice([32, 64, 128, 256]))
         try:
-            fleet = plan_fleet(config, engines, facts, host, "cuda", {}, {n: None for n in engines})
+            fleet = plan_fleet(
+                FleetInputs(
+                    config=config,
+                    engines=engines,
+                    facts=facts,
+                    disks={n: None for n in engines},
+                    host=host,
+                    platform="cuda",
+                    env={},
+                )
+            )
         except PlanError:
             continue
         if fleet.notes.problems or any(m.plan.notes.problems for m in fleet.models.values()):
