@@ -9,7 +9,8 @@ One module a topic, each step returning its part and its notes: ``layout`` (the 
 backend, blocks, chunks, KV dtype), ``gpu`` (the GPU budget and the weights), ``lengths``
 (the pool in blocks, max_model_len, concurrency), ``host`` (RAM, the host extension, the
 CPU tier), ``disk`` (the disk tier), ``checks`` (combinations vLLM refuses or runs badly),
-``costs`` (what offload costs in decode speed), ``staging`` (the GPU scratch a spilled
+``costs`` (what offload costs in decode speed), ``parts`` (weights_offload.params against
+the model's components), ``staging`` (the GPU scratch a spilled
 request's prefill stages its host blocks in); ``records`` says what a plan is and
 ``render`` prints it. A new tier is a module here with a step called from ``make_plan``.
 """
@@ -34,6 +35,7 @@ from vllm_offload.plan.lengths import (
     past_the_model_limit,
     target,
 )
+from vllm_offload.plan.parts import component_rows, offload_param_checks, offload_room_check
 from vllm_offload.plan.records import (
     GpuPool,
     HostExtension,
@@ -89,6 +91,10 @@ def make_plan(
         target(config, planned),
     )
     notes += step
+    notes += offload_param_checks(config, model)
+    notes += offload_room_check(
+        config, model, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
+    )
     extension, step = extension_bytes(config, planned, platform)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
@@ -130,6 +136,7 @@ def make_plan(
             memory.prefetch_group_size,
             memory.prefetch_num_in_group,
             memory.offloaded_layers,
+            component_rows(model),
         ),
         gpu=GpuPool(
             memory.total_bytes,
