@@ -18,6 +18,7 @@ from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.model_facts import ModelFactsError
 from vllm_offload.plan import make_plan
+from vllm_offload.plan.gpu import decoder_layer_bytes
 
 QWEN25_VL_7B = Path(__file__).parents[1] / "benchmarks/models/qwen2.5-vl-7b"
 PLAN = ["plan", "--gpu-mem-gib", "24", "--ram-gib", "64", "--model-max-model-len", "32768"]
@@ -213,3 +214,22 @@ def test_a_tensor_without_shape_is_refused_naming_the_file(tmp_path: Path) -> No
         r"'model.visual.merger.mlp.0.weight' has no valid shape",
     ):
         model_facts.read(tmp_path)
+
+
+def test_without_patterns_the_towers_go_first_and_the_plan_says_so() -> None:
+    """vLLM builds (and offloads) Qwen2.5-VL's vision tower before its language model."""
+    config = config_for(**{"weights_offload.cpu_gib": 4.0})
+    plan = make_plan(config, model_facts.read(QWEN25_VL_7B), make_host(24, ram_gib=64), "cuda")
+    [note] = [d for d in plan.notes.decisions if "towers first" in d]
+    assert "1.26 GiB of the 4.00 GiB are theirs" in note
+    # the towers have MLPs too: 'mlp' is not a way to keep them on the GPU
+    assert note.endswith("('input_layernorm', 'post_attention_layernorm', 'self_attn')")
+
+
+def test_prefetch_layers_leave_the_towers_out() -> None:
+    """One decoder layer of Qwen2.5-VL-7B's language model: 233 M parameters in bf16 (the
+    towers' 0.68 B are not shared among the layers)."""
+    facts = model_facts.read(QWEN25_VL_7B)
+    h, inter = 3584, 18944
+    layer = h * (h + 512 + 512) + h * h + 3 * h * inter
+    assert decoder_layer_bytes(facts, facts.weight_bytes, 2) == pytest.approx(2 * layer, rel=0.01)

@@ -35,7 +35,12 @@ from vllm_offload.plan.lengths import (
     past_the_model_limit,
     target,
 )
-from vllm_offload.plan.parts import component_rows, offload_param_checks, offload_room_check
+from vllm_offload.plan.parts import (
+    component_rows,
+    offload_param_checks,
+    offload_room_check,
+    tower_first_note,
+)
 from vllm_offload.plan.records import (
     GpuPool,
     HostExtension,
@@ -95,6 +100,7 @@ def make_plan(
     notes += offload_room_check(
         config, model, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
     )
+    notes += tower_first_note(config, model, memory.weights_offloaded_bytes)
     extension, step = extension_bytes(config, planned, platform)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).

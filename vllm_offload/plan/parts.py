@@ -70,6 +70,36 @@ def offload_param_checks(config: DeploymentConfig, model: ModelFacts) -> Notes:
     return Notes(decisions=tuple(decisions), problems=tuple(problems))
 
 
+def language_only(model: ModelFacts) -> list[str]:
+    """Patterns that take decoder-layer parameters and no tower's (the first part of each
+    layer name, where no tower has it: Qwen2.5-VL's towers have MLPs too)."""
+    towers = [p for p in model.components if p.kind != "language model"]
+    layer = next((p for p in model.components if p.kind == "language model"), None)
+    firsts = sorted({name.split(".")[0] for name in (layer.param_names if layer else ())})
+    return [first for first in firsts if not matching(first, towers)]
+
+
+def tower_first_note(config: DeploymentConfig, model: ModelFacts, offloaded_bytes: int) -> Notes:
+    """With no patterns, vLLM's UVA offloader fills cpu_gib in construction order, and a
+    multi-part model builds its towers before its language model (models/interfaces.py
+    _mark_tower_model wraps them as they are built): the towers go first."""
+    towers = [p for p in model.components if p.kind != "language model"]
+    uva = config.weights_offload.backend == "uva"
+    if config.weights_offload.params or not offloaded_bytes or not towers or not uva:
+        return Notes()
+    only = ", ".join(repr(name) for name in language_only(model))
+    theirs = min(offloaded_bytes, sum(p.bytes for p in towers))
+    return Notes(
+        decisions=(
+            f"weights offload: with {FIELD} empty vLLM offloads the towers first (built "
+            f"before the language model; {listing(towers)}): {gib(theirs)} of the "
+            f"{gib(offloaded_bytes)} are theirs, so image requests read them over the host "
+            f"link; to keep them on the GPU name decoder-layer parts only "
+            f"({only or 'none here takes no tower parameter'})",
+        )
+    )
+
+
 def offload_room_check(
     config: DeploymentConfig, model: ModelFacts, offloaded_bytes: int, served_bytes: int
 ) -> Notes:
