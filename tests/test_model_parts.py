@@ -233,3 +233,19 @@ def test_prefetch_layers_leave_the_towers_out() -> None:
     h, inter = 3584, 18944
     layer = h * (h + 512 + 512) + h * h + 3 * h * inter
     assert decoder_layer_bytes(facts, facts.weight_bytes, 2) == pytest.approx(2 * layer, rel=0.01)
+
+
+def test_a_checkpoint_whose_layers_are_not_recognised_refuses_no_pattern(tmp_path: Path) -> None:
+    """Decoder layers under a name the planner does not know: nothing to check a pattern
+    against, so none is refused (a false refusal would block a working config)."""
+    shutil.copy(QWEN25_VL_7B / "config.json", tmp_path / "config.json")
+    write_header(
+        tmp_path / "model.safetensors",
+        {"model.decoder.stack.0.proj.weight": tensor([32, 32]), "visual.x.weight": tensor([4])},
+    )
+    facts = model_facts.read(tmp_path)
+    config = with_overrides(
+        DeploymentConfig(), {"model.path": str(tmp_path), "weights_offload.params": ["proj"]}
+    )
+    plan = make_plan(config, facts, make_host(24, ram_gib=64), "cuda")
+    assert plan.notes.problems == ()

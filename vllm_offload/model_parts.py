@@ -50,7 +50,10 @@ class Component:
     names_known: bool = True
 
     def matches(self, pattern: str) -> bool:
-        """Whether vLLM's segment match of ``pattern`` takes one of this part's parameters."""
+        """Whether vLLM's segment match of ``pattern`` takes one of this part's parameters
+        (a language model whose layer names are unknown may have any: never refused)."""
+        if not self.names_known and self.kind == "language model":
+            return True
         if not self.names_known and f".{pattern}.".startswith(f".{self.name}."):
             return True
         return any(f".{pattern}." in f".{name}." for name in self.param_names)
@@ -90,7 +93,7 @@ _FUSED = (
     (re.compile(r"\.(q_proj|k_proj|v_proj)\."), ".qkv_proj."),
     (re.compile(r"\.(gate_proj|up_proj)\."), ".gate_up_proj."),
 )
-_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.(.+)$")
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.\d+\.(.+)$")  # Llama, GPT-2, MPT
 
 
 def vllm_name(name: str) -> str:
@@ -129,6 +132,7 @@ def from_tensors(model_type: str, tensors: dict[str, float]) -> tuple[Component,
             kind=kinds.get(part, "language model"),
             bytes=int(sizes[part]),
             param_names=tuple(sorted(names.get(part, ()))),
+            names_known=part != LANGUAGE_MODEL or part in names,
         )
         for part in [*(t.name for t in towers), LANGUAGE_MODEL]
         if part in sizes
