@@ -28,6 +28,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "config",
         "model_facts",
+        "model_parts",
+        "safetensors_header",
         "model_limit",
         "weight_estimate",
         "hub",

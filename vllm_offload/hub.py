@@ -183,8 +183,7 @@ def remote_facts(ref: HubRef) -> tuple[ModelFacts, int]:
             raise ModelFactsError(f"{ref}: more than {model_facts.MAX_WEIGHT_FILES} weight files")
         headers = {name: _header(api, ref, info.sha, name) for name in shards}
     raw = model_facts.config_object(data, f"{ref}: config.json")
-    weights = model_facts.headers_bytes(headers) if headers else None
-    facts = model_facts.facts_of(str(ref), raw, weights, (info.sha or "")[:16])
+    facts = model_facts.facts_of(str(ref), raw, headers or None, (info.sha or "")[:16])
     return facts, sum(s.size or 0 for s in files)
 
 

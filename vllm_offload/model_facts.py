@@ -12,14 +12,13 @@ keep (200,000,000 layers once kept the manager busy for twelve minutes).
 from __future__ import annotations
 
 import hashlib
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vllm_offload import model_limit, weight_estimate
+from vllm_offload import model_limit, model_parts, safetensors_header, weight_estimate
 from vllm_offload.errors import VllmOffloadError
-from vllm_offload.safe_files import open_regular, parse_json, read_regular
+from vllm_offload.safe_files import parse_json, read_regular
 
 LayerKindName = Literal["full", "sliding", "mla", "linear"]
 
@@ -34,31 +33,6 @@ DTYPE_BYTES: dict[str, int] = {
     "fp8_e5m2": 1,
 }
 
-# safetensors dtype tags -> bytes per element
-_SAFETENSORS_BYTES: dict[str, float] = {
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "F8_E8M0": 1,  # MXFP4's block scales
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F6_E2M3": 0.75,
-    "F6_E3M2": 0.75,
-    "F4": 0.5,
-    "C64": 8,
-}
-
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_WEIGHT_FILES = 4096
 # Ranges past every released model (layers: Llama 3.1 405B has 126) that keep the
@@ -67,7 +41,6 @@ MAX_LAYERS = 1024
 MAX_WIDTH = 1 << 20  # hidden size, intermediate sizes, head counts and sizes, ranks
 MAX_TOKENS = 1 << 28  # context lengths and sliding windows
 MAX_VOCAB = 1 << 24
-MAX_TENSOR_ELEMENTS = 1 << 50
 
 
 class ModelFactsError(VllmOffloadError):
@@ -108,6 +81,9 @@ class ModelFacts:
     tie_word_embeddings: bool = False
     max_len_key: str = "max_position_embeddings"
     unknown: tuple[str, ...] = ()  # what could not be read, in words
+    # vision/audio towers, projector, language model: their bytes and what the offloader
+    # matches weights_offload.params against (model_parts)
+    components: tuple[model_parts.Component, ...] = ()
     # config.json's bytes and every weight file's name, size and mtime, hashed: the disk
     # tier keeps a model's KV under it, so changed weights at the same path find none.
     fingerprint: str = ""
@@ -206,36 +182,6 @@ def _json(data: bytes, what: str) -> Any:
         raise ModelFactsError(f"{what}: not valid JSON ({str(exc)[:200]})") from None
 
 
-def _tensor_bytes(file: str, name: str, entry: Any) -> float:
-    """One tensor's bytes from its safetensors header entry."""
-    shape = entry.get("shape") if isinstance(entry, dict) else None
-    dtype = entry.get("dtype") if isinstance(entry, dict) else None
-    if not isinstance(shape, list) or not isinstance(dtype, str) or len(shape) > 16:
-        raise ModelFactsError(f"{file}: tensor {name[:80]!r} has no valid shape and dtype")
-    count = 1
-    for dim in shape:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-            raise ModelFactsError(f"{file}: tensor {name[:80]!r} has a bad dimension")
-        count *= dim
-        if count > MAX_TENSOR_ELEMENTS:
-            raise ModelFactsError(f"{file}: tensor {name[:80]!r} is larger than any model's")
-    return count * _SAFETENSORS_BYTES.get(dtype, 2)
-
-
-def _safetensors_header(path: Path) -> dict[str, Any]:
-    with open_regular(path) as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ModelFactsError(f"{path.name}: truncated safetensors file")
-        (header_len,) = struct.unpack("<Q", raw)
-        if header_len > _MAX_HEADER_BYTES:
-            raise ModelFactsError(f"{path.name}: safetensors header too large")
-        header = _json(f.read(header_len), f"{path.name}: garbled safetensors header")
-    if not isinstance(header, dict):
-        raise ModelFactsError(f"{path.name}: garbled safetensors header (not an object)")
-    return header
-
-
 def _weight_files(model_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     files = sorted({f for pattern in patterns for f in model_dir.glob(pattern)})
     if len(files) > MAX_WEIGHT_FILES:
@@ -243,28 +189,20 @@ def _weight_files(model_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     return files
 
 
-def read_safetensors_bytes(model_dir: Path) -> int | None:
-    """Sum of tensor sizes from the safetensors headers; None when there are none."""
+def read_safetensors_headers(model_dir: Path) -> dict[str, dict[str, Any]] | None:
+    """Each safetensors file's header by file name; None when there are none."""
     files = _weight_files(model_dir, ("*.safetensors",))
     if not files:
         return None
     headers = {}
     for file in files:
         try:
-            headers[file.name] = _safetensors_header(file)
+            headers[file.name] = safetensors_header.read_header(file)
+        except safetensors_header.HeaderError as exc:
+            raise ModelFactsError(str(exc)) from None
         except OSError as exc:
             raise ModelFactsError(f"{file.name}: cannot read it ({exc})") from None
-    return headers_bytes(headers)
-
-
-def headers_bytes(headers: dict[str, dict[str, Any]]) -> int:
-    """The tensors' bytes that safetensors headers (by file name) declare."""
-    total = 0.0
-    for file, header in headers.items():
-        for name, entry in header.items():
-            if name != "__metadata__":
-                total += _tensor_bytes(file, name, entry)
-    return int(total)
+    return headers
 
 
 def _shape(
@@ -324,7 +262,10 @@ def read(model_dir: Path) -> ModelFacts:
         raise ModelFactsError(f"{model_dir}: no such directory")
     config_bytes, raw = _read_config(model_dir)
     return facts_of(
-        str(model_dir), raw, read_safetensors_bytes(model_dir), fingerprint(model_dir, config_bytes)
+        str(model_dir),
+        raw,
+        read_safetensors_headers(model_dir),
+        fingerprint(model_dir, config_bytes),
     )
 
 
@@ -337,11 +278,11 @@ def config_object(data: bytes, what: str) -> dict[str, Any]:
 
 
 def facts_of(
-    path: str, raw: dict[str, Any], safetensors_bytes: int | None, print_: str
+    path: str, raw: dict[str, Any], headers: dict[str, dict[str, Any]] | None, print_: str
 ) -> ModelFacts:
-    """The facts of config.json's object ``raw`` and the weights' bytes its safetensors
-    headers declare (None: none, estimated from the parameter count), read from a folder
-    or from the hub (``path`` names which; ``print_`` its fingerprint)."""
+    """The facts of config.json's object ``raw`` and its safetensors ``headers`` by file
+    (None: none; the weights estimated from the parameter count), read from a folder or
+    from the hub (``path`` names which; ``print_`` its fingerprint)."""
     cfg = _text_config(raw)
     archs = cfg.get("architectures")
     architecture = archs[0] if isinstance(archs, list) and archs else "unknown"
@@ -357,9 +298,16 @@ def facts_of(
     layers, unknown = _layer_kinds(cfg, num_layers)
     limit, limit_key = model_limit.max_len_limit(cfg)
     _optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
-    weight_bytes = safetensors_bytes
-    source: Literal["safetensors", "parameter count"] = "safetensors"
-    if weight_bytes is None:
+    model_type = _text(raw, "model_type", "unknown")
+    if headers:
+        try:
+            sizes = safetensors_header.tensor_sizes(headers)
+        except safetensors_header.HeaderError as exc:
+            raise ModelFactsError(str(exc)) from None
+        weight_bytes = int(sum(sizes.values()))
+        source: Literal["safetensors", "parameter count"] = "safetensors"
+        parts = model_parts.from_tensors(model_type, sizes)
+    else:
         scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
         if isinstance(quant, dict) and scheme is None:
             method = _text(quant, "quant_method", "unknown")
@@ -367,7 +315,12 @@ def facts_of(
         shape = _shape(
             cfg, layers=num_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
         )
-        weight_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
+        text_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
+        parts, missing = model_parts.from_config(
+            raw, hidden, DTYPE_BYTES.get(dtype, 2), text_bytes, shape.experts > 0
+        )
+        unknown += missing
+        weight_bytes = sum(part.bytes for part in parts)  # the towers sit on the GPU too
         source = "parameter count"
     return ModelFacts(
         path=path,
@@ -389,4 +342,5 @@ def facts_of(
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         unknown=tuple(unknown),
         fingerprint=print_,
+        components=parts,
     )

@@ -351,6 +351,7 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
             "prefetch_group_size",
             "prefetch_num_in_group",
             "weights_offloaded_layers",
+            "weight_components",
             "gpu_total_bytes",
             "gpu_budget_bytes",
             "gpu_kv_pool_bytes",

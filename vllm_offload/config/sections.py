@@ -304,8 +304,11 @@ class WeightsOffloadSection(_Section):
     )
     params: list[str] = Field(
         default_factory=list,
-        description="Only offload parameters whose names contain one of these "
-        "(e.g. 'visual', 'audio_tower'). Empty: any.",
+        description="Only offload parameters whose names contain one of these as whole "
+        "dot-separated parts (vLLM --cpu-offload-params): a tower by its module name "
+        "('visual' for Qwen2.5-VL, 'vision_tower' for LLaVA and Gemma 3), a decoder layer's "
+        "by names inside the layer ('mlp', 'self_attn.qkv_proj'). `plan` lists the model's "
+        "components; a pattern that matches nothing vLLM offloads is refused. Empty: any.",
     )
     backend: Literal["uva", "prefetch"] = Field(
         "uva",
@@ -335,7 +338,7 @@ class WeightsOffloadSection(_Section):
             if not PARAM_NAME.fullmatch(name):
                 raise ValueError(
                     f"{name[:40]!r} is not part of a parameter name: use letters, digits, _ "
-                    "and . (e.g. 'visual', 'model.layers.0'), not starting with '.'"
+                    "and . (e.g. 'visual', 'mlp.down_proj'), not starting with '.'"
                 )
         return params
 

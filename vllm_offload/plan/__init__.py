@@ -9,7 +9,8 @@ One module a topic, each step returning its part and its notes: ``layout`` (the 
 backend, blocks, chunks, KV dtype), ``gpu`` (the GPU budget and the weights), ``lengths``
 (the pool in blocks, max_model_len, concurrency), ``host`` (RAM, the host extension, the
 CPU tier), ``disk`` (the disk tier), ``checks`` (combinations vLLM refuses or runs badly),
-``costs`` (what offload costs in decode speed), ``staging`` (the GPU scratch a spilled
+``costs`` (what offload costs in decode speed), ``parts`` (weights_offload.params against
+the model's components), ``staging`` (the GPU scratch a spilled
 request's prefill stages its host blocks in); ``records`` says what a plan is and
 ``render`` prints it. A new tier is a module here with a step called from ``make_plan``.
 """
@@ -38,6 +39,12 @@ from vllm_offload.plan.lengths import (
     fit_lengths,
     past_the_model_limit,
     target,
+)
+from vllm_offload.plan.parts import (
+    component_rows,
+    offload_param_checks,
+    offload_room_check,
+    tower_first_note,
 )
 from vllm_offload.plan.records import (
     GpuPool,
@@ -90,6 +97,11 @@ def make_plan(
     inputs = replace(asked, model=planned)
     memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
+    notes += offload_param_checks(config, model)
+    notes += offload_room_check(
+        config, model, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
+    )
+    notes += tower_first_note(config, model, memory.weights_offloaded_bytes)
     extension, step = extension_bytes(inputs)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
@@ -127,6 +139,7 @@ def make_plan(
             prefetch_group_size=memory.prefetch_group_size,
             prefetch_num_in_group=memory.prefetch_num_in_group,
             offloaded_layers=memory.offloaded_layers,
+            components=component_rows(model),
         ),
         gpu=GpuPool(
             total_bytes=memory.total_bytes,

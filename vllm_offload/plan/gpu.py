@@ -97,10 +97,13 @@ def gpu_overhead_bytes(model: ModelFacts) -> int:
 
 def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) -> int:
     """Weight bytes of one decoder layer: all weights less the embeddings (and an untied
-    LM head), shared evenly; the unit the prefetch backend moves."""
+    LM head) and any vision/audio towers, shared evenly; the unit the prefetch backend
+    moves."""
     embeddings = model.vocab_size * model.hidden_size * dtype_bytes
     embeddings *= 1 if model.tie_word_embeddings else 2
-    return max(1, (weight_bytes - embeddings) // max(1, model.num_layers))
+    towers = sum(p.bytes for p in model.components if p.kind != "language model")
+    towers = towers * weight_bytes // max(1, model.weight_bytes)  # at the served dtype
+    return max(1, (weight_bytes - towers - embeddings) // max(1, model.num_layers))
 
 
 def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]:

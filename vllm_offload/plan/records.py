@@ -84,6 +84,8 @@ class Weights:
     prefetch_group_size: int = field(metadata=_key("prefetch_group_size"))
     prefetch_num_in_group: int = field(metadata=_key("prefetch_num_in_group"))
     offloaded_layers: int = field(metadata=_key("weights_offloaded_layers"))
+    # vision/audio towers, projector, language model: {"name", "kind", "bytes"} each
+    components: tuple[dict[str, Any], ...] = field(default=(), metadata=_key("weight_components"))
 
 
 @dataclass(frozen=True, kw_only=True)

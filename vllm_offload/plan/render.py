@@ -23,6 +23,7 @@ def render(plan: Plan) -> str:
                 else ""
             ),
         ),
+        *_component_rows(plan),
         ("KV per token", f"{kv.bytes_per_token:,} bytes"),
         ("KV per block", f"{kv.bytes_per_block:,} bytes ({kv.block_tokens} tokens)"),
         (
@@ -87,6 +88,14 @@ def render(plan: Plan) -> str:
     lines += [f"warning: {w}" for w in plan.notes.warnings]
     lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.notes.problems]
     return "\n".join(lines)
+
+
+def _component_rows(plan: Plan) -> list[tuple[str, str]]:
+    """A multi-part model's components (issue #46): what weights_offload.params can name."""
+    parts = plan.weights.components
+    if len(parts) < 2:
+        return []
+    return [(f"  {p['name']}", f"{gib(p['bytes'])} ({p['kind']})") for p in parts]
 
 
 def _staging_rows(plan: Plan) -> list[tuple[str, str]]:
