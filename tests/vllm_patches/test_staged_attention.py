@@ -148,8 +148,29 @@ def test_a_step_of_one_staged_row_runs_one_kernel_over_the_scratch_on_its_schedu
     assert torch.equal(got, expected)
     step = getattr(meta, staged_attention._STEP_ATTR)
     assert step.rest is None
-    assert step.rows[0].metadata.scheduler_metadata is meta.scheduler_metadata
+    own = step.rows[0].metadata  # the builder's, but for the table
+    assert own.scheduler_metadata is meta.scheduler_metadata
+    assert (own.max_seq_len, own.block_table.shape) == (meta.max_seq_len, meta.block_table.shape)
     assert Reader.calls == 2
+
+
+def test_a_padded_step_of_one_staged_row_keeps_the_batch_shape(
+    impl: staged_attention.StagedFlashAttentionImpl,
+) -> None:
+    """A row of no query token (a padded batch) beside the staged row: one kernel call
+    over the whole batch, the staged row's table pointing into the scratch."""
+    torch.manual_seed(3)
+    meta = metadata([(0, 0, [0]), ROWS[1]])
+    query = torch.randn(int(meta.num_actual_tokens), HEADS, DIM)
+    kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
+    expected = reference_forward(
+        None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
+    )
+    got = torch.full_like(query, float("nan"))
+    impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
+    assert torch.equal(got, expected)
+    (row,) = getattr(meta, staged_attention._STEP_ATTR).rows
+    assert row.metadata.block_table[0].tolist() == meta.block_table[0].tolist()
 
 
 def test_a_fragmented_row_is_copied_by_one_gather(

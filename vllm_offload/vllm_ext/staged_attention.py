@@ -53,6 +53,7 @@ class _Row:
 
     staged: staged_prefill.StagedRow
     metadata: FlashAttentionMetadata
+    queries: slice  # its rows of the step's query and output
     runs: tuple[staged_prefill.CopyRun, ...]
     gather: torch.Tensor | None  # its pool blocks, when copied by one gather
 
@@ -135,28 +136,37 @@ def _plan_step(
         rest.seq_lens = meta.seq_lens.clone()
         rest.seq_lens[_tensor(sorted(done), meta.query_start_loc).long()] = 0
         rest.scheduler_metadata = None  # planned for the key counts above
-    # A step of this one row: the builder's ahead-of-time schedule is the row's own (the
-    # kernel's split of the work depends on it: the same schedule, the same sums).
     alone = rest is None and len(staged) == 1
-    schedule = meta.scheduler_metadata if alone else None
-    return _Step(rows=tuple(_row(meta, row, schedule) for row in staged), rest=rest)
+    return _Step(rows=tuple(_row(meta, row, alone) for row in staged), rest=rest)
 
 
-def _row(
-    meta: FlashAttentionMetadata, row: staged_prefill.StagedRow, schedule: torch.Tensor | None
-) -> _Row:
+def _row(meta: FlashAttentionMetadata, row: staged_prefill.StagedRow, alone: bool) -> _Row:
+    """The row's kernel call over the scratch. A step of this one row keeps every field
+    of the builder's metadata but the block table (the same upper bounds and the same
+    ahead-of-time schedule: the kernel splits the work the same way, so the sums round
+    the same); in a step of several rows the row gets its own counts and no schedule."""
     own = copy.copy(meta)
-    tokens = row.query_end - row.query_start
-    own.num_actual_tokens = own.max_query_len = tokens
-    own.query_start_loc = _tensor([0, tokens], meta.query_start_loc)
-    own.max_seq_len = row.seq_len
-    own.seq_lens = _tensor([row.seq_len], meta.seq_lens)
-    own.block_table = _tensor([list(row.scratch_table)], meta.block_table)
-    own.scheduler_metadata = schedule
+    width = meta.block_table.shape[1]
+    scratch_row = _tensor(
+        [[*row.scratch_table, *[0] * (width - len(row.blocks))]], meta.block_table
+    )
+    queries = slice(None)
+    if alone:  # the batch's other rows (if any) have no query token
+        own.block_table = meta.block_table.clone()
+        own.block_table[row.row] = scratch_row[0]
+    else:
+        tokens = row.query_end - row.query_start
+        queries = slice(row.query_start, row.query_end)
+        own.block_table = scratch_row
+        own.num_actual_tokens = own.max_query_len = tokens
+        own.query_start_loc = _tensor([0, tokens], meta.query_start_loc)
+        own.max_seq_len = row.seq_len
+        own.seq_lens = _tensor([row.seq_len], meta.seq_lens)
+        own.scheduler_metadata = None
     runs, gather = row.runs, None
     if len(runs) > MAX_RUNS:
         gather = torch.tensor(row.blocks, dtype=torch.long, device=meta.block_table.device)
-    return _Row(staged=row, metadata=own, runs=runs, gather=gather)
+    return _Row(staged=row, metadata=own, queries=queries, runs=runs, gather=gather)
 
 
 def _copy_row(row: _Row, kv_cache: torch.Tensor, scratch: torch.Tensor) -> None:
@@ -231,8 +241,8 @@ class StagedFlashAttentionImpl(FlashAttentionImpl):
             super().forward(layer, query, key, value, kv_cache, step.rest, output)
         for row in step.rows:
             _copy_row(row, kv_cache, scratch)
-            at, end = row.staged.query_start, row.staged.query_end
-            super().forward(layer, query[at:end], key, value, scratch, row.metadata, output[at:end])
+            rows = row.queries
+            super().forward(layer, query[rows], key, value, scratch, row.metadata, output[rows])
         return output
 
 
