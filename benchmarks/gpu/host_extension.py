@@ -169,6 +169,24 @@ def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
     return total
 
 
+def start_arms(
+    servers: dict[str, ServerProcess], flags: dict[str, list[str]], arms: dict[str, Any]
+) -> list[str]:
+    """Start every server at once, wait for each, note its flags, start time and pool
+    split in ``arms``; the names of those that came up."""
+    for server in servers.values():
+        server.start()
+    for name, server in servers.items():
+        arm: dict[str, Any] = {"flags": flags[name]}
+        arms[name] = arm
+        try:
+            arm["healthy_s"] = server.wait_healthy()
+            arm["split"] = split_line(server.log_path.read_text(errors="replace"))
+        except Exception as exc:
+            arm["error"] = repr(exc)
+    return [name for name in servers if "error" not in arms[name]]
+
+
 def mapping_check() -> dict[str, Any]:
     """Patch 0006's allocator alone, before any server: a two-layer pool of 8 blocks of 2 MiB
     pages, the last 4 in host RAM. GPU memory must grow by the GPU part only, what is
@@ -280,17 +298,7 @@ def main() -> None:
         (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")
 
     try:
-        for server in servers.values():
-            server.start()
-        for name, server in servers.items():
-            arm: dict[str, Any] = {"flags": flags[name]}
-            result["arms"][name] = arm
-            try:
-                arm["healthy_s"] = server.wait_healthy()
-                arm["split"] = split_line(server.log_path.read_text(errors="replace"))
-            except Exception as exc:
-                arm["error"] = repr(exc)
-        live = [n for n in arms if "error" not in result["arms"][n]]
+        live = start_arms(servers, flags, result["arms"])
         for name in live:  # the long request on each, one at a time
             arm = result["arms"][name]
             try:

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import GIB, KV_BYTES_PER_TOKEN, compare, split_line, stream, write_model
+from host_extension import GIB, KV_BYTES_PER_TOKEN, compare, start_arms, stream, write_model
 
 from vllm_offload.bench.server_process import ServerProcess
 
@@ -123,17 +123,7 @@ def main() -> None:
         (args.out / "staged_prefill.json").write_text(json.dumps(result, indent=1) + "\n")
 
     try:
-        for server in servers.values():
-            server.start()
-        for name, server in servers.items():
-            arm: dict[str, Any] = {"flags": flags[name]}
-            result["arms"][name] = arm
-            try:
-                arm["healthy_s"] = server.wait_healthy()
-                arm["split"] = split_line(server.log_path.read_text(errors="replace"))
-            except Exception as exc:
-                arm["error"] = repr(exc)
-        live = [n for n in arms if "error" not in result["arms"][n]]
+        live = start_arms(servers, flags, result["arms"])
         for name in live:
             arm = result["arms"][name]
             try:

@@ -97,6 +97,23 @@ def metadata(rows: list[tuple[int, int, list[int]]]) -> Any:
     )
 
 
+def forward_both(
+    impl: staged_attention.StagedFlashAttentionImpl, meta: Any, kv_cache: torch.Tensor | None = None
+) -> Any:
+    """The staged impl's output equals the reference's on the pool, bit for bit; the
+    step's staging, as the impl kept it."""
+    query = torch.randn(int(meta.num_actual_tokens), HEADS, DIM)
+    if kv_cache is None:
+        kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
+    expected = reference_forward(
+        None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
+    )
+    got = torch.full_like(query, float("nan"))
+    impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
+    assert torch.equal(got, expected)
+    return meta.__dict__.get(staged_attention._STEP_ATTR)
+
+
 # A decode row reaching host blocks, a prefill reaching host blocks (staged), a prefill on
 # GPU blocks, a prefill longer than the scratch's 20 blocks (in place), in one step.
 ROWS = [
@@ -115,17 +132,8 @@ def test_a_step_with_staged_and_in_place_rows_equals_the_pool(
     the scratch (full of stale bytes) is read only where the copies wrote."""
     torch.manual_seed(0)
     meta = metadata(ROWS)
-    tokens = int(meta.num_actual_tokens)
-    query = torch.randn(tokens, HEADS, DIM)
-    layers = [torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM) for _ in range(2)]
-    for kv_cache in layers:
-        expected = reference_forward(
-            None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
-        )
-        got = torch.full_like(query, float("nan"))
-        impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
-        assert torch.equal(got, expected)
-    step = getattr(meta, staged_attention._STEP_ATTR)
+    for _ in range(2):  # two layers
+        step = forward_both(impl, meta)
     assert [r.staged.row for r in step.rows] == [1]
     assert step.rows[0].metadata.scheduler_metadata is None  # planned for the whole batch
     assert step.rest is not None and step.rest.seq_lens.tolist() == [100, 0, 150, 340]
@@ -138,15 +146,7 @@ def test_a_step_of_one_staged_row_runs_one_kernel_over_the_scratch_on_its_schedu
     torch.manual_seed(1)
     meta = metadata([ROWS[1]])
     meta.scheduler_metadata = torch.zeros(4, dtype=torch.int32)  # the builder's, for this row
-    query = torch.randn(int(meta.num_actual_tokens), HEADS, DIM)
-    kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
-    expected = reference_forward(
-        None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
-    )
-    got = torch.full_like(query, float("nan"))
-    impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
-    assert torch.equal(got, expected)
-    step = getattr(meta, staged_attention._STEP_ATTR)
+    step = forward_both(impl, meta)
     assert step.rest is None
     own = step.rows[0].metadata  # the builder's, but for the table
     assert own.scheduler_metadata is meta.scheduler_metadata
@@ -161,15 +161,7 @@ def test_a_padded_step_of_one_staged_row_keeps_the_batch_shape(
     over the whole batch, the staged row's table pointing into the scratch."""
     torch.manual_seed(3)
     meta = metadata([(0, 0, [0]), ROWS[1]])
-    query = torch.randn(int(meta.num_actual_tokens), HEADS, DIM)
-    kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
-    expected = reference_forward(
-        None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
-    )
-    got = torch.full_like(query, float("nan"))
-    impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
-    assert torch.equal(got, expected)
-    (row,) = getattr(meta, staged_attention._STEP_ATTR).rows
+    (row,) = forward_both(impl, meta).rows
     assert row.metadata.block_table[0].tolist() == meta.block_table[0].tolist()
 
 
@@ -179,16 +171,7 @@ def test_a_fragmented_row_is_copied_by_one_gather(
     """Blocks in more runs than MAX_RUNS: one index_select instead of a copy per run."""
     torch.manual_seed(2)
     table = [*range(1, 36, 2), 41, 43]  # 20 runs of one block
-    meta = metadata([(200, 20 * BLOCK, table)])
-    query = torch.randn(200, HEADS, DIM)
-    kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM)
-    expected = reference_forward(
-        None, None, query, query, query, kv_cache, meta, torch.empty_like(query)
-    )
-    got = torch.full_like(query, float("nan"))
-    impl.forward(None, query, query, query, kv_cache, meta, got)  # type: ignore[arg-type]
-    assert torch.equal(got, expected)
-    (row,) = getattr(meta, staged_attention._STEP_ATTR).rows
+    (row,) = forward_both(impl, metadata([(200, 20 * BLOCK, table)])).rows
     assert row.gather is not None and len(row.staged.runs) > staged_attention.MAX_RUNS
 
 
@@ -198,30 +181,10 @@ def test_decode_steps_and_engines_without_an_extension_are_flashattention_as_is(
     """A decode-only step reads nothing back (its full CUDA graph must not sync); an
     engine whose pool has no host part plans nothing."""
     meta = metadata([ROWS[0]])
-    query = torch.randn(1, HEADS, DIM)
-    impl.forward(
-        None,
-        query,
-        query,
-        query,
-        torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM),
-        meta,
-        torch.empty_like(query),
-    )  # type: ignore[arg-type]
+    forward_both(impl, meta)
     assert staged_attention._STEP_ATTR not in meta.__dict__
     monkeypatch.delitem(kv_host_mapping._SPLITS, 0)
-    meta = metadata([ROWS[1]])
-    query = torch.randn(200, HEADS, DIM)
-    impl.forward(
-        None,
-        query,
-        query,
-        query,
-        torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * DIM),
-        meta,
-        torch.empty_like(query),
-    )  # type: ignore[arg-type]
-    assert getattr(meta, staged_attention._STEP_ATTR) is None
+    assert forward_both(impl, metadata([ROWS[1]])) is None
 
 
 def test_the_plugin_puts_the_staged_backend_in_flashattentions_place(
