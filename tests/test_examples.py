@@ -51,14 +51,13 @@ def hub_ids(config: Path) -> list[str]:
     return [p for p in paths if p]
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_each_example_config_plans_as_written(name: str, tmp_path: Path) -> None:
-    """The header's command, run in the clone as written: it plans, and the only thing it
-    says cannot start is a model not pulled yet."""
+def plan_from_loopback_hub(config: Path, argv: list[str], tmp_path: Path) -> None:
+    """`vllm-offload ARGV --json` with a hub on loopback serving (as 8B-shaped models) the
+    repos ``config`` names: it plans, and the only thing it says cannot start is a model
+    not pulled yet."""
     shape = dict(LLAMA3_8B, max_position_embeddings=131072)
     repos = {
-        repo: Repo(files={"config.json": json.dumps(shape).encode()})
-        for repo in hub_ids(EXAMPLES / name)
+        repo: Repo(files={"config.json": json.dumps(shape).encode()}) for repo in hub_ids(config)
     }
     with serve_hub(Hub(repos=repos)) as endpoint:
         env = {
@@ -68,7 +67,6 @@ def test_each_example_config_plans_as_written(name: str, tmp_path: Path) -> None
             "NO_PROXY": "127.0.0.1",
             "PYTHONPATH": str(REPO_ROOT),
         }
-        argv = header_command(EXAMPLES / name)
         planned = _cli(env, *argv, "--json")
     # it plans; the one thing it says cannot start yet is the model not pulled (exit 2)
     assert planned.returncode in (0, 2), planned.stderr
@@ -80,6 +78,35 @@ def test_each_example_config_plans_as_written(name: str, tmp_path: Path) -> None
     for problem in problems:
         assert problem["field"].endswith("path"), problem
         assert "is not downloaded yet" in problem["message"], problem
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_each_example_config_plans_as_written(name: str, tmp_path: Path) -> None:
+    """The header's command, run in the clone as written."""
+    plan_from_loopback_hub(EXAMPLES / name, header_command(EXAMPLES / name), tmp_path)
+
+
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+TOML_BLOCKS = [
+    (str(doc.relative_to(REPO_ROOT)), block)
+    for doc in DOCS
+    for block in re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S)
+]
+
+
+@pytest.mark.parametrize(("doc", "block"), TOML_BLOCKS, ids=[d for d, _ in TOML_BLOCKS])
+def test_each_docs_config_block_is_a_config_that_plans(
+    doc: str, block: str, tmp_path: Path
+) -> None:
+    """Every ```toml block of the README and docs/ is a valid config as written; one that
+    names models plans them for a 24 GB card (they named /models/... folders no reader
+    has)."""
+    config = tmp_path / "config.toml"
+    config.write_text(block)
+    loaded = load(config)
+    if loaded.models or loaded.model.path:
+        argv = ["plan", "--config", str(config), "--gpu-mem-gib", "24", "--ram-gib", "128"]
+        plan_from_loopback_hub(config, argv, tmp_path)
 
 
 def test_the_offline_example_plans_on_the_gpu_it_needs(tmp_path: Path) -> None:
