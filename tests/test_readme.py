@@ -1,6 +1,7 @@
 """The front page's commands as written (issue #38, item 7): every `vllm-offload` line in a
 shell block of README.md is one the CLI takes (its subcommand and flags exist), and each
-`plan` that names only this repository's files runs and exits 0."""
+`plan` that names only this repository's files runs and exits 0; "Get a model" runs
+against a hub on loopback."""
 
 from __future__ import annotations
 
