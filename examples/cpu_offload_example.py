@@ -15,7 +15,34 @@ from vllm.config import KVTransferConfig
 
 from vllm_offload import hardware, model_facts
 from vllm_offload.config import DeploymentConfig, with_overrides
-from vllm_offload.plan import make_plan
+from vllm_offload.hardware import HostFacts
+from vllm_offload.plan import Plan, make_plan
+
+
+def tier_plan(model: Path, cpu_tier_gib: str, host: HostFacts) -> Plan:
+    """The planner's answer for this model with vLLM's native CPU tier on ``host``."""
+    config = with_overrides(
+        DeploymentConfig(),
+        {
+            "model.path": str(model),
+            "kv_offload.backend": "native",
+            "kv_offload.cpu_tier_gib": cpu_tier_gib,
+        },
+    )
+    return make_plan(config, model_facts.read(model), host, "cuda")
+
+
+def llm_options(plan: Plan) -> dict[str, object]:
+    """What LLM(...) takes from the plan."""
+    return {
+        "max_model_len": plan.length.max_model_len,  # one request must fit the GPU pool
+        "block_size": plan.kv.block_tokens,
+        "kv_transfer_config": KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes_to_use": plan.cpu_tier.bytes},
+        ),
+    }
 
 
 def main() -> None:
@@ -23,26 +50,8 @@ def main() -> None:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--cpu-tier-gib", default="auto")
     args = parser.parse_args()
-
-    config = with_overrides(
-        DeploymentConfig(),
-        {
-            "model.path": str(args.model),
-            "kv_offload.backend": "native",
-            "kv_offload.cpu_tier_gib": args.cpu_tier_gib,
-        },
-    )
-    plan = make_plan(config, model_facts.read(args.model), hardware.probe(), "cuda")
-    llm = LLM(
-        model=str(args.model),
-        max_model_len=plan.max_model_len,  # one request must fit the GPU pool
-        block_size=plan.block_size_tokens,
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="OffloadingConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config={"cpu_bytes_to_use": plan.cpu_tier_bytes},
-        ),
-    )
+    plan = tier_plan(args.model, args.cpu_tier_gib, hardware.probe())
+    llm = LLM(model=str(args.model), **llm_options(plan))
     document = "The quick brown fox jumps over the lazy dog. " * 400
     prompts = [document + f"Question {i}: what did the fox do?" for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=32)

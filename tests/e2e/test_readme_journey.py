@@ -6,6 +6,8 @@ for a 24 GB card, two models planned together, and the service's dry run."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import openai
@@ -26,13 +28,25 @@ def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None
     server = Server(["--model-served-name", NAME, "--", "--enforce-eager"], tmp_path, env=env)
     server.start()
     try:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=300)
+        client_url = server.base_url + "/v1"
+        client = openai.OpenAI(base_url=client_url, api_key="unused", timeout=300)
         out = client.chat.completions.create(
             model=NAME,
             temperature=0,
             messages=[{"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in (out.choices[0].message.content or "")
+        # examples/openai_client_example.py as its docstring runs it (plain and streamed)
+        example = subprocess.run(
+            [sys.executable, "examples/openai_client_example.py", "--base-url", client_url],
+            cwd=Path(__file__).parents[2],
+            env={**os.environ, "VLLM_API_KEY": "unused", "NO_PROXY": "127.0.0.1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert example.returncode == 0, example.stderr
+        assert example.stdout.strip(), "the example printed no answer"
     finally:
         server.stop()
 

@@ -64,9 +64,9 @@ def test_two_models_asleep_beside_each_other(tmp_path: Path) -> None:
         assert model.plan.gpu.budget_bytes == int(80 * GIB * round(share, 4))
     # host RAM: each engine's own processes and its slept weights, then equal tiers
     plan = fleet.models["chat"].plan
-    holds = server_ram_bytes(1) + plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
+    holds = server_ram_bytes(1, "cuda") + plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
     host = big_host()
-    ram = host.ram_available_bytes - ram_reserve(host) - 2 * holds
+    ram = host.ram_available_bytes - ram_reserve(host, "cuda") - 2 * holds
     shm = host.shm_free_bytes - 2 * SERVER_SHM_BYTES
     tier = min(ram, shm) // 2 // GIB * GIB
     assert [m.plan.cpu_tier.bytes for m in fleet.models.values()] == [tier, tier]

@@ -20,7 +20,7 @@ from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.plan.fleet import FleetPlan, holds, plan_fleet
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
-from vllm_offload.plan.records import FleetInputs
+from vllm_offload.plan.records import FleetInputs, Platform
 
 LLAMA_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 
@@ -84,10 +84,51 @@ def test_configured_offload_past_the_ram_names_the_largest_that_fits(
 
 def ram_placed(plan: Plan, pp: int) -> int:
     """Everything the plan puts in host RAM: vLLM's processes, offloaded weights and the
-    host extension on every rank, and the CPU tier (all ranks together)."""
+    host extension on every rank, and the CPU tier (all ranks together); on vLLM's CPU
+    backend also every rank's weights and KV pool."""
     world = plan.tensor_parallel_size * pp
     per_rank = plan.weights.offloaded_bytes + plan.extension.bytes
-    return server_ram_bytes(world) + per_rank * world + plan.cpu_tier.bytes
+    if plan.platform == "cpu":
+        per_rank += plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes
+    return server_ram_bytes(world, plan.platform) + per_rank * world + plan.cpu_tier.bytes
+
+
+def test_the_cpu_backend_refuses_weights_the_ram_cannot_hold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On vLLM's CPU backend (this box, CI) the weights and the KV pool live in host RAM:
+    the 70B model (131 GiB in bf16) on a 32 GiB host with no GPU exited 0."""
+    declared = ["plan", "--model", str(LLAMA_70B), "--ram-gib", "32", "--json"]
+    assert main([*declared, "--model-max-model-len", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert "model.path: vLLM's CPU backend keeps the weights in host RAM" in err
+    assert "host RAM holds 28.40 GiB" in err  # 32 less the 1.6 GiB reserve and ~2 for vLLM
+    assert "more host RAM (about 142 GiB available)" in err  # 142 is enough, 141 is not:
+    for ram, code in (("142", 0), ("141", 2)):
+        argv = ["plan", "--model", str(LLAMA_70B), "--model-max-model-len", "2048"]
+        assert main([*argv, "--ram-gib", ram]) == code
+
+
+def test_the_cpu_backend_names_the_largest_pool_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A configured pool (or VLLM_CPU_KVCACHE_SPACE, which wins inside vLLM) past what the
+    RAM holds beside the weights: refused naming the largest, which then plans."""
+    model = write_shape(tmp_path / "8b", SHAPES["llama3-8b"])
+    declared = ["plan", "--model", str(model), "--ram-gib", "32"]
+    assert main([*declared, "--gpu-kv-cache-memory-bytes", str(20 * 2**30)]) == 2
+    err = capsys.readouterr().err
+    assert "gpu.kv_cache_memory_bytes: vLLM's CPU backend keeps the KV pool in host RAM" in err
+    largest = err.split("set it <= ")[1].split(" ")[0]
+    assert main([*declared, "--gpu-kv-cache-memory-bytes", largest]) == 0
+    assert main([*declared, "--gpu-kv-cache-memory-bytes", str(int(largest) + 2**20)]) == 2
+    host = make_host(None, ram_gib=32)
+    config = with_overrides(DeploymentConfig(), {"model.path": str(model)})
+    facts = model_facts.read(model)
+    with pytest.raises(PlanError) as info:
+        make_plan(config, facts, host, "cpu", env={"VLLM_CPU_KVCACHE_SPACE": "20"})
+    assert info.value.field == "gpu.kv_cache_memory_bytes"
+    assert "set VLLM_CPU_KVCACHE_SPACE <= 13" in info.value.message
 
 
 def random_config(rng: random.Random, model_dir: Path) -> dict[str, Any]:
@@ -116,6 +157,7 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
     with no problem never places more in host RAM than the host has less the reserve."""
     rng = random.Random(38)
     started = 0
+    started_on = {"cuda": 0, "cpu": 0}
     for case in range(600):
         model = rng.choice(models)
         overrides = random_config(rng, Path(model.path))
@@ -125,17 +167,26 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
         )
         if overrides["parallel.tensor_parallel_size"] == 2:
             host = replace(host, gpus=host.gpus * 2)
+        platform: Platform = rng.choice(["cuda", "cuda", "cpu"])
+        if platform == "cpu":  # vLLM's CPU backend: no GPU, no tier; a pool as configured
+            host = replace(host, gpus=())
+            overrides["kv_offload.backend"] = "none"
+            overrides["kv_offload.host_extension_gib"] = 0
+            overrides["weights_offload.cpu_gib"] = 0
+            overrides["gpu.kv_cache_memory_bytes"] = rng.choice(["auto", 2**30, 8 * 2**30])
         config = with_overrides(DeploymentConfig(), overrides)
         try:
-            plan = make_plan(config, model, host, "cuda")
+            plan = make_plan(config, model, host, platform)
         except PlanError:
             continue
         if plan.notes.problems:
             continue
         started += 1
-        room = host.ram_available_bytes - ram_reserve(host)
+        started_on[platform] += 1
+        room = host.ram_available_bytes - ram_reserve(host, platform)
         assert ram_placed(plan, 1) <= room, (case, model.architecture, overrides, host)
-    assert started > 100  # the property was tested on plans that start, not only refusals
+    # the property was tested on plans that start, not only refusals, on both platforms
+    assert started > 100 and min(started_on.values()) > 30, started_on
 
 
 def fleet_ram_placed(fleet: FleetPlan, level: int) -> int:
@@ -182,7 +233,7 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
         if fleet.notes.problems or any(m.plan.notes.problems for m in fleet.models.values()):
             continue
         started += 1
-        room = host.ram_available_bytes - ram_reserve(host)
+        room = host.ram_available_bytes - ram_reserve(host, "cuda")
         assert fleet_ram_placed(fleet, config.residency.sleep_level) <= room, (
             case,
             entries,

@@ -102,9 +102,11 @@ def dashboard(csrf: str, unit: str) -> str:
    <button type="button" class="primary" id="save">Save &amp; restart</button>
    <button type="button" id="clear-disk" title="Delete the disk KV tier's files (server
     stopped only)">Clear disk tier</button></p>
-  </form><div id="form-msg"></div>
+  </form><div id="form-msg"></div></div>
+ <div class="card" id="hub-card"><h2>Get a model</h2>
   <form id="hub-pull"><label for="h-model">Fetch a Hugging Face model (org/name, as the
-   config file's manager.hub_models allows); then choose it above</label><input id="h-model">
+   config file's manager.hub_models allows); then choose it under Settings' Model or, with
+   several models, under "Add a model"</label><input id="h-model">
    <p><button type="submit" id="h-fetch">Fetch</button></p></form>
   <table id="hub-pulls"></table></div>
  <div class="card" id="peers-card" hidden><h2>Other boxes</h2><p class="hint">The boxes

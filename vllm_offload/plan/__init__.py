@@ -26,7 +26,7 @@ from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
 from vllm_offload.plan.gpu import place_weights, served_weight_bytes
-from vllm_offload.plan.host import extension_bytes, size_cpu_tier
+from vllm_offload.plan.host import cpu_backend_ram_check, extension_bytes, size_cpu_tier
 from vllm_offload.plan.kv import (
     KvSizing,
     compute_dtype_bytes,
@@ -97,6 +97,8 @@ def make_plan(
     inputs = replace(asked, model=planned)
     memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
+    if platform == "cpu":
+        cpu_backend_ram_check(inputs, memory.weights_gpu_bytes, memory.kv_pool_bytes)
     notes += offload_param_checks(config, model)
     notes += offload_room_check(
         config, model, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)

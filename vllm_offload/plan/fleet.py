@@ -121,7 +121,10 @@ def _gpu_share(
 def holds(plan: Plan, idle: Idle, level: int) -> int:
     """Host RAM one engine holds while alive and away (besides its CPU tier)."""
     tp = plan.tensor_parallel_size
-    engine = server_ram_bytes(tp) + (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
+    engine = server_ram_bytes(tp, plan.platform)
+    engine += (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
+    if plan.platform == "cpu":  # the CPU backend's weights and KV pool are in host RAM
+        engine += (plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes) * tp
     backup = (plan.weights.gpu_bytes + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
     return engine + (backup if idle == "sleep" else 0)
 
@@ -235,6 +238,7 @@ def _tier_shares(
     if not away.together:
         return {}, Notes()  # one engine at a time: each planned alone, as it runs
     idle, level = away.idle, away.level
+    reserve = ram_reserve(host, next(iter(alone.values())).platform)
     auto = [
         n
         for n, c in configs.items()
@@ -244,7 +248,7 @@ def _tier_shares(
     ]
     fixed = sum(holds(p, idle, level) for p in alone.values())
     configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
-    ram = host.ram_available_bytes - ram_reserve(host) - fixed - configured
+    ram = host.ram_available_bytes - reserve - fixed - configured
     shm = host.shm_free_bytes - SERVER_SHM_BYTES * len(alone) - configured
     held = ", ".join(f"'{n}' {gib(holds(p, idle, level))}" for n, p in alone.items())
     if ram < 0 or shm < 0:
@@ -254,7 +258,7 @@ def _tier_shares(
             f"the models need {short} more than this host "
             f"has for them (each engine while asleep or serving: {held}; "
             f"configured CPU tiers {gib(configured)}; reserve "
-            f"{gib(ram_reserve(host))}): residency.idle = 'stop', fewer "
+            f"{gib(reserve)}): residency.idle = 'stop', fewer "
             "models, or smaller CPU tiers",
         )
     if not auto:

@@ -306,7 +306,7 @@ def unreachable(
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     offloaded_words = (
         f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
-        f"{tenths(gpu.ram_room_bytes):g}: {ram_words(host, world)})"
+        f"{tenths(gpu.ram_room_bytes):g}: {ram_words(host, world, 'cuda')})"
         if gpu.ram_bound
         else f"even with every decoder layer's weights in host RAM "
         f"({gib(gpu.offloadable_bytes)} per GPU)"
@@ -317,7 +317,7 @@ def unreachable(
     layers_reach = need <= min(gpu.weights_bytes, gpu.layer_bytes * gpu.layers)
     helps = []
     if gpu.ram_bound:
-        helps.append(ram_that_holds(need, world) if layers_reach else "more host RAM")
+        helps.append(ram_that_holds(need, world, "cuda") if layers_reach else "more host RAM")
     if dtype_b > 1:
         fp8 = reachable_tokens(inputs, weight_bytes, 1, block, requests)
         helps.append(f"model.kv_cache_dtype = 'fp8' ({fp8:,} tokens)")

@@ -17,6 +17,7 @@ from vllm_offload.plan.records import (
     Notes,
     PlanError,
     PlanInputs,
+    Platform,
     gib,
 )
 
@@ -35,29 +36,46 @@ SERVER_RAM_BYTES = 4 * GIB
 SERVER_RAM_PER_EXTRA_RANK_BYTES = 2 * GIB
 # /dev/shm vLLM uses itself before the check (its multi-process message queues).
 SERVER_SHM_BYTES = 512 * 1024 * 1024
+# vLLM's CPU backend (no CUDA context, no pinned staging): serving the default model
+# (0.50 GiB of float32 weights, a 1 GiB pool) took 2.63 GiB of MemAvailable, so ~1.1 GiB
+# for its API server, engine core and worker (benchmarks/results/cpu-host/
+# default-model.json; their PSS, shared library pages included, was 1.84 GiB after a
+# request). Further ranks: a worker each (not measured on this 2-core host: 1 GiB).
+CPU_SERVER_RAM_BYTES = 2 * GIB
+CPU_SERVER_RAM_PER_EXTRA_RANK_BYTES = 1 * GIB
+# The CPU backend's reserve: RAM available already leaves out what other processes hold,
+# so this is the kernel's and the page cache's headroom, not a GPU host's 8 GiB (which
+# would refuse the default model on a small CI runner).
+CPU_RAM_RESERVE_BYTES = 1 * GIB
+CPU_RAM_RESERVE_FRACTION = 0.05
 
 
-def ram_reserve(host: HostFacts) -> int:
+def ram_reserve(host: HostFacts, platform: Platform) -> int:
+    if platform == "cpu":
+        return max(CPU_RAM_RESERVE_BYTES, int(host.ram_total_bytes * CPU_RAM_RESERVE_FRACTION))
     return max(RAM_RESERVE_BYTES, int(host.ram_total_bytes * RAM_RESERVE_FRACTION))
 
 
-def server_ram_bytes(world_size: int) -> int:
-    """Host RAM vLLM's own processes hold when its CPU-tier check runs."""
+def server_ram_bytes(world_size: int, platform: Platform) -> int:
+    """Host RAM vLLM's own processes hold (on a GPU host, when its CPU-tier check runs)."""
+    if platform == "cpu":
+        return CPU_SERVER_RAM_BYTES + (world_size - 1) * CPU_SERVER_RAM_PER_EXTRA_RANK_BYTES
     return SERVER_RAM_BYTES + (world_size - 1) * SERVER_RAM_PER_EXTRA_RANK_BYTES
 
 
 def weights_room_bytes(host: HostFacts, world_size: int) -> int:
     """The most offloaded weights host RAM holds per rank: the RAM available less the
     reserve and vLLM's own processes, shared by the ranks (each offloads its own part)."""
-    room = host.ram_available_bytes - ram_reserve(host) - server_ram_bytes(world_size)
-    return max(0, room) // world_size
+    room = host.ram_available_bytes - ram_reserve(host, "cuda")
+    return max(0, room - server_ram_bytes(world_size, "cuda")) // world_size
 
 
-def ram_words(host: HostFacts, world_size: int) -> str:
+def ram_words(host: HostFacts, world_size: int, platform: Platform) -> str:
     """Where the host RAM goes before any weights, in the plan's words."""
     return (
-        f"{gib(host.ram_available_bytes)} available less the {gib(ram_reserve(host))} "
-        f"reserve and ~{gib(server_ram_bytes(world_size))} for vLLM itself"
+        f"{gib(host.ram_available_bytes)} available less the "
+        f"{gib(ram_reserve(host, platform))} reserve and "
+        f"~{gib(server_ram_bytes(world_size, platform))} for vLLM itself"
     )
 
 
@@ -72,16 +90,60 @@ def weights_ram_refusal(host: HostFacts, room: int, offloaded: int, world: int) 
     return PlanError(
         "weights_offload.cpu_gib",
         f"{gib(offloaded)}{per} of offloaded weights do not fit the host RAM: it holds "
-        f"{gib(room)}{per} ({ram_words(host, world)}); set it <= {tenths(room):g}, or 'auto'",
+        f"{gib(room)}{per} ({ram_words(host, world, 'cuda')}); set it <= {tenths(room):g}, "
+        "or 'auto'",
     )
 
 
-def ram_that_holds(offloaded: int, world: int) -> str:
-    """The host RAM that would hold ``offloaded`` weights per rank, in the plan's words."""
-    held = offloaded * world + server_ram_bytes(world)
+def ram_that_holds(in_ram: int, world: int, platform: Platform) -> str:
+    """The host RAM that would hold ``in_ram`` bytes per rank (offloaded weights; on the
+    CPU backend, weights and KV pool), in the plan's words."""
+    held = in_ram * world + server_ram_bytes(world, platform)
+    floor, fraction = (
+        (CPU_RAM_RESERVE_BYTES, CPU_RAM_RESERVE_FRACTION)
+        if platform == "cpu"
+        else (RAM_RESERVE_BYTES, RAM_RESERVE_FRACTION)
+    )
     # the reserve is the larger of a floor and a share of the total: solve for the total
-    total = max(held + RAM_RESERVE_BYTES, held / (1 - RAM_RESERVE_FRACTION))
+    total = max(held + floor, held / (1 - fraction))
     return f"more host RAM (about {math.ceil(total / GIB)} GiB available)"
+
+
+def cpu_backend_ram_check(inputs: PlanInputs, weights: int, pool: int) -> None:
+    """vLLM's CPU backend keeps each rank's weights and KV pool in host RAM: they must fit
+    the RAM available less the reserve and vLLM's own processes, or the plan is refused
+    naming what to change (the pool's key and the largest pool that fits, or the model)."""
+    config, host = inputs.config, inputs.host
+    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    room = host.ram_available_bytes - ram_reserve(host, "cpu") - server_ram_bytes(world, "cpu")
+    room = max(0, room) // world  # per rank
+    if weights + pool <= room:
+        return
+    per = f" per rank x {world} ranks" if world > 1 else ""
+    held = f"host RAM holds {gib(room)}{per} ({ram_words(host, world, 'cpu')})"
+    pool_room = room - weights
+    if pool_room < GIB // 4:  # not even a short request's pool: the model is the problem
+        raise PlanError(
+            "model.path",
+            f"vLLM's CPU backend keeps the weights in host RAM: {gib(weights)}{per} of "
+            f"weights and a {gib(pool)} KV pool do not fit; {held}. Use a smaller or "
+            f"quantized model, or {ram_that_holds(weights + pool, world, 'cpu')}",
+        )
+    largest = pool_room // (1024 * 1024) * 1024 * 1024  # whole MiB
+    if inputs.env.get("VLLM_CPU_KVCACHE_SPACE"):
+        raise PlanError(
+            "gpu.kv_cache_memory_bytes",
+            f"VLLM_CPU_KVCACHE_SPACE={inputs.env['VLLM_CPU_KVCACHE_SPACE']} (the environment "
+            f"wins inside vLLM) asks a {gib(pool)} KV pool{per} beside {gib(weights)} of "
+            f"weights; {held}: set VLLM_CPU_KVCACHE_SPACE <= {largest // GIB}, or unset it "
+            f"and set gpu.kv_cache_memory_bytes <= {largest}",
+        )
+    raise PlanError(
+        "gpu.kv_cache_memory_bytes",
+        f"vLLM's CPU backend keeps the KV pool in host RAM: a {gib(pool)} pool{per} beside "
+        f"{gib(weights)} of weights does not fit; {held}: set it <= {largest} "
+        f"({gib(largest)})",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,8 +160,12 @@ class TierRoom:
         return min(self.ram_bytes, self.shm_bytes)
 
 
-def tier_room(host: HostFacts, reserve: int, weights_in_ram: int, world_size: int) -> TierRoom:
-    ram = host.ram_available_bytes - reserve - weights_in_ram - server_ram_bytes(world_size)
+def tier_room(
+    host: HostFacts, reserve: int, weights_in_ram: int, world_size: int, platform: Platform
+) -> TierRoom:
+    ram = (
+        host.ram_available_bytes - reserve - weights_in_ram - server_ram_bytes(world_size, platform)
+    )
     return TierRoom(ram_bytes=max(0, ram), shm_bytes=max(0, host.shm_free_bytes - SERVER_SHM_BYTES))
 
 
@@ -160,10 +226,10 @@ def size_cpu_tier(
 ) -> tuple[CpuTier, HostRam, Notes]:
     """The host extension's RAM first (refused where it does not fit), then the CPU tier
     in what is left; a configured tier the RAM or /dev/shm cannot hold is a problem."""
-    config, host = inputs.config, inputs.host
+    config, host, platform = inputs.config, inputs.host, inputs.platform
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
-    reserve = ram_reserve(host)
-    ram_left = tier_room(host, reserve, weights_offloaded * tp * pp, tp * pp).ram_bytes
+    reserve = ram_reserve(host, platform)
+    ram_left = tier_room(host, reserve, weights_offloaded * tp * pp, tp * pp, platform).ram_bytes
     if extension * tp * pp > ram_left:
         raise PlanError(
             "kv_offload.host_extension_gib",
@@ -171,7 +237,7 @@ def size_cpu_tier(
             f"not fit the host RAM left: {gib(ram_left)} after the reserve, vLLM and "
             f"offloaded weights; set it <= {ram_left // (tp * pp) // GIB}",
         )
-    room = tier_room(host, reserve, (weights_offloaded + extension) * tp * pp, tp * pp)
+    room = tier_room(host, reserve, (weights_offloaded + extension) * tp * pp, tp * pp, platform)
     tier, notes = configured_tier_bytes(config, layout, room)
     blocks = tier // (layout.bytes_per_block * tp) if layout.bytes_per_block else 0
     ram = HostRam(
@@ -179,7 +245,7 @@ def size_cpu_tier(
         available_bytes=host.ram_available_bytes,
         reserve_bytes=reserve,
         shm_free_bytes=host.shm_free_bytes,
-        server_bytes=server_ram_bytes(tp * pp),
+        server_bytes=server_ram_bytes(tp * pp, platform),
         tier_room_ram_bytes=room.ram_bytes,
         tier_room_shm_bytes=room.shm_bytes,
     )
