@@ -24,7 +24,14 @@ in float32 and in bfloat16, eager, on vLLM CPU). Arms, all up at once:
           it, or naming the key would prove nothing about reading the needle
 
 Correct: the spill arm's greedy answer names the key and its tokens equal big's (its
-logprobs may differ in the last bits: the attention reads other blocks). Writes
+logprobs may differ in the last bits: the attention reads other blocks). The verdict says
+whether the needle's KV sat in host RAM (its token span against the logged split): at
+--needle-at 0.8 it does. Staged prefill (issue #41) is vLLM's FlashAttention, which runs
+in 16 bits only: float32 reads the host blocks in place. To go through it, run bfloat16
+with the split at 8,192 tokens and a longer prompt, past the model's 8,192 positions
+(--dtype bfloat16 --max-model-len 12288 --prompt-tokens 10000 --small-pool-tokens 8192):
+the check there is the same answer as big's, the key itself may be lost past the length
+the model was trained to. Writes
 OUT/needle.json (answers, tokens, max logprob gap, the pool split from the log) and each
 server's log. The model folder (270 MB) is more than one carry: tar it, `split -b 55M`,
 send one part per call (appending under /root/stage), as the vLLM bundle.
@@ -104,13 +111,39 @@ def ask(base_url: str, prompt: list[int], max_tokens: int, model: str = "m") -> 
 
 
 def split_line(log: str) -> dict[str, int] | None:
-    """Patch 0006's log line: the GPU and host tokens of the pool."""
+    """Patch 0006's log line: the GPU part's blocks and tokens, the host part's tokens."""
     found = re.search(
-        r"KV pool host extension: \d+ blocks \((\d+) tokens\) in GPU memory, "
+        r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
         r"then \d+ blocks \((\d+) tokens",
         log,
     )
-    return None if not found else {"gpu_tokens": int(found[1]), "host_tokens": int(found[2])}
+    if not found:
+        return None
+    return {"gpu_blocks": int(found[1]), "gpu_tokens": int(found[2]), "host_tokens": int(found[3])}
+
+
+def needle_span(tokenizer: Any, prompt: list[int], key: str = KEY) -> tuple[int, int]:
+    """[first, last) token positions of the needle in ``prompt``: the shortest prefix
+    whose text holds the whole needle ends it (bisection), its own token count starts it."""
+    needle = NEEDLE.format(key=key)
+    low, high = 0, len(prompt)
+    while low < high:
+        mid = (low + high) // 2
+        if needle in tokenizer.decode(prompt[:mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return low - len(tokenizer(needle, add_special_tokens=False)["input_ids"]), low
+
+
+def in_host_blocks(span: tuple[int, int], split: dict[str, int] | None) -> bool | None:
+    """Whether the needle's KV sits in the host extension: a fresh server's first request
+    takes the pool's blocks in order after the null block, so its positions from
+    (GPU blocks - 1) x block size on are in host RAM."""
+    if not split:
+        return None
+    block = split["gpu_tokens"] // split["gpu_blocks"]
+    return span[0] >= split["gpu_tokens"] - block
 
 
 def main() -> None:
@@ -125,6 +158,13 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=12)
     split = "bfloat16 splits the pool only at 0 or 8,192 tokens"
     parser.add_argument("--dtype", default="float32", help=f"model.dtype ({split})")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="model.max_model_len; past the model's 8,192 positions allowed on purpose "
+        "(bfloat16's split at 8,192 needs a longer prompt: FlashAttention, so staged prefill, "
+        "runs only in 16 bits)",
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -155,6 +195,9 @@ def main() -> None:
         "--kv-offload-cpu-tier-gib",
         "2",
     ]
+    if args.max_model_len:
+        common += ["--model-max-model-len", str(args.max_model_len)]
+        common += ["--model-allow-long-max-model-len", "true"]
     kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
     pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
@@ -175,6 +218,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "options": {k: str(v) for k, v in vars(args).items()},
         "prompt_tokens": len(prompts[KEY]),
+        "needle_tokens": needle_span(tokenizer, prompts[KEY]),
         "needle": NEEDLE,
         "question": QUESTION,
         "arms": {},
@@ -197,6 +241,9 @@ def main() -> None:
         "big_names_key": KEY in big["text"],
         "spill_names_key": KEY in spill["text"],
         "spill_same_tokens_as_big": spill["tokens"] == big["tokens"],
+        "needle_in_host_blocks": in_host_blocks(
+            result["needle_tokens"], result["arms"]["spill"]["split"]
+        ),
         "max_logprob_gap": max(
             (
                 abs(a - b)
