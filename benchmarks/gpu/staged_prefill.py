@@ -117,7 +117,10 @@ def main() -> None:
             str(args.chunk_tokens),
         ]
 
-    servers = {name: ServerProcess(serve_args(name), args.out / f"{name}.log") for name in arms}
+    servers = {
+        name: ServerProcess(serve_args=serve_args(name), log_path=args.out / f"{name}.log")
+        for name in arms
+    }
 
     def save() -> None:
         (args.out / "staged_prefill.json").write_text(json.dumps(result, indent=1) + "\n")
