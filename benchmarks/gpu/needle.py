@@ -29,9 +29,9 @@ whether the needle's KV sat in host RAM (its token span against the logged split
 --needle-at 0.8 it does. Staged prefill (issue #41) is vLLM's FlashAttention, which runs
 in 16 bits only: float32 reads the host blocks in place. To go through it, run bfloat16
 with the split at 8,192 tokens and a longer prompt, past the model's 8,192 positions
-(--dtype bfloat16 --max-model-len 12288 --prompt-tokens 10000 --small-pool-tokens 8192):
-the check there is the same answer as big's, the key itself may be lost past the length
-the model was trained to. Writes
+(--dtype bfloat16 --max-model-len 12288 --prompt-tokens 10000 --small-pool-tokens 8192,
+on a copy of the folder with max_position_embeddings 12288): the check there is the same
+answer as big's, the key itself may be lost past the length the model was trained to. Writes
 OUT/needle.json (answers, tokens, max logprob gap, the pool split from the log) and each
 server's log. The model folder (270 MB) is more than one carry: tar it, `split -b 55M`,
 send one part per call (appending under /root/stage), as the vLLM bundle.
@@ -161,9 +161,10 @@ def main() -> None:
     parser.add_argument(
         "--max-model-len",
         type=int,
-        help="model.max_model_len; past the model's 8,192 positions allowed on purpose "
-        "(bfloat16's split at 8,192 needs a longer prompt: FlashAttention, so staged prefill, "
-        "runs only in 16 bits)",
+        help="model.max_model_len (bfloat16's split at 8,192 needs a longer prompt: "
+        "FlashAttention, so staged prefill, runs only in 16 bits); past the model's 8,192 "
+        "positions, give a copy of the folder whose config.json's max_position_embeddings "
+        "covers it (vLLM sizes its RoPE table from it)",
     )
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -197,7 +198,6 @@ def main() -> None:
     ]
     if args.max_model_len:
         common += ["--model-max-model-len", str(args.max_model_len)]
-        common += ["--model-allow-long-max-model-len", "true"]
     kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
     pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
