@@ -51,7 +51,9 @@ REPO = Path(__file__).resolve().parents[2]
 KEY, CONTROL_KEY = "71432", "86415"
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
-KV_ELEMENTS_PER_TOKEN = 30 * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
+LAYERS = 30
+KV_ELEMENTS_PER_TOKEN = LAYERS * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
+MODEL_LIMIT = 8192  # max_position_embeddings: max_model_len 'auto'
 
 
 def prose(root: Path = REPO) -> list[str]:
@@ -199,21 +201,26 @@ def main() -> None:
     if args.max_model_len:
         common += ["--model-max-model-len", str(args.max_model_len)]
     kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
-    pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
+    # Staged prefill's scratch, one layer of the longest request, comes out of an extended
+    # pool (plan/staging.py): the spill pool carries it, or its GPU part drops below one
+    # mapping step and the plan refuses it.
+    scratch = (args.max_model_len or MODEL_LIMIT) * kv_bytes_per_token // LAYERS
+    pools = {"big": args.big_pool_tokens * kv_bytes_per_token}
+    pools["spill"] = args.small_pool_tokens * kv_bytes_per_token + scratch
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
     servers = {
         name: ServerProcess(
             serve_args=[
                 *common,
                 "--gpu-kv-cache-memory-bytes",
-                str(tokens * kv_bytes_per_token),
+                str(pool_bytes),
                 *extension[name],
                 "--",
                 "--enforce-eager",
             ],
             log_path=args.out / f"{name}.log",
         )
-        for name, tokens in pools.items()
+        for name, pool_bytes in pools.items()
     }
     result: dict[str, Any] = {
         "options": {k: str(v) for k, v in vars(args).items()},
