@@ -163,7 +163,7 @@ def link_figures(
 
 def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
     """Each arm: TTFT and decode; the card arms against the reference, the link model and
-    the plan."""
+    the plan (into ``result``)."""
     reference = result["arms"].get("reference", {}).get("long")
     for name, arm in result["arms"].items():
         long = arm.get("long")
@@ -178,12 +178,21 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
         }
         if arm.get("split"):
             arm["link_here"] = link_figures(arm, reference, args, result["h2d_bytes_per_s"])
-            arm["link_pcie4"] = link_figures(arm, reference, args, args.link_gbps * 1e9)
+            pcie4 = link_figures(arm, reference, args, args.link_gbps * 1e9)
+            del pcie4["decode_vs_link_model"]  # this GPU's link is not PCIe 4.0
+            arm["link_pcie4"] = pcie4
+    for arm in result["arms"].values():
         plan = arm.get("plan", {})
         if plan.get("gpu_kv_pool_bytes") and arm.get("available_kv_gib"):
             # the scratch is model memory to vLLM's profile: both figures are without it
             served = arm["available_kv_gib"] * GIB / plan["gpu_kv_pool_bytes"]
             arm["pool_bytes_served_vs_planned"] = served
+        if plan.get("weight_bytes") and arm.get("model_loading_gib"):
+            arm["weights_loaded_vs_planned"] = arm["model_loading_gib"] * GIB / plan["weight_bytes"]
+
+
+def show(result: dict[str, Any]) -> None:
+    """Each arm without its token lists."""
     for name, arm in result["arms"].items():
         shown = {k: v for k, v in arm.items() if k not in ("long", "serve_args")}
         if arm.get("long"):
@@ -235,9 +244,9 @@ def main() -> None:
         share = ["--gpu-memory-utilization", utilization(name, args, result["gpu_total_bytes"])]
         serve_args = [*common, *share, *own[name], *theirs]
         result["arms"][name] = arm | run_arm(name, serve_args, prompt, args.out, args.output_tokens)
+        summarize(result, args)  # after each arm: a run stopped at its limit keeps its sums
         save()
-    summarize(result, args)
-    save()
+    show(result)
 
 
 if __name__ == "__main__":
