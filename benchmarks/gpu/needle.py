@@ -44,8 +44,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from host_extension import split_line  # patch 0006's log line: the GPU and host parts
 
 REPO = Path(__file__).resolve().parents[2]
 KEY, CONTROL_KEY = "71432", "86415"
@@ -110,18 +114,6 @@ def ask(base_url: str, prompt: list[int], max_tokens: int, model: str = "m") -> 
         choice = http.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
     lp = choice["logprobs"]
     return {"text": choice["text"], "tokens": lp["tokens"], "token_logprobs": lp["token_logprobs"]}
-
-
-def split_line(log: str) -> dict[str, int] | None:
-    """Patch 0006's log line: the GPU part's blocks and tokens, the host part's tokens."""
-    found = re.search(
-        r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
-        r"then \d+ blocks \((\d+) tokens",
-        log,
-    )
-    if not found:
-        return None
-    return {"gpu_blocks": int(found[1]), "gpu_tokens": int(found[2]), "host_tokens": int(found[3])}
 
 
 def needle_span(tokenizer: Any, prompt: list[int], key: str = KEY) -> tuple[int, int]:
