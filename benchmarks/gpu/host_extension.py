@@ -54,18 +54,20 @@ QUERY_ROWS_PER_KV_READ = 128 / 4  # FA3 tiles 128 rows of 4 grouped query heads:
 GIB = 1 << 30
 
 
-def write_model(folder: Path, weights: Path | None) -> Path:
-    """config.json and a tokenizer whose token i is the word 't<i>' (vLLM needs one for
-    logprobs; dummy weights barely depend on the context, so equal tokens alone prove
-    little: the logprobs must be equal too)."""
+def write_model(
+    folder: Path, weights: Path | None, *, config: Path = MODEL_CONFIG, vocab: int = VOCAB
+) -> Path:
+    """``config`` and a tokenizer whose token i is the word 't<i>' for each of the model's
+    ``vocab`` ids (vLLM needs one for logprobs; dummy weights barely depend on the
+    context, so equal tokens alone prove little: the logprobs must be equal too)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     if weights is not None:  # a checkpoint beside its config.json
         folder = weights
     folder.mkdir(parents=True, exist_ok=True)
     if weights is None:
-        shutil.copy(MODEL_CONFIG, folder / "config.json")
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+        shutil.copy(config, folder / "config.json")
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(

@@ -24,7 +24,14 @@ in float32 and in bfloat16, eager, on vLLM CPU). Arms, all up at once:
           it, or naming the key would prove nothing about reading the needle
 
 Correct: the spill arm's greedy answer names the key and its tokens equal big's (its
-logprobs may differ in the last bits: the attention reads other blocks). Writes
+logprobs may differ in the last bits: the attention reads other blocks). The verdict says
+whether the needle's KV sat in host RAM (its token span against the logged split): at
+--needle-at 0.8 it does. Staged prefill (issue #41) is vLLM's FlashAttention, which runs
+in 16 bits only: float32 reads the host blocks in place. To go through it, run bfloat16
+with the split at 8,192 tokens and a longer prompt, past the model's 8,192 positions
+(--dtype bfloat16 --max-model-len 12288 --prompt-tokens 10000 --small-pool-tokens 8192,
+on a copy of the folder with max_position_embeddings 12288): the check there is the same
+answer as big's, the key itself may be lost past the length the model was trained to. Writes
 OUT/needle.json (answers, tokens, max logprob gap, the pool split from the log) and each
 server's log. The model folder (270 MB) is more than one carry: tar it, `split -b 55M`,
 send one part per call (appending under /root/stage), as the vLLM bundle.
@@ -37,14 +44,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from host_extension import split_line  # patch 0006's log line: the GPU and host parts
 
 REPO = Path(__file__).resolve().parents[2]
 KEY, CONTROL_KEY = "71432", "86415"
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
-KV_ELEMENTS_PER_TOKEN = 30 * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
+LAYERS = 30
+KV_ELEMENTS_PER_TOKEN = LAYERS * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
+MODEL_LIMIT = 8192  # max_position_embeddings: max_model_len 'auto'
 
 
 def prose(root: Path = REPO) -> list[str]:
@@ -103,14 +116,28 @@ def ask(base_url: str, prompt: list[int], max_tokens: int, model: str = "m") -> 
     return {"text": choice["text"], "tokens": lp["tokens"], "token_logprobs": lp["token_logprobs"]}
 
 
-def split_line(log: str) -> dict[str, int] | None:
-    """Patch 0006's log line: the GPU and host tokens of the pool."""
-    found = re.search(
-        r"KV pool host extension: \d+ blocks \((\d+) tokens\) in GPU memory, "
-        r"then \d+ blocks \((\d+) tokens",
-        log,
-    )
-    return None if not found else {"gpu_tokens": int(found[1]), "host_tokens": int(found[2])}
+def needle_span(tokenizer: Any, prompt: list[int], key: str = KEY) -> tuple[int, int]:
+    """[first, last) token positions of the needle in ``prompt``: the shortest prefix
+    whose text holds the whole needle ends it (bisection), its own token count starts it."""
+    needle = NEEDLE.format(key=key)
+    low, high = 0, len(prompt)
+    while low < high:
+        mid = (low + high) // 2
+        if needle in tokenizer.decode(prompt[:mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return low - len(tokenizer(needle, add_special_tokens=False)["input_ids"]), low
+
+
+def in_host_blocks(span: tuple[int, int], split: dict[str, int] | None) -> bool | None:
+    """Whether the needle's KV sits in the host extension: a fresh server's first request
+    takes the pool's blocks in order after the null block, so its positions from
+    (GPU blocks - 1) x block size on are in host RAM."""
+    if not split:
+        return None
+    block = split["gpu_tokens"] // split["gpu_blocks"]
+    return span[0] >= split["gpu_tokens"] - block
 
 
 def main() -> None:
@@ -125,6 +152,14 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=12)
     split = "bfloat16 splits the pool only at 0 or 8,192 tokens"
     parser.add_argument("--dtype", default="float32", help=f"model.dtype ({split})")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="model.max_model_len (bfloat16's split at 8,192 needs a longer prompt: "
+        "FlashAttention, so staged prefill, runs only in 16 bits); past the model's 8,192 "
+        "positions, give a copy of the folder whose config.json's max_position_embeddings "
+        "covers it (vLLM sizes its RoPE table from it)",
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -155,26 +190,34 @@ def main() -> None:
         "--kv-offload-cpu-tier-gib",
         "2",
     ]
+    if args.max_model_len:
+        common += ["--model-max-model-len", str(args.max_model_len)]
     kv_bytes_per_token = KV_ELEMENTS_PER_TOKEN * (4 if args.dtype == "float32" else 2)
-    pools = {"big": args.big_pool_tokens, "spill": args.small_pool_tokens}
+    # Staged prefill's scratch, one layer of the longest request, comes out of an extended
+    # pool (plan/staging.py): the spill pool carries it, or its GPU part drops below one
+    # mapping step and the plan refuses it.
+    scratch = (args.max_model_len or MODEL_LIMIT) * kv_bytes_per_token // LAYERS
+    pools = {"big": args.big_pool_tokens * kv_bytes_per_token}
+    pools["spill"] = args.small_pool_tokens * kv_bytes_per_token + scratch
     extension = {"big": [], "spill": ["--kv-offload-host-extension-gib", str(args.extension_gib)]}
     servers = {
         name: ServerProcess(
             serve_args=[
                 *common,
                 "--gpu-kv-cache-memory-bytes",
-                str(tokens * kv_bytes_per_token),
+                str(pool_bytes),
                 *extension[name],
                 "--",
                 "--enforce-eager",
             ],
             log_path=args.out / f"{name}.log",
         )
-        for name, tokens in pools.items()
+        for name, pool_bytes in pools.items()
     }
     result: dict[str, Any] = {
         "options": {k: str(v) for k, v in vars(args).items()},
         "prompt_tokens": len(prompts[KEY]),
+        "needle_tokens": needle_span(tokenizer, prompts[KEY]),
         "needle": NEEDLE,
         "question": QUESTION,
         "arms": {},
@@ -197,6 +240,9 @@ def main() -> None:
         "big_names_key": KEY in big["text"],
         "spill_names_key": KEY in spill["text"],
         "spill_same_tokens_as_big": spill["tokens"] == big["tokens"],
+        "needle_in_host_blocks": in_host_blocks(
+            result["needle_tokens"], result["arms"]["spill"]["split"]
+        ),
         "max_logprob_gap": max(
             (
                 abs(a - b)

@@ -54,11 +54,13 @@ def h2d_rate() -> float:
     return best
 
 
-def staged_copy_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> int:
+def staged_copy_bytes(
+    long_tokens: int, gpu_tokens: int, chunk: int, kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
+) -> int:
     """Host bytes the staged prefill copies: each chunk, the host part of its context
     (its own tokens included), once per layer."""
     return sum(
-        max(0, min(start + chunk, long_tokens) - gpu_tokens) * KV_BYTES_PER_TOKEN
+        max(0, min(start + chunk, long_tokens) - gpu_tokens) * kv_bytes_per_token
         for start in range(0, long_tokens, chunk)
     )
 

@@ -265,6 +265,37 @@ def test_the_staging_scratch_holds_one_layer_of_the_longest_request_and_the_pool
     assert demo.extension.staging_scratch_bytes == 2 * MIB and demo.gpu.kv_pool_bytes == 6 * MIB
 
 
+def test_an_extended_pool_whose_gpu_part_is_no_mapping_step_is_refused(tmp_path: Path) -> None:
+    """Patch 0006 maps each layer's part of the pool in 2 MiB granules and refuses to start
+    with no whole step of them on the GPU. A pool set at one step (32 blocks of 16 tokens of
+    the 8B shape: 64 MiB) less the staging scratch it gives is less than one: refused
+    before the server, naming the pool and how much more it needs (the plan showed "0
+    blocks = 0 tokens" and vLLM refused)."""
+    model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
+    facts = model_facts.read(model)
+    extended = {
+        "kv_offload.block_size": 16,
+        "kv_offload.host_extension_gib": 1.0,
+        "model.max_model_len": 4096,  # a scratch of 4,096 tokens of one layer: 16 MiB
+    }
+    with pytest.raises(PlanError) as info:
+        make_plan(
+            config_for(model, **extended, **{"gpu.kv_cache_memory_bytes": 64 * MIB}),
+            facts,
+            make_host(24),
+            "cuda",
+        )
+    assert info.value.field == "gpu.kv_cache_memory_bytes"
+    assert "holds no 32 whole blocks (512 tokens" in info.value.message
+    assert "at least 16,777,216 bytes more" in info.value.message
+    for fits in (
+        {"gpu.kv_cache_memory_bytes": 80 * MIB},
+        {"gpu.kv_cache_memory_bytes": 64 * MIB, "kv_offload.staged_prefill": False},
+    ):
+        plan = make_plan(config_for(model, **extended, **fits), facts, make_host(24), "cuda")
+        assert plan.gpu.kv_pool_blocks == 32
+
+
 def test_the_host_extension_is_refused_where_it_cannot_be(tmp_path: Path) -> None:
     model = write_shape(tmp_path, dict(LLAMA3_8B, max_position_embeddings=131072))
     facts = model_facts.read(model)

@@ -52,15 +52,19 @@ def target(config: DeploymentConfig, model: ModelFacts) -> Target:
     return tokens, config.gpu.min_concurrent_requests
 
 
+def mapping_step(model: ModelFacts, layout: KvLayout) -> int:
+    """The blocks that keep a GPU/host boundary on a 2 MiB mapping granule in every
+    layer's region: patch 0006 counts both parts of an extended pool in multiples of it."""
+    page = layout.bytes_per_block // len(model.layers)
+    return HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
+
+
 def pool_shape(model: ModelFacts, layout: KvLayout, pool_bytes: int, extension: int) -> PoolShape:
     per_block = layout.bytes_per_block
     gpu_blocks = pool_bytes // per_block if per_block else 0
     if not (extension and per_block):
         return PoolShape(gpu_blocks=gpu_blocks, extension_blocks=0, usable_bytes=pool_bytes)
-    # As patch 0006 counts them: both parts in whole multiples of the blocks that keep each
-    # GPU/host boundary on a 2 MiB mapping granule in every layer's region.
-    page = per_block // len(model.layers)
-    step = HOST_MAP_GRANULE // math.gcd(HOST_MAP_GRANULE, page)
+    step = mapping_step(model, layout)
     gpu_blocks = gpu_blocks // step * step
     extension_blocks = extension // per_block // step * step
     return PoolShape(
@@ -81,6 +85,8 @@ def fit_lengths(
     requests = config.gpu.min_concurrent_requests
     kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
     shape = pool_shape(model, layout, pool_bytes, extension)
+    if extension and layout.bytes_per_block and not shape.gpu_blocks:
+        raise _no_gpu_part(inputs, layout, pool_bytes)
     usable_blocks = max(0, shape.gpu_blocks - 1)  # vLLM's block pool holds one null block back
     # Sliding-window layers keep only their window, so one request may run past the blocks
     # a full-attention model could give it (up to the model's limit).
@@ -121,6 +127,23 @@ def fit_lengths(
         min_concurrent_requests=requests,
     )
     return shape, lengths, notes
+
+
+def _no_gpu_part(inputs: PlanInputs, layout: KvLayout, pool_bytes: int) -> PlanError:
+    """A host extension continues a GPU part of whole mapping steps; with none, patch 0006
+    refuses to start (vllm_ext.kv_host_extension.split_blocks)."""
+    step = mapping_step(inputs.model, layout)
+    least = step * layout.bytes_per_block
+    configured = inputs.config.gpu.kv_cache_memory_bytes != "auto"
+    field = "gpu.kv_cache_memory_bytes" if configured else "gpu.memory_utilization"
+    return PlanError(
+        field,
+        f"the GPU KV pool ({pool_bytes:,} bytes once any staging scratch is taken) holds no "
+        f"{step} whole blocks ({step * layout.block_tokens:,} tokens, {least:,} bytes: each "
+        "layer's part of the pool is mapped in 2 MiB granules), the smallest GPU part a "
+        f"host extension continues; give the pool at least {least - pool_bytes:,} bytes "
+        "more, or set kv_offload.host_extension_gib = 0",
+    )
 
 
 def _auto_length(

@@ -1,0 +1,55 @@
+"""Issue #42 part 2 on the CPU: the plan for the fork's own model class (Qwen3-Coder-30B-A3B
+AWQ 4-bit, its real config.json) on a 24 GiB card, as benchmarks/gpu/fork_case.py asks it
+before each server starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload.cli import main
+
+ROOT = Path(__file__).parents[1]
+MODEL = ROOT / "benchmarks/models/qwen3-coder-30b-a3b-awq"
+CARD = ["plan", "--model", str(MODEL), "--gpu-mem-gib", "24", "--ram-gib", "64"]
+LONG = ["--model-max-model-len", "52000"]
+GIB = 1 << 30
+VLLM_LOADED_GIB = 15.76  # "Model loading took 15.76 GiB" (vLLM 0.32.0, dummy weights, H100)
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:
+    assert main([*CARD, *LONG, *flags, "--json"]) == 0
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
+
+
+def test_52000_tokens_need_the_extension_or_fp8(capsys: pytest.CaptureFixture[str]) -> None:
+    """At 4 bits the weights leave a 24 GiB card ~51,200 tokens of bf16 KV: 52,000 is
+    refused with the ways out; through 2 GiB of host extension (its prefill staged in a
+    GPU scratch) or fp8 KV it plans."""
+    assert main([*CARD, *LONG]) == 2
+    refusal = capsys.readouterr().err
+    assert "model.max_model_len: 52000 tokens do not fit the GPU KV pool" in refusal
+    assert "kv_offload.host_extension_gib" in refusal
+    extended = plan_json(capsys, "--kv-offload-host-extension-gib", "2")
+    assert abs(extended["weight_bytes"] / GIB - VLLM_LOADED_GIB) < 0.25
+    assert extended["weights_offloaded_bytes"] == 0
+    assert extended["kv_bytes_per_token"] == 48 * 2 * 4 * 128 * 2
+    assert extended["kv_cache_dtype"] == "auto"
+    assert extended["staging_scratch_bytes"] > 0
+    assert extended["gpu_kv_pool_tokens"] < 52000 <= extended["longest_request_tokens"]
+    fp8 = plan_json(capsys, "--model-kv-cache-dtype", "fit")
+    assert fp8["kv_cache_dtype"] == "fp8"
+    assert fp8["host_extension_bytes"] == 0
+    assert fp8["gpu_kv_pool_tokens"] >= 2 * 50000
+
+
+def test_fork_case_script_parses_its_options() -> None:
+    script = ROOT / "benchmarks/gpu/fork_case.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--extension-gib" in out.stdout, out.stderr
