@@ -236,9 +236,16 @@ def test_the_staging_scratch_holds_one_layer_of_the_longest_request_and_the_pool
         make_host(24),
         "cuda",
     )
-    for none in (plain, short, off):
+    wide = make_plan(
+        config_for(model, **{**extended, "model.max_model_len": 32768, "model.dtype": "float32"}),
+        facts,
+        make_host(48),
+        "cuda",
+    )
+    assert any("float32 KV cache" in d for d in wide.notes.decisions)
+    for none in (plain, short, off, wide):
         assert none.extension.staging_scratch_bytes == 0 and none.gpu.kv_pool_bytes == 2 * GIB
-        assert "staging scratch" not in render(none)
+        assert "  staging scratch" not in render(none)
     # a pool that cannot give the whole request's scratch gives a quarter of itself: 64 MiB
     # = 1,024 blocks of 16 tokens; a longer spilled request reads in place
     small = {**extended, "gpu.kv_cache_memory_bytes": 256 * MIB}

@@ -226,7 +226,10 @@ def test_the_planners_length_is_vllms(demo_dir: Path) -> None:
     )
     plan = make_plan(deployment, model_facts.read(demo_dir), make_host(24), "cuda")
     vllm_config = config(demo_dir, -1, plan.extension.bytes)
-    (kv_config,) = kv_configs(vllm_config, GPU_BYTES)
-    assert plan.length.max_model_len == vllm_config.model_config.max_model_len == 511 * 16
+    # what the launcher gives vLLM: the pool less staged prefill's scratch (2 MiB here)
+    assert plan.gpu.kv_pool_bytes == GPU_BYTES - plan.extension.staging_scratch_bytes
+    (kv_config,) = kv_configs(vllm_config, plan.gpu.kv_pool_bytes)
+    # 128 GPU blocks (the scratch's 64 leave 192, and the parts come in 128s) + 256 host
+    assert plan.length.max_model_len == vllm_config.model_config.max_model_len == 383 * 16
     assert plan.extension.tokens == kv_config.num_host_blocks * 16
     assert plan.gpu.kv_pool_blocks == kv_config.num_blocks - kv_config.num_host_blocks

@@ -42,6 +42,14 @@ def staging_scratch(
     per_block = layout.bytes_per_block
     if not (extension and per_block and config.kv_offload.staged_prefill):
         return StagingScratch(), Notes()
+    if layout.dtype_bytes > 2:  # float32: vLLM serves it without FlashAttention
+        return StagingScratch(), Notes(
+            decisions=(
+                "staging scratch: none (a float32 KV cache is read by an attention backend "
+                "other than FlashAttention, which staged prefill extends); a spilled "
+                "request's prefill reads its host blocks in place",
+            )
+        )
     block = layout.block_tokens
     page = per_block // len(model.layers)
     shape = pool_shape(model, layout, pool_bytes, extension)
