@@ -27,11 +27,14 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
+    """FairScheduler as vLLM makes it; over vLLM's AsyncScheduler where async scheduling
+    is on (vLLM 0.33's default on CUDA)."""
     from vllm.platforms import current_platform
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
     from tests.vllm_patches.test_host_extension import HOST_BYTES, config
@@ -45,10 +48,12 @@ def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     (kv_config,) = kv_configs(vllm_config, 256 * BYTES_PER_BLOCK)
     assert (kv_config.num_blocks, kv_config.num_host_blocks) == (512, 256)
     vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    vllm_config.scheduler_config.async_scheduling = request.param
     kv_cache_utils.init_none_hash(sha256)
     made = FairScheduler(
         vllm_config, kv_config, StructuredOutputManager(vllm_config), block_size=BLOCK
     )
+    assert isinstance(made, AsyncScheduler) == request.param
     made.spill_share.clock = Clock()
     return made
 
@@ -121,6 +126,7 @@ def test_a_spilled_decode_gets_its_share_of_time_and_the_others_every_step(
         total_s += took
         spilled_s += took if "long" in ran else 0.0
         assert running_chats <= ran  # every chat runs in every step
+        assert scheduler.running[0] is long  # back in its place after a step without it
         for n, chat in enumerate(chats):
             assert not scheduler.holds_host_blocks(chat)
             if chat.is_finished():
@@ -128,7 +134,6 @@ def test_a_spilled_decode_gets_its_share_of_time_and_the_others_every_step(
     assert spilled_s / total_s <= spill_share.DEFAULT_SHARE + 0.02
     assert spilled_s / total_s >= spill_share.DEFAULT_SHARE - 0.05  # and no less
     assert long.num_output_tokens - long_tokens >= 10  # the long request goes on
-    assert scheduler.running[0] is long  # back in its place
 
 
 def test_alone_a_spilled_request_runs_every_step(scheduler: Any) -> None:
@@ -151,6 +156,22 @@ def test_a_short_request_beside_a_long_one_gets_gpu_blocks(scheduler: Any) -> No
     for chat in chats:
         (ids,) = scheduler.kv_cache_manager.get_block_ids(chat.request_id)
         assert ids and all(i < first_host for i in ids), chat.request_id
+
+
+def test_a_step_without_the_spilled_request_admits_none_in_its_place(scheduler: Any) -> None:
+    """vLLM's running limit (max_num_seqs 3) counts the spilled request in the steps it
+    sits out: the waiting chat stays waiting until a running one ends."""
+    scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = 3
+    prefill_long(scheduler)
+    first = add(scheduler, "chat0", 100, 20)
+    add(scheduler, "chat1", 100, 400)
+    step(scheduler)  # the chats' prefill, beside the long request's step
+    waiting = add(scheduler, "chat2", 100, 4)
+    while not first.is_finished():
+        assert len(scheduler.running) <= 3
+        assert "chat2" not in step(scheduler)
+    step(scheduler)
+    assert waiting.num_computed_tokens > 0
 
 
 def test_the_share_is_read_and_refused_by_name() -> None:
