@@ -34,8 +34,9 @@ class FairScheduler(Scheduler):
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self.host_blocks = getattr(kv_cache_config, "num_host_blocks", 0)  # patch 0006
         self.first_host_block = kv_cache_config.num_blocks - self.host_blocks
+        # Not given (the launcher always gives it): no time limit, host blocks last.
         additional = vllm_config.additional_config
-        share = additional.get(SPILLED_STEP_SHARE_KEY, spill_share.DEFAULT_SHARE)
+        share = additional.get(SPILLED_STEP_SHARE_KEY, 1.0) if isinstance(additional, dict) else 1.0
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
         if self.host_blocks:
             self._allocate_host_first_past_half()

@@ -35,3 +35,7 @@ SYNC_LOAD_BUDGET_KEY = "sync_load_budget_bytes"
 # The share of wall time for steps with a request whose KV reaches host blocks
 # (spill_share; fair_scheduler reads it).
 SPILLED_STEP_SHARE_KEY = "kv_spilled_step_share"
+
+# vLLM flag values.
+# The scheduler that shares the GPU fairly beside a spilled request (--scheduler-cls).
+FAIR_SCHEDULER = "vllm_offload.vllm_ext.fair_scheduler.FairScheduler"

@@ -22,10 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# The default share of wall time for steps with a spilled request: chat TPOT
-# stays within ~1.3x of a GPU-only step when a spilled step takes ~25x one
-# (docs/benchmarks.md, benchmarks/gpu/fairness.py measures it).
-DEFAULT_SHARE = 0.25
 # The most of the pool's GPU part one request holds before its new blocks come from host RAM.
 MAX_GPU_PART_OF_ONE_REQUEST = 0.5
 
