@@ -190,7 +190,7 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
     )
     assert any(
         "host extension: 8.00 GiB per GPU = 65,536 tokens" in d
-        and "beside other requests, whose steps it joins in 25% of the time" in d
+        and "beside other requests, whose steps it joins in at most 25% of the time" in d
         for d in plan.notes.decisions
     )
     assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)

@@ -58,6 +58,8 @@ def offload_costs(
     )
     request = request_kv_bytes(kv, max_len)
     spilled = max(0, request - gpu_part)
+    if extension:  # past the host part, its blocks come from the GPU again
+        spilled = min(spilled, shape.extension_blocks * layout.bytes_per_block)
     spilled_ceiling = speed / spilled if extension and spilled and speed else None
     decisions = []
     share = inputs.config.kv_offload.spilled_step_share
@@ -67,11 +69,12 @@ def offload_costs(
             f"{shape.extension_blocks * layout.block_tokens:,} tokens of KV in host RAM "
             "after the GPU pool, used once the GPU's blocks are taken; "
             + (
-                f"a {max_len:,}-token request keeps half the GPU pool and puts {gib(spilled)} "
-                f"there, which every decode step reads over PCIe at ~{speed / 1e9:.1f} GB/s "
-                f"({source}): at most {spilled_ceiling:.1f} tokens/s for it alone, about "
+                f"a {max_len:,}-token request puts {gib(spilled)} there (host blocks come "
+                "first once it holds half the GPU pool, left to the others), which every "
+                f"decode step reads over PCIe at ~{speed / 1e9:.1f} GB/s "
+                f"({source}): at most {spilled_ceiling:.1f} tokens/s for it alone, "
                 f"{spilled_ceiling * share:.1f} beside other requests, whose steps it joins "
-                f"in {share:.0%} of the time (kv_offload.spilled_step_share); its prefill "
+                f"in at most {share:.0%} of the time (kv_offload.spilled_step_share); its prefill "
                 "reads it many times over"
                 if spilled_ceiling is not None
                 else "no request of max_model_len tokens reaches it alone"
