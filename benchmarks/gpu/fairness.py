@@ -45,11 +45,12 @@ from vllm_offload.bench.server_process import ServerProcess
 
 
 def token_times(
-    base_url: str, prompt: list[int], max_tokens: int, times: list[float] | None = None
+    base_url: str, prompt: list[int], max_tokens: int, seen: list[tuple[float, int]] | None = None
 ) -> dict[str, Any]:
-    """One streamed greedy completion of exactly max_tokens: when each token arrived
-    (perf_counter, appended to ``times`` as they come), or the server's refusal."""
-    began, times = time.perf_counter(), [] if times is None else times
+    """One streamed greedy completion of exactly max_tokens: (perf_counter, tokens so
+    far) at each chunk that brought tokens, appended to ``seen`` as they come (a chunk
+    may carry several: vLLM's usage count says how many), or the server's refusal."""
+    began, seen = time.perf_counter(), [] if seen is None else seen
     body = {
         "model": "m",
         "prompt": prompt,
@@ -58,25 +59,31 @@ def token_times(
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     with (
         httpx.Client(base_url=base_url, timeout=1800) as http,
         http.stream("POST", "/v1/completions", json=body) as response,
     ):
         if response.status_code != 200:
-            return {"began": began, "times": times, "refused": response.read().decode()[:300]}
+            return {"began": began, "seen": seen, "refused": response.read().decode()[:300]}
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                times.append(time.perf_counter())
-    return {"began": began, "times": times}
+                usage = json.loads(line[6:]).get("usage") or {}
+                tokens = usage.get("completion_tokens") or 0
+                if tokens > (seen[-1][1] if seen else 0):
+                    seen.append((time.perf_counter(), tokens))
+    return {"began": began, "seen": seen}
 
 
 def chat_figures(answer: dict[str, Any]) -> dict[str, float]:
-    times = answer["times"]
-    return {
-        "ttft_s": times[0] - answer["began"],
-        "tpot_s": (times[-1] - times[0]) / (len(times) - 1),
-    }
+    """TTFT, and TPOT as vLLM's bench has it: (last token - first) / (tokens - 1)."""
+    (first, _), (last, tokens) = answer["seen"][0], answer["seen"][-1]
+    return {"ttft_s": first - answer["began"], "tpot_s": (last - first) / (tokens - 1)}
+
+
+def tokens_by(seen: list[tuple[float, int]], moment: float) -> int:
+    return max((n for t, n in seen if t <= moment), default=0)
 
 
 def run_chats(base_url: str, prompts: list[list[int]], out_tokens: int) -> list[dict[str, float]]:
@@ -90,35 +97,34 @@ def beside_long(
 ) -> dict[str, Any]:
     """The long request streamed in a thread; the chats once its first token is out
     (it is decoding, its KV in host RAM); its decode rate while they ran and after."""
-    long_times: list[float] = []
+    seen: list[tuple[float, int]] = []
     holder: dict[str, Any] = {}
     began = time.perf_counter()
     thread = threading.Thread(
-        target=lambda: holder.update(token_times(base_url, long_prompt, long_out, long_times))
+        target=lambda: holder.update(token_times(base_url, long_prompt, long_out, seen))
     )
     thread.start()
-    while thread.is_alive() and not long_times:
+    while thread.is_alive() and not seen:
         time.sleep(0.02)
-    if not long_times:
+    if not seen:
         thread.join()
         return {"long_refused": holder.get("refused", "no token")}
-    ttft = long_times[0] - began
+    ttft = seen[0][0] - began
     chats_began = time.perf_counter()
     figures = run_chats(base_url, chats, chat_out)
     chats_ended = time.perf_counter()
     thread.join()
-    during = [t for t in long_times if chats_began <= t <= chats_ended]
-    after = [t for t in long_times if t > chats_ended]
+    during = tokens_by(seen, chats_ended) - tokens_by(seen, chats_began)
+    (last, total) = seen[-1]
+    after = total - tokens_by(seen, chats_ended)
     return {
         "chats": figures,
         "long_ttft_s": ttft,
-        "long_tokens": len(long_times),
-        "long_tokens_during_chats": len(during),
+        "long_tokens": total,
+        "long_tokens_during_chats": during,
         "chats_window_s": chats_ended - chats_began,
-        "long_tok_per_s_during_chats": len(during) / (chats_ended - chats_began),
-        "long_tok_per_s_after": (
-            (len(after) - 1) / (after[-1] - after[0]) if len(after) > 1 else None
-        ),
+        "long_tok_per_s_during_chats": during / (chats_ended - chats_began),
+        "long_tok_per_s_after": after / (last - chats_ended) if after > 1 else None,
     }
 
 
@@ -149,15 +155,17 @@ def main() -> None:
     parser.add_argument("--shares", default="0.25")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
+    parser.add_argument("--arms", help="a comma-separated subset (default: all)")
+    parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model = write_model(Path("/tmp/fairness-model"), None)
+    model = args.model or write_model(Path("/tmp/fairness-model"), None)
     pool = ["--gpu-kv-cache-memory-bytes", str(int(args.pool_gib * GIB))]
     extended = [*pool, "--kv-offload-host-extension-gib", str(args.extension_gib)]
     flags = {"gpu-only": pool, "share-1": [*extended, "--kv-offload-spilled-step-share", "1"]}
     for share in args.shares.split(","):
         flags[f"share-{share}"] = [*extended, "--kv-offload-spilled-step-share", share]
-    arms = list(flags)
+    arms = args.arms.split(",") if args.arms else list(flags)
 
     def serve_args(name: str) -> list[str]:
         return [
@@ -175,7 +183,10 @@ def main() -> None:
             str(args.chunk_tokens),
         ]
 
-    servers = {name: ServerProcess(serve_args(name), args.out / f"{name}.log") for name in arms}
+    servers = {
+        name: ServerProcess(serve_args=serve_args(name), log_path=args.out / f"{name}.log")
+        for name in arms
+    }
     result: dict[str, Any] = {
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "arms": {name: {"flags": flags[name], "rounds": []} for name in arms},
@@ -185,9 +196,10 @@ def main() -> None:
         (args.out / "fairness.json").write_text(json.dumps(result, indent=1) + "\n")
 
     rng = random.Random(0)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
 
     def prompt(tokens: int) -> list[int]:  # random ids: no prefix is shared
-        return [rng.randrange(1000, 100000) for _ in range(tokens)]
+        return [rng.randrange(vocab // 100, vocab * 3 // 4) for _ in range(tokens)]
 
     try:
         for server in servers.values():
@@ -200,8 +212,9 @@ def main() -> None:
                 run_chats(server.base_url, [prompt(args.chat_in)], 8)  # warm
             except Exception as exc:
                 arm["error"] = repr(exc)
+                print(name, "failed:", exc, flush=True)
         live = [n for n in arms if "error" not in result["arms"][n]]
-        for index in range(args.rounds):
+        for index in range(args.rounds if live else 0):
             for name in live[index % len(live) :] + live[: index % len(live)]:
                 url = servers[name].base_url
                 chats = [prompt(args.chat_in) for _ in range(args.chats)]
