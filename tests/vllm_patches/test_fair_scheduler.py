@@ -29,11 +29,9 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=[False, True], ids=["sync", "async"])
-def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
+def make_scheduler(demo_dir: Path, share: float, async_scheduling: bool) -> Any:
     """FairScheduler as vLLM makes it; over vLLM's AsyncScheduler where async scheduling
     is on (vLLM 0.33's default on CUDA)."""
-    from vllm.platforms import current_platform
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -43,22 +41,33 @@ def scheduler(demo_dir: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> 
     from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
     from vllm_offload.vllm_ext.fair_scheduler import FairScheduler
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
     vllm_config = config(demo_dir, 8176, HOST_BYTES)
     vllm_config.scheduler_config.max_num_batched_tokens = 1024
-    vllm_config.additional_config[SPILLED_STEP_SHARE_KEY] = SHARE
+    vllm_config.additional_config[SPILLED_STEP_SHARE_KEY] = share
     (kv_config,) = kv_configs(vllm_config, 256 * BYTES_PER_BLOCK)
     assert (kv_config.num_blocks, kv_config.num_host_blocks) == (512, 256)
     vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
-    vllm_config.scheduler_config.async_scheduling = request.param
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     kv_cache_utils.init_none_hash(sha256)
     made = FairScheduler(
         vllm_config, kv_config, StructuredOutputManager(vllm_config), block_size=BLOCK
     )
-    assert isinstance(made, AsyncScheduler) == request.param
+    assert isinstance(made, AsyncScheduler) == async_scheduling
     made.spill_share.clock = Clock()
     return made
+
+
+@pytest.fixture
+def as_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduler(demo_dir: Path, as_cuda: None, request: Any) -> Any:
+    return make_scheduler(demo_dir, SHARE, request.param)
 
 
 def add(scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int) -> Any:
@@ -175,6 +184,18 @@ def test_a_step_without_the_spilled_request_admits_none_in_its_place(scheduler: 
         assert "chat2" not in step(scheduler)
     step(scheduler)
     assert waiting.num_computed_tokens > 0
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_share_1_is_patch_0006_alone(demo_dir: Path) -> None:
+    """kv_offload.spilled_step_share = 1: no time limit, and GPU blocks first for every
+    request (the long one takes the whole GPU part before host blocks)."""
+    scheduler = make_scheduler(demo_dir, 1.0, False)
+    long = prefill_long(scheduler)
+    assert scheduler._gpu_blocks_held(long) == scheduler.first_host_block - 1  # the null block
+    add(scheduler, "chat0", 100, 50)
+    for _ in range(30):
+        assert "long" in step(scheduler)
 
 
 def test_the_share_is_read_and_refused_by_name() -> None:

@@ -264,10 +264,11 @@ class KvOffloadSection(_Section):
         "time, its host reads included (vllm_ext.fair_scheduler); the steps between run "
         "the others without it, at GPU speed. Lower: the others' time per token stays "
         "nearer their GPU-only figure and the spilled request decodes slower beside them "
-        "(about this share of its own speed; alone it runs every step). 1: no limit, "
-        "every request waits for its host reads every step. Either way one request holds "
-        "at most half the GPU pool before its new blocks come from host RAM, so that "
-        "requests arriving later find GPU blocks.",
+        "(about this share of its own speed; alone it runs every step). Below 1, one "
+        "request also holds at most half the GPU pool before its new blocks come from "
+        "host RAM, so that requests arriving later find GPU blocks (alone, it reads that "
+        "much more over PCIe every step). 1: neither rule, every request waits for the "
+        "host reads every step.",
     )
     disk_path: str = Field(
         "",

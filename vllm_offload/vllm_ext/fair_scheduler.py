@@ -38,7 +38,7 @@ class FairScheduler(Scheduler):
         additional = vllm_config.additional_config
         share = additional.get(SPILLED_STEP_SHARE_KEY, 1.0) if isinstance(additional, dict) else 1.0
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
-        if self.host_blocks:
+        if self.host_blocks and self.spill_share.share < 1:  # 1: patch 0006 alone
             self._allocate_host_first_past_half()
 
     def _allocate_host_first_past_half(self) -> None:
