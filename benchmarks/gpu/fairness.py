@@ -5,12 +5,10 @@ through `vllm-offload serve`, all up at once, arms interleaved:
 
   gpu-only   a GPU pool of --pool-gib, no extension: the long request is refused (b)
   share-1    the same pool + --extension-gib of host RAM, kv_offload.spilled_step_share 1:
-             no time limit, every step waits for the spilled request's host reads (a)
+             patch 0006 alone, every step waits for the spilled request's host reads (a)
   share-S    the same with spilled_step_share S for each S in --shares (default 0.25,
-             the default a user gets) (c)
-
-Every arm keeps fair_scheduler's other rule (one request holds at most half the GPU pool;
-its new blocks then come from host RAM): the launcher cannot run without it.
+             the default a user gets): the spilled request's steps take at most S of the
+             time, and it holds at most half the GPU pool (vllm_ext/fair_scheduler.py) (c)
 
 Each round, on each arm in a rotating order: --chats chat streams (--chat-in random
 tokens in, --chat-out out) alone; then the long request (--long-tokens in, streamed) and,
