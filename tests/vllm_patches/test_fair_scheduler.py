@@ -49,8 +49,11 @@ def make_scheduler(demo_dir: Path, share: float, async_scheduling: bool) -> Any:
     vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     kv_cache_utils.init_none_hash(sha256)
-    made = FairScheduler(
-        vllm_config, kv_config, StructuredOutputManager(vllm_config), block_size=BLOCK
+    made = FairScheduler(  # as vLLM's EngineCore calls it
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
     )
     assert isinstance(made, AsyncScheduler) == async_scheduling
     made.spill_share.clock = Clock()
