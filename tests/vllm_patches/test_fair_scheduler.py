@@ -201,6 +201,28 @@ def test_share_1_is_patch_0006_alone(demo_dir: Path) -> None:
         assert "long" in step(scheduler)
 
 
+@pytest.mark.usefixtures("as_cuda")
+def test_cached_free_gpu_blocks_go_before_free_host_blocks(demo_dir: Path) -> None:
+    """The GPU part full of a finished request's prefix-cached blocks and the host part
+    free: a new request evicts cached GPU blocks rather than take host ones."""
+    scheduler = make_scheduler(demo_dir, 1.0, False)  # GPU blocks first for it too
+    finished = add(scheduler, "earlier", 3900, 2)
+    cached: list[int] = []
+    while not finished.is_finished():
+        step(scheduler)
+        (held,) = scheduler.kv_cache_manager.get_block_ids("earlier")
+        cached = held or cached
+    first_host = scheduler.first_host_block
+    assert len(cached) == -(-3900 // BLOCK) and max(cached) < first_host  # 244 of 255
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.free_block_queue.device.num_free_blocks == first_host - 1
+    chat = add(scheduler, "chat0", 1000, 4)
+    step(scheduler)
+    (ids,) = scheduler.kv_cache_manager.get_block_ids(chat.request_id)
+    assert len(ids) == -(-1000 // BLOCK) and all(i < first_host for i in ids)
+    assert len(set(ids) & set(cached)) == len(ids) - (first_host - 1 - len(cached))
+
+
 def test_the_share_is_read_and_refused_by_name() -> None:
     assert spill_share.read_share(1) == 1.0
     for bad in (0, 1.5, -0.1, True, "0.3"):
