@@ -47,7 +47,10 @@ class FairScheduler(Scheduler):
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
-            held = self._gpu_blocks_held(request)
+            # Count its blocks (every step) only if its length could fill half the part.
+            at_most = -(-request.num_tokens_with_spec // self.block_size)
+            long = spill_share.host_first(at_most, self.first_host_block)
+            held = self._gpu_blocks_held(request) if long else 0
             queue.host_first = spill_share.host_first(held, self.first_host_block)
             try:
                 return allocate(request, *args, **kwargs)
