@@ -236,12 +236,25 @@ def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    spec = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})
+    from vllm_offload.vllm_ext.fair_scheduler import FairScheduler
+
+    spec = spec_for(
+        demo_dir,
+        {"kv_offload.host_extension_gib": 1.5, "kv_offload.spilled_step_share": 0.4},
+    )
     parser = make_arg_parser(FlexibleArgumentParser())  # the server's own parser
     engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
-    assert engine.additional_config == {"kv_host_extension_bytes": 3 << 29}
-    assert spec_for(demo_dir, {}).option("--additional-config") is None
+    assert engine.additional_config == {
+        "kv_host_extension_bytes": 3 << 29,
+        "kv_spilled_step_share": 0.4,
+    }
+    # issue #42: the scheduler that shares the GPU beside a spilled request, by module path
+    assert resolve_obj_by_qualname(str(engine.scheduler_cls)) is FairScheduler
+    without = spec_for(demo_dir, {})
+    assert without.option("--additional-config") is None
+    assert without.option("--scheduler-cls") is None
 
 
 def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) -> None:
@@ -258,6 +271,7 @@ def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) ->
     spec = spec_for(demo_dir, small, version="0.33.0")
     assert json.loads(flag(spec, "--additional-config")) == {
         "kv_host_extension_bytes": 8 << 20,
+        "kv_spilled_step_share": 0.25,
         "kv_staging_tokens": 2048,
     }
     assert spec.env[STAGED_PREFILL_ENV] == "1"
@@ -265,7 +279,10 @@ def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) ->
         spec_for(demo_dir, small, version="0.32.0"),
         spec_for(demo_dir, {**small, "kv_offload.staged_prefill": False}, version="0.33.0"),
     ):
-        assert json.loads(flag(off, "--additional-config")) == {"kv_host_extension_bytes": 8 << 20}
+        assert json.loads(flag(off, "--additional-config")) == {
+            "kv_host_extension_bytes": 8 << 20,
+            "kv_spilled_step_share": 0.25,
+        }
         assert STAGED_PREFILL_ENV not in off.env
 
 

@@ -255,6 +255,10 @@ def test_dry_run_with_a_host_extension_on_a_cpu_host(
     )
     out, err = capsys.readouterr()
     assert code == 2
-    assert "'--additional-config={\"kv_host_extension_bytes\":1073741824}'" in out
+    assert (
+        '\'--additional-config={"kv_host_extension_bytes":1073741824,'
+        '"kv_spilled_step_share":0.25}\'' in out
+    )
+    assert "--scheduler-cls=vllm_offload.vllm_ext.fair_scheduler.FairScheduler" in out
     assert "error: kv_offload.host_extension_gib: the host extension maps host RAM" in err
     assert started == []

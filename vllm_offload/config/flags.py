@@ -23,6 +23,7 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--block-size": "kv_offload.block_size",
     "--kv-transfer-config": "kv_offload",
     "--additional-config": "kv_offload.host_extension_gib",
+    "--scheduler-cls": "kv_offload.spilled_step_share",
     "--kv-offloading-size": "kv_offload.cpu_tier_gib",
     "--kv-offloading-backend": "kv_offload.backend",
     "--cpu-offload-gb": "weights_offload.cpu_gib",

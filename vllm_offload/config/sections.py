@@ -255,6 +255,21 @@ class KvOffloadSection(_Section):
         "plan shows it). false: no scratch, the prefill reads host blocks in place once "
         "per query tile of the kernel (tens of times slower).",
     )
+    spilled_step_share: float = Field(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        description="With host_extension_gib: while other requests run or wait, the steps "
+        "that include a request whose KV reaches host RAM take at most this share of wall "
+        "time, its host reads included (vllm_ext.fair_scheduler); the steps between run "
+        "the others without it, at GPU speed. Lower: the others' time per token stays "
+        "nearer their GPU-only figure and the spilled request decodes slower beside them "
+        "(about this share of its own speed; alone it runs every step). Below 1, one "
+        "request also holds at most half the GPU pool before its new blocks come from "
+        "host RAM, so that requests arriving later find GPU blocks (alone, it reads that "
+        "much more over PCIe every step). 1: neither rule, every request waits for the "
+        "host reads every step.",
+    )
     disk_path: str = Field(
         "",
         description="Directory of the disk tier behind the CPU tier (an NVMe filesystem, "

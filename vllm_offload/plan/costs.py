@@ -9,6 +9,7 @@ from vllm_offload.plan.gpu import GpuMemory
 from vllm_offload.plan.kv import KvSizing, request_kv_bytes
 from vllm_offload.plan.lengths import PoolShape
 from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, PlanInputs, gib
+from vllm_offload.vllm_ext.spill_share import MAX_GPU_PART_OF_ONE_REQUEST
 
 # Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
 # (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
@@ -46,27 +47,31 @@ def offload_costs(
     speed, source = h2d_bytes_per_s(inputs.host) if inputs.platform == "cuda" else (0.0, "no GPU")
     offloaded = memory.weights_offloaded_bytes
     ceiling = speed / offloaded if offloaded and speed else None
-    # The GPU part as aligned for the extension: what a spilled request does not spill.
+    # The GPU part as aligned for the extension; below share 1 a spilled request keeps at
+    # most half of it (fair_scheduler: later requests find GPU blocks); the rest it reads
+    # every step.
     gpu_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
+    if extension and inputs.config.kv_offload.spilled_step_share < 1:
+        gpu_part = int(shape.gpu_blocks * MAX_GPU_PART_OF_ONE_REQUEST) * layout.bytes_per_block
     max_len = lengths.max_model_len
     kv = KvSizing(
         model=model, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
     )
     request = request_kv_bytes(kv, max_len)
     spilled = max(0, request - gpu_part)
+    if extension:  # past the host part, its blocks come from the GPU again
+        spilled = min(spilled, shape.extension_blocks * layout.bytes_per_block)
     spilled_ceiling = speed / spilled if extension and spilled and speed else None
     decisions = []
     if extension:
         decisions.append(
-            f"host extension: {gib(extension)} per GPU = "
-            f"{shape.extension_blocks * layout.block_tokens:,} tokens of KV in host RAM "
-            "after the GPU pool, used once the GPU's blocks are taken; "
-            + (
-                f"a {max_len:,}-token request puts {gib(spilled)} there, which every decode "
-                f"step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({source}): at most "
-                f"{spilled_ceiling:.1f} tokens/s for it; its prefill reads it many times over"
-                if spilled_ceiling is not None
-                else "no request of max_model_len tokens reaches it alone"
+            extension_decision(
+                share=inputs.config.kv_offload.spilled_step_share,
+                max_len=max_len,
+                extension=extension,
+                extension_tokens=shape.extension_blocks * layout.block_tokens,
+                spilled=spilled,
+                link=(speed, source),
             )
         )
     if ceiling is not None:
@@ -82,3 +87,33 @@ def offload_costs(
     )
     rounded = None if spilled_ceiling is None else round(spilled_ceiling, 2)
     return costs, rounded, Notes(decisions=tuple(decisions))
+
+
+def extension_decision(
+    *,
+    share: float,
+    max_len: int,
+    extension: int,
+    extension_tokens: int,
+    spilled: int,
+    link: tuple[float, str],
+) -> str:
+    """What the host extension holds, and what a max_model_len request spilled into it
+    decodes at, alone and beside others (kv_offload.spilled_step_share); ``link``: the
+    host-to-GPU speed and where it is from."""
+    speed, source = link
+    head = (
+        f"host extension: {gib(extension)} per GPU = {extension_tokens:,} tokens of KV in host RAM "
+        "after the GPU pool, used once the GPU's blocks are taken; "
+    )
+    if not (spilled and speed):
+        return head + "no request of max_model_len tokens reaches it alone"
+    ceiling = speed / spilled
+    return head + (
+        f"a {max_len:,}-token request puts {gib(spilled)} there"
+        + (" (host blocks first once it holds half the GPU pool)" if share < 1 else "")
+        + f", which every decode step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({source}): "
+        f"at most {ceiling:.1f} tokens/s for it alone, {ceiling * share:.1f} beside other "
+        f"requests, whose steps it joins in at most {share:.0%} of the time "
+        "(kv_offload.spilled_step_share); its prefill reads it many times over"
+    )

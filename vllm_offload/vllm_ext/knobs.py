@@ -32,3 +32,10 @@ NUM_CPU_BLOCKS_KEY = "num_cpu_blocks"
 LAYERWISE_LOADS_KEY = "layerwise_loads"
 # vLLM 0.33's per-step bytes of hits loaded inside the step (vLLM's own key; 0.32 has none).
 SYNC_LOAD_BUDGET_KEY = "sync_load_budget_bytes"
+# The share of wall time for steps with a request whose KV reaches host blocks
+# (spill_share; fair_scheduler reads it).
+SPILLED_STEP_SHARE_KEY = "kv_spilled_step_share"
+
+# vLLM flag values.
+# The scheduler that shares the GPU fairly beside a spilled request (--scheduler-cls).
+FAIR_SCHEDULER = "vllm_offload.vllm_ext.fair_scheduler.FairScheduler"

@@ -174,10 +174,13 @@ class DeviceFirstFreeBlockQueue:
     FreeKVCacheBlockQueue for the GPU blocks and one for the host blocks, each in vLLM's
     eviction order, and GPU blocks handed out first, so that a request reads host memory
     only when the GPU part is full. ``blocks``: all blocks of the pool, by block ID;
-    ``first_host_block``: the ID of the first block backed by host RAM."""
+    ``first_host_block``: the ID of the first block backed by host RAM. ``host_first``:
+    set by the scheduler (fair_scheduler) while it allocates for a request that holds
+    its most of the GPU part, so that host blocks go to it before GPU ones."""
 
     def __init__(self, blocks: list[KVCacheBlock], first_host_block: int) -> None:
         self.first_host_block = first_host_block
+        self.host_first = False
         self.device = FreeKVCacheBlockQueue(blocks[:first_host_block])
         self.host = FreeKVCacheBlockQueue(blocks[first_host_block:])
 
@@ -193,15 +196,18 @@ class DeviceFirstFreeBlockQueue:
         host = [b for b in blocks if b.block_id >= self.first_host_block]
         return device, host
 
+    def _order(self) -> tuple[FreeKVCacheBlockQueue, FreeKVCacheBlockQueue]:
+        return (self.host, self.device) if self.host_first else (self.device, self.host)
+
     def popleft(self) -> KVCacheBlock:
-        if self.device.num_free_blocks:
-            return self.device.popleft()
-        return self.host.popleft()
+        first, then = self._order()
+        return first.popleft() if first.num_free_blocks else then.popleft()
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        from_device = min(n, self.device.num_free_blocks)
-        got: list[KVCacheBlock] = self.device.popleft_n(from_device)
-        return got + self.host.popleft_n(n - from_device)
+        first, then = self._order()
+        from_first = min(n, first.num_free_blocks)
+        got: list[KVCacheBlock] = first.popleft_n(from_first)
+        return got + then.popleft_n(n - from_first)
 
     def remove(self, block: KVCacheBlock) -> None:
         self._queue_of(block).remove(block)

