@@ -257,16 +257,15 @@ def build(
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
-        additional: dict[str, int | float] = {
-            HOST_EXTENSION_KEY: plan.extension.bytes,
-            SPILLED_STEP_SHARE_KEY: config.kv_offload.spilled_step_share,
-        }
+        additional: dict[str, int | float] = {HOST_EXTENSION_KEY: plan.extension.bytes}
         if plan.extension.staging_scratch_tokens and has_staged_prefill(vllm_version):
             additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
             env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
+        share = config.kv_offload.spilled_step_share
+        if share < 1:  # shares the GPU beside a spilled request (vllm_ext/fair_scheduler.py)
+            additional[SPILLED_STEP_SHARE_KEY] = share
+            options.add("--scheduler-cls", FAIR_SCHEDULER)
         options.add("--additional-config", additional)
-        # Shares the GPU with the requests beside a spilled one (vllm_ext/fair_scheduler.py)
-        options.add("--scheduler-cls", FAIR_SCHEDULER)
     sleeps = engine is not None and engine.sleeps
     kv_config = kv_transfer_config(config, plan, sleeps, has_sync_loads(vllm_version))
     if kv_config is not None:

@@ -251,6 +251,8 @@ def test_dry_run_with_a_host_extension_on_a_cpu_host(
         "none",
         "--kv-offload-host-extension-gib",
         "1",
+        "--kv-offload-spilled-step-share",
+        "0.25",
         "--dry-run",
     )
     out, err = capsys.readouterr()

@@ -170,12 +170,8 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
             "cuda",
         )
     assert "give kv_offload.host_extension_gib the rest" in info.value.message
-    plan = make_plan(
-        config_for(model, **extended, **{"model.max_model_len": 65536}),
-        facts,
-        make_host(24),
-        "cuda",
-    )
+    shared = {"model.max_model_len": 65536, "kv_offload.spilled_step_share": 0.25}
+    plan = make_plan(config_for(model, **extended, **shared), facts, make_host(24), "cuda")
     assert (plan.extension.bytes, plan.extension.tokens) == (8 * GIB, 65536)
     # the staging scratch (one layer of the 65,536-token request, 64 KiB a block and layer:
     # 256 MiB) comes out of the 2 GiB: 896 GPU blocks (whole 32-block granules) are left
@@ -192,6 +188,16 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
         "host extension: 8.00 GiB per GPU = 65,536 tokens" in d
         and "beside other requests, whose steps it joins in at most 25% of the time" in d
         for d in plan.notes.decisions
+    )
+    # share 1 (the default until measured): it keeps all 896 GPU blocks, the others wait
+    alone = make_plan(
+        config_for(model, **extended, **{"model.max_model_len": 65536}),
+        facts,
+        make_host(24),
+        "cuda",
+    )
+    assert alone.extension.spilled_decode_steps_per_s_ceiling == round(
+        alone.costs.h2d_bytes_per_s / (8 * GIB - 896 * 2 * MIB), 2
     )
     assert "8.00 GiB = 65,536 tokens per GPU (continues the pool" in render(plan)
     assert "(GPU pool + host extension)" in render(plan)

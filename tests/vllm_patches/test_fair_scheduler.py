@@ -17,7 +17,7 @@ from vllm_offload.vllm_ext.knobs import SPILLED_STEP_SHARE_KEY
 
 BLOCK = 16
 SPILLED_STEP_S, GPU_STEP_S = 0.14, 0.005
-SHARE = 0.25  # kv_offload.spilled_step_share's default
+SHARE = 0.25  # the share the model behind kv_offload.spilled_step_share suggests
 PROMPTS = itertools.count()
 
 

@@ -256,7 +256,7 @@ class KvOffloadSection(_Section):
         "per query tile of the kernel (tens of times slower).",
     )
     spilled_step_share: float = Field(
-        0.25,
+        1.0,
         gt=0.0,
         le=1.0,
         description="With host_extension_gib: while other requests run or wait, the steps "
@@ -267,8 +267,9 @@ class KvOffloadSection(_Section):
         "(about this share of its own speed; alone it runs every step). Below 1, one "
         "request also holds at most half the GPU pool before its new blocks come from "
         "host RAM, so that requests arriving later find GPU blocks (alone, it reads that "
-        "much more over PCIe every step). 1: neither rule, every request waits for the "
-        "host reads every step.",
+        "much more over PCIe every step). 1 (the default until it is measured on a GPU; "
+        "the model behind it suggests 0.25): neither rule, every request batched with a "
+        "spilled one waits for its host reads every step.",
     )
     disk_path: str = Field(
         "",
