@@ -93,6 +93,13 @@ def _tensor(values: list[Any], like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
+def _scratch_like(scratch: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """The scratch's bytes as whole blocks shaped like the pool's."""
+    blocks = scratch.numel() // (kv_cache[0].numel() * kv_cache.element_size())
+    elements = scratch.view(kv_cache.dtype)[: blocks * kv_cache[0].numel()]
+    return elements.view(blocks, *kv_cache.shape[1:])
+
+
 def _plan_step(
     meta: FlashAttentionMetadata, kv_cache: torch.Tensor, scratch: torch.Tensor
 ) -> _Step | None:
@@ -103,7 +110,7 @@ def _plan_step(
     num_blocks, first_host = split
     ratio = kv_cache.shape[0] // num_blocks  # kernel blocks per pool block
     block_size = kv_cache.shape[2]
-    capacity = scratch.numel() // (kv_cache[0].numel() * kv_cache.element_size())
+    capacity = len(_scratch_like(scratch, kv_cache))
     query_start_loc = meta.query_start_loc.tolist()  # the sync, on steps that may stage
     seq_lens = meta.seq_lens.tolist()[: len(query_start_loc) - 1]
     rows = staged_prefill.rows_worth_reading(
@@ -115,7 +122,8 @@ def _plan_step(
     if not rows:
         return None
     width = max(-(-seq_lens[row] // block_size) for row in rows)
-    read = meta.block_table[_tensor(rows, meta.query_start_loc).long(), :width].tolist()
+    device = meta.block_table.device
+    read = meta.block_table[torch.tensor(rows, device=device), :width].tolist()
     staged = staged_prefill.stage_rows(
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
@@ -134,7 +142,7 @@ def _plan_step(
     ):  # the staged rows attend to no key of the pool: their rows of it are rewritten
         rest = copy.copy(meta)
         rest.seq_lens = meta.seq_lens.clone()
-        rest.seq_lens[_tensor(sorted(done), meta.query_start_loc).long()] = 0
+        rest.seq_lens[torch.tensor(sorted(done), device=device)] = 0
         rest.scheduler_metadata = None  # planned for the key counts above
     alone = rest is None and len(staged) == 1
     return _Step(rows=tuple(_row(meta, row, alone) for row in staged), rest=rest)
@@ -165,7 +173,7 @@ def _row(meta: FlashAttentionMetadata, row: staged_prefill.StagedRow, alone: boo
         own.scheduler_metadata = None
     runs, gather = row.runs, None
     if len(runs) > MAX_RUNS:
-        gather = torch.tensor(row.blocks, dtype=torch.long, device=meta.block_table.device)
+        gather = torch.tensor(row.blocks, device=meta.block_table.device)
     return _Row(staged=row, metadata=own, queries=queries, runs=runs, gather=gather)
 
 
@@ -234,9 +242,7 @@ class StagedFlashAttentionImpl(FlashAttentionImpl):
                 output_block_scale,
             )
         assert self._scratch is not None
-        blocks = self._scratch.numel() // (kv_cache[0].numel() * kv_cache.element_size())
-        elements = self._scratch.view(kv_cache.dtype)[: blocks * kv_cache[0].numel()]
-        scratch = elements.view(blocks, *kv_cache.shape[1:])
+        scratch = _scratch_like(self._scratch, kv_cache)
         if step.rest is not None:
             super().forward(layer, query, key, value, kv_cache, step.rest, output)
         for row in step.rows:
