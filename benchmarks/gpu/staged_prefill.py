@@ -9,6 +9,8 @@ checkpoint of deviation 0.02: random_checkpoint.py --std 0.02) or dummy weights.
              (kv_offload.staged_prefill, the default); its scratch comes out of the pool
   in-place   the same with kv_offload.staged_prefill = false (today's path: the prefill
              reads host blocks once per query tile); not in the default --arms
+  NAME       with --arm-from NAME=DIR: staged's flags, its server importing vllm_offload
+             from the checkout DIR (a branch measured beside this tree in the same run)
 
 Each arm: the long request (--long-tokens random ids, greedy, --output-tokens, 5
 logprobs), streamed, for its TTFT and the time of each token; on the reference, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--arms", default="reference,staged")
     parser.add_argument("--utilization", default="reference=0.45,staged=0.3,in-place=0.3")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")
+    parser.add_argument("--arm-from", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = write_model(Path("/tmp/staged-prefill-model"), args.weights)
@@ -101,6 +105,9 @@ def main() -> None:
         ],
     }
     flags["reference-again"] = flags["reference"]  # is the all-GPU answer repeatable?
+    trees = dict(item.split("=", 1) for item in args.arm_from)
+    for name in trees:
+        flags[name] = flags["staged"]
     dummy = [] if args.weights else ["--load-format", "dummy"]
     arms = args.arms.split(",")
 
@@ -119,8 +126,15 @@ def main() -> None:
             str(args.chunk_tokens),
         ]
 
+    def env(name: str) -> dict[str, str] | None:
+        if name not in trees:
+            return None
+        return os.environ | {"PYTHONPATH": f"{trees[name]}:{os.environ.get('PYTHONPATH', '')}"}
+
     servers = {
-        name: ServerProcess(serve_args=serve_args(name), log_path=args.out / f"{name}.log")
+        name: ServerProcess(
+            serve_args=serve_args(name), log_path=args.out / f"{name}.log", env=env(name)
+        )
         for name in arms
     }
 
