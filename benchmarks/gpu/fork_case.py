@@ -3,7 +3,9 @@
 "52,000 tokens on an RTX 4090 at ~45 tokens/s" with Qwen3-Coder-30B-A3B-Instruct-AWQ,
 reached by counting host RAM in the GPU check. Here: that model class (benchmarks/models/
 qwen3-coder-30b-a3b-awq: the real config.json, AWQ 4-bit; dummy weights), one 52,000-token
-request through `vllm-offload serve` with CUDA graphs, on the pool a 24 GiB card gets:
+request (prompt and output together: --long-tokens is max_model_len, which vLLM checks
+prompt + max_tokens against) through `vllm-offload serve` with CUDA graphs, on the pool a
+24 GiB card gets:
 
   reference  an all-GPU pool of --reference-gib (holds the request), bf16 KV
   bf16-ext   a 24 GiB card: --gpu-memory-utilization scaled so that vLLM's budget is the
@@ -146,9 +148,12 @@ def link_figures(
 ) -> dict[str, float]:
     """The decode link model and the staged prefill's floor at ``rate`` bytes/s."""
     split = arm["split"]
-    spilled = max(0, args.long_tokens + args.output_tokens - split["gpu_tokens"])
+    spilled = max(0, args.long_tokens - split["gpu_tokens"])
     copied = staged_copy_bytes(
-        args.long_tokens, split["gpu_tokens"], args.chunk_tokens, KV_BYTES_PER_TOKEN
+        args.long_tokens - args.output_tokens,
+        split["gpu_tokens"],
+        args.chunk_tokens,
+        KV_BYTES_PER_TOKEN,
     )
     step = reference["tpot_median_s"] + spilled * KV_BYTES_PER_TOKEN / rate
     return {
@@ -232,7 +237,8 @@ def main() -> None:
     theirs = ["--", "--load-format", "dummy", "--max-num-batched-tokens", str(args.chunk_tokens)]
     theirs += ["--max-num-seqs", str(args.max_num_seqs)]
     rng = random.Random(0)
-    prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens)]
+    # prompt + output = max_model_len: one token more and vLLM answers 400 (as it did here)
+    prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens - args.output_tokens)]
 
     def save() -> None:
         (args.out / "fork_case.json").write_text(json.dumps(result, indent=1) + "\n")
