@@ -46,6 +46,22 @@ def test_mla(tmp_path: Path) -> None:
 def test_moe_weights_estimate(tmp_path: Path) -> None:
     facts = model_facts.read(write_shape(tmp_path, QWEN3_30B_A3B))
     assert facts.weight_bytes == pytest.approx(61.0e9, rel=0.02)  # 30.5 B params in bf16
+    assert facts.experts == 128
+
+
+def test_mixtral_experts_are_counted(tmp_path: Path) -> None:
+    """Mixtral names its experts num_local_experts: read as a dense model, its 46.7 B
+    parameters were planned as 7.2 B."""
+    mixtral = LLAMA3_8B | {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+    }
+    facts = model_facts.read(write_shape(tmp_path, mixtral))
+    assert facts.experts == 8
+    assert facts.weight_bytes == pytest.approx(93.4e9, rel=0.02)  # 46.7 B params in bf16
 
 
 def test_linear_layers_have_no_per_token_kv(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ class ModelFacts:
     weight_bytes_source: Literal["safetensors", "parameter count"]
     vocab_size: int = 0
     tie_word_embeddings: bool = False
+    experts: int = 0  # routed experts a layer (0: a dense model)
     max_len_key: str = "max_position_embeddings"
     unknown: tuple[str, ...] = ()  # what could not be read, in words
     # vision/audio towers, projector, language model: their bytes and what the offloader
@@ -205,6 +206,13 @@ def read_safetensors_headers(model_dir: Path) -> dict[str, dict[str, Any]] | Non
     return headers
 
 
+def _experts(cfg: dict[str, Any]) -> int:
+    """Routed experts a layer, under the names Qwen-MoE, DeepSeek and Mixtral give them;
+    0 for a dense model."""
+    keys = ("num_experts", "n_routed_experts", "num_local_experts")
+    return next((n for n in (_optional_int(cfg, key, 0) for key in keys) if n), 0)
+
+
 def _shape(
     cfg: dict[str, Any], *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
 ) -> weight_estimate.Shape:
@@ -218,7 +226,7 @@ def _shape(
         head_dim=head_dim,
         vocab=_optional_int(cfg, "vocab_size", 32000, MAX_VOCAB),
         intermediate=inter,
-        experts=_optional_int(cfg, "num_experts", 0) or _optional_int(cfg, "n_routed_experts", 0),
+        experts=_experts(cfg),
         moe_intermediate=_optional_int(cfg, "moe_intermediate_size", inter),
         tied_embeddings=bool(cfg.get("tie_word_embeddings")),
     )
@@ -340,6 +348,7 @@ def facts_of(
         weight_bytes_source=source,
         vocab_size=_optional_int(cfg, "vocab_size", 0, MAX_VOCAB),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
+        experts=_experts(cfg),
         unknown=tuple(unknown),
         fingerprint=print_,
         components=parts,

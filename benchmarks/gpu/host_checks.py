@@ -7,6 +7,8 @@
    its bounding set (what a non-root user outside the unit has). Each reports the
    register call's result and the host->GPU copy speed.
 2. What NVML says of the PCIe link, and the plan's host->GPU figure from it.
+3. Each GPU's total as the planner reads it (hardware.probe: NVML less its reserved
+   memory) against CUDA's (torch.cuda.mem_get_info), the total vLLM budgets a share of.
 
     benchmarks/gpu/host_checks.py --out DIR
 """
@@ -88,15 +90,22 @@ def main() -> None:
             else {"exit": done.returncode, "stderr": done.stderr[-2000:]}
         )
         print(name, arms[name], flush=True)
+    import torch
+
     from vllm_offload import hardware
     from vllm_offload.plan import h2d_bytes_per_s
 
     facts = hardware.probe()
     speed, source = h2d_bytes_per_s(facts)
+    cuda_totals = [torch.cuda.mem_get_info(g.index)[1] for g in facts.gpus]
     result = {
         "register_gib": args.gib,
         "arms": arms,
         "gpus": [vars(g) for g in facts.gpus],
+        "probe_total_vs_cuda": [
+            {"probe": g.total_bytes, "cuda": cuda, "equal": g.total_bytes == cuda}
+            for g, cuda in zip(facts.gpus, cuda_totals, strict=True)
+        ],
         "plan_h2d_bytes_per_s": speed,
         "plan_h2d_source": source,
     }

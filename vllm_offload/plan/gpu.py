@@ -25,6 +25,13 @@ from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gi
 # (docs/benchmarks.md); scaled with the model's hidden size.
 GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
 GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
+# A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
+# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), H100,
+# vLLM 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: vLLM measured a
+# 4.22 GiB pool where the plan at that budget said 4.70: its weights (15.65 GiB) and the
+# working memory of the two constants above (1.25 GiB) came 0.48 GiB short of what vLLM
+# kept (benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log).
+GPU_OVERHEAD_MOE_BYTES = int(0.5 * GIB)
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
 # Offloading weights 'auto' without a length to reach leaves room for one request this long.
@@ -92,7 +99,8 @@ def served_weight_bytes(config: DeploymentConfig, model: ModelFacts) -> int:
 
 
 def gpu_overhead_bytes(model: ModelFacts) -> int:
-    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
+    moe = GPU_OVERHEAD_MOE_BYTES if model.experts else 0
+    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES + moe
 
 
 def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) -> int:
