@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -29,6 +32,16 @@ SYSTEMCTL3 = str(BIN / "systemctl3")
 def healthy(port: int) -> bool:
     with VllmClient(f"http://127.0.0.1:{port}") as server:
         return server.healthy()
+
+
+def describe_processes(pids: list[int]) -> str:
+    described = []
+    for pid in pids:
+        try:
+            described.append(f"{pid} {' '.join(psutil.Process(pid).cmdline())[:80]}")
+        except psutil.NoSuchProcess:
+            described.append(f"{pid} (gone)")
+    return "; ".join(described)
 
 
 def tree(pid: int) -> list[int]:
@@ -98,7 +111,97 @@ def test_start_status_restart_stop(installed: tuple[Systemd, int, Path]) -> None
     assert systemd.status("vllm").active_state != "active"
 
 
+MAX_TOKENS = 8000
+
+
+@dataclass(kw_only=True, eq=False)
+class StreamLog:
+    """What one streamed completion saw; times in seconds since the streams began."""
+
+    accepted: threading.Event = field(default_factory=threading.Event)  # HTTP 200 came
+    streaming: threading.Event = field(default_factory=threading.Event)  # a chunk came
+    first_at: float | None = None
+    last_at: float | None = None
+    chunks: int = 0
+    tokens: int = 0  # the server's count (continuous usage stats)
+    finish_reason: str | None = None
+    finished: bool = False  # the stream ended without an error
+    error: Exception | None = None
+
+    @property
+    def cut(self) -> bool:
+        """It ended with the connection error of a server gone mid-response (a read
+        timeout would be a hang, not this)."""
+        return isinstance(self.error, openai.APIConnectionError) and not isinstance(
+            self.error, openai.APITimeoutError
+        )
+
+    @property
+    def whole(self) -> bool:
+        """It ended normally, with every token it asked for."""
+        return self.finished and self.finish_reason == "length" and self.tokens == MAX_TOKENS
+
+    def describe(self) -> str:
+        error = f"{self.error!r} (cause {self.error.__cause__!r})" if self.error else None
+        return (
+            f"chunks {self.chunks}, tokens {self.tokens}, first {self.first_at}, "
+            f"last {self.last_at}, finish_reason {self.finish_reason}, "
+            f"finished {self.finished}, error {error}"
+        )
+
+
+def stream(client: openai.OpenAI, log: StreamLog, began: float) -> None:
+    try:
+        response = client.completions.create(
+            model="demo",
+            prompt="hello",
+            stream=True,
+            max_tokens=MAX_TOKENS,
+            extra_body={
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+        )
+        log.accepted.set()
+        for chunk in response:
+            log.last_at = round(time.monotonic() - began, 2)
+            if log.first_at is None:
+                log.first_at = log.last_at
+            log.chunks += 1
+            log.tokens = chunk.usage.completion_tokens if chunk.usage else log.tokens
+            if chunk.choices and chunk.choices[0].finish_reason:
+                log.finish_reason = chunk.choices[0].finish_reason
+            log.streaming.set()
+        log.finished = True
+    except Exception as exc:  # recorded for the assertions, whatever it is
+        log.error = exc
+
+
+def assert_serves(pid: int, port: int) -> None:
+    """The unit's main process is vLLM's API server, listening on ``port``."""
+    server = psutil.Process(pid)
+    command = " ".join(server.cmdline())
+    listens = any(
+        c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        for c in server.net_connections(kind="tcp")
+    )
+    assert "vllm_offload serve" in command and listens, (
+        f"the unit's MainPID {pid} ({command}) is not the API server listening on {port}"
+    )
+
+
 def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -> None:
+    """Streams in flight when the API server is SIGKILLed end with an error (no hang, no
+    silent finish), its processes exit with it (patch 0003) and the unit restarts it.
+
+    "In flight" is made certain, not timed: vLLM generates whether or not the client reads,
+    and a loopback socket buffers megabytes (a whole 8,000-token stream is ~2 MB of SSE),
+    so a client's last token says nothing about the server; on a busy box this test's
+    process went unscheduled for 30 s while the server finished every stream into those
+    buffers, and read them whole after the kill. So two streams start while vLLM generates
+    (each may be cut, or may already be whole: either is right) and two are accepted while
+    its engine is stopped (SIGSTOP), so they cannot end before the kill but by an error.
+    """
     systemd, port, root = installed
     # systemctl3 supervises (Restart=) only as an init process.
     init = subprocess.Popen(
@@ -107,60 +210,78 @@ def test_kill_9_is_restarted_by_the_unit(installed: tuple[Systemd, int, Path]) -
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    logs = [StreamLog() for _ in range(4)]
+    under_way, waiting = logs[:2], logs[2:]
+    evidence: list[str] = []
+    children: list[int] = []  # the API server's processes: stopped, then killed with it
     try:
         wait_until(lambda: healthy(port), 300, "the server to answer")
         first = systemd.status("vllm").main_pid
         assert first is not None
-        # Requests in flight when the server dies get an error, not a hang.
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=30, max_retries=0
-        )
-        outcomes: list[str] = []
-        streaming = [threading.Event() for _ in range(4)]
-
-        def stream(started: threading.Event) -> None:
-            try:
-                for _ in client.completions.create(
-                    model="demo",
-                    prompt="hello",
-                    stream=True,
-                    max_tokens=8000,
-                    extra_body={"ignore_eos": True},
-                ):
-                    started.set()
-                outcomes.append("finished")
-            except openai.APIError as exc:
-                outcomes.append(type(exc).__name__)
-
-        threads = [threading.Thread(target=stream, args=(e,)) for e in streaming]
-        for t in threads:
-            t.start()
-        # Killed while the streams are under way: once the first token of one arrived, the
-        # others get a second to start (a request still waiting for its first token is in
-        # flight too). Waiting for all four first failed once on CI's busy box with all
-        # four finished; a fixed pause before that let fast streams finish first.
-        wait_until(lambda: any(e.is_set() for e in streaming), 120, "a stream to start")
-        for started in streaming:
-            started.wait(1)
         old = tree(first)  # the API server, its EngineCore and worker, multiprocessing's helper
+        evidence.append(f"MainPID {first}; its processes {describe_processes(old)}")
+        assert_serves(first, port)
         assert len(old) >= 3, old
+        # No read timeout cuts a stream: only the server's death may end the waiting ones.
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=600, max_retries=0
+        )
+        model = client.models.list().data[0]
+        evidence.append(f"max_model_len {(model.model_extra or {}).get('max_model_len')}")
+        began = time.monotonic()
+        threads = [
+            threading.Thread(target=stream, args=(client, log, began), daemon=True) for log in logs
+        ]
+        for t, log in zip(threads[:2], under_way, strict=True):
+            t.start()
+            assert log.streaming.wait(300), f"a stream never started: {log.describe()}"
+        children = old[1:]
+        for pid in children:  # vLLM's engine generates nothing more
+            os.kill(pid, signal.SIGSTOP)
+        for t, log in zip(threads[2:], waiting, strict=True):
+            t.start()
+            assert log.accepted.wait(300), f"a stream was never accepted: {log.describe()}"
+        evidence.append(f"SIGKILL {first} at {time.monotonic() - began:.2f} s")
         os.kill(first, signal.SIGKILL)
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
         for t in threads:
-            t.join(timeout=60)
-        assert len(outcomes) == 4 and "finished" not in outcomes, outcomes
+            t.join(timeout=300)
+        for i, (t, log) in enumerate(zip(threads, logs, strict=True)):
+            assert not t.is_alive(), f"stream {i} hangs after the kill: {log.describe()}"
+            if log in waiting:
+                assert log.cut, (
+                    f"stream {i}, accepted while the engine was stopped, did not end with a "
+                    f"connection error (was the API server killed?): {log.describe()}"
+                )
+            else:
+                assert log.cut or log.whole, (
+                    f"stream {i} ended without an error and without all its {MAX_TOKENS} "
+                    f"tokens: {log.describe()}"
+                )
         # None of them outlives the API server (patch 0003): an orphaned engine would hold
         # the GPU and the restarted server could not start.
         wait_until(
-            lambda: not any(psutil.pid_exists(p) for p in old[1:]),
-            60,
-            f"the killed server's processes {old[1:]} to exit",
+            lambda: not any(psutil.pid_exists(p) for p in children),
+            120,
+            f"the killed server's processes {children} to exit",
         )
         wait_until(
-            lambda: systemd.status("vllm").main_pid not in (None, first), 60, "a new main PID"
+            lambda: systemd.status("vllm").main_pid not in (None, first), 120, "a new main PID"
         )
         wait_until(lambda: healthy(port), 300, "the restarted server to answer")
         assert systemd.status("vllm").main_pid != first
+    except BaseException:
+        # What the streams saw and what the server logged, so that a failure explains itself.
+        print("\n".join(evidence))
+        for i, log in enumerate(logs):
+            print(f"stream {i}: {log.describe()}")
+        print("\n".join(systemd.logs("vllm", 120)))
+        raise
     finally:
+        for pid in children:  # never left stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         subprocess.run([SYSTEMCTL3, f"--root={root}", "stop", "vllm.service"], timeout=120)
         os.killpg(init.pid, signal.SIGTERM)
         init.wait(timeout=60)
