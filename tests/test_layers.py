@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "config",
         "model_facts",
+        "model_config",
         "model_parts",
         "safetensors_header",
         "model_limit",

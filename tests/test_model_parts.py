@@ -16,7 +16,7 @@ from tests.conftest import make_host
 from vllm_offload import model_facts
 from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, with_overrides
-from vllm_offload.model_facts import ModelFactsError
+from vllm_offload.model_config import ModelFactsError
 from vllm_offload.plan import make_plan
 from vllm_offload.plan.gpu import decoder_layer_bytes
 

@@ -15,7 +15,7 @@ The whole family, and the few errors that live outside it::
     │   │   └── PreflightError     launch.py             vLLM would fail or misbehave here
     │   ├── Forbidden    403       only the administrator, in the file
     │   ├── Unauthenticated 401, Throttled 429, TooLarge 413, StorageFull 507  (the manager)
-    ├── ModelFactsError            model_facts.py        a model folder's files
+    ├── ModelFactsError            model_config.py       a model folder's files
     ├── PatchError                 patch_journal.py      the patch series (environment)
     ├── ServiceError     502       systemd/control.py    systemctl, journalctl, the server
     ├── InstallError               systemd/install.py    install-service

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload import model_facts
-from vllm_offload.model_facts import ModelFacts, ModelFactsError
+from vllm_offload.model_config import ModelFactsError
+from vllm_offload.model_facts import ModelFacts
 from vllm_offload.safe_files import read_regular
 
 # The hub's own rule for a repo's parts (letters, digits, '-', '_', '.'; at most 96

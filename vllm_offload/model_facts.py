@@ -17,10 +17,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vllm_offload import model_limit, model_parts, safetensors_header, weight_estimate
-from vllm_offload.errors import VllmOffloadError
+from vllm_offload.model_config import (
+    MAX_LAYERS,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    LayerKind,
+    ModelFactsError,
+    layer_kinds,
+    optional_number,
+    parameter_shape,
+    routed_experts,
+    short_text,
+    text_config,
+    whole_number,
+)
 from vllm_offload.safe_files import parse_json, read_regular
-
-LayerKindName = Literal["full", "sliding", "mla", "linear"]
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -35,29 +46,6 @@ DTYPE_BYTES: dict[str, int] = {
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_WEIGHT_FILES = 4096
-# Ranges past every released model (layers: Llama 3.1 405B has 126) that keep the
-# planner's arithmetic and loops small.
-MAX_LAYERS = 1024
-MAX_WIDTH = 1 << 20  # hidden size, intermediate sizes, head counts and sizes, ranks
-MAX_TOKENS = 1 << 28  # context lengths and sliding windows
-MAX_VOCAB = 1 << 24
-
-
-class ModelFactsError(VllmOffloadError):
-    """The directory is not a model the planner can read; the text says why and what to do."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, field="model.path")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayerKind:
-    """How one decoder layer stores KV per token."""
-
-    kind: LayerKindName
-    window: int | None = None  # sliding: tokens kept
-    kv_lora_rank: int = 0  # mla
-    rope_dim: int = 0  # mla
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,88 +82,6 @@ class ModelFacts:
         return DTYPE_BYTES.get(self.torch_dtype, 2)
 
 
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    # Multimodal configs (Gemma 3, Llava, Qwen-VL) keep the decoder under text_config.
-    text = cfg.get("text_config")
-    if isinstance(text, dict):
-        merged = dict(text)
-        # The outer config names what vLLM loads; dtype and quantisation may sit either side.
-        if "architectures" in cfg:
-            merged["architectures"] = cfg["architectures"]
-        for key in ("torch_dtype", "dtype", "quantization_config"):
-            if key in cfg and key not in merged:
-                merged[key] = cfg[key]
-        return merged
-    return cfg
-
-
-def _int(cfg: dict[str, Any], key: str, high: int = MAX_WIDTH, low: int = 1) -> int:
-    """``cfg[key]``: a whole number from ``low`` to ``high``; else ModelFactsError."""
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ModelFactsError(
-            f"config.json: '{key}' is missing or not a whole number from {low:,} to {high:,}"
-        )
-    return value
-
-
-def _optional_int(cfg: dict[str, Any], key: str, default: int, high: int = MAX_WIDTH) -> int:
-    """``cfg[key]`` as ``_int``, or ``default`` where it is absent, null or 0 (configs
-    write 0 for "not set")."""
-    if cfg.get(key) in (None, 0):
-        return default
-    return _int(cfg, key, high)
-
-
-def _text(cfg: dict[str, Any], key: str, default: str) -> str:
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or len(value) > 256:
-        raise ModelFactsError(f"config.json: '{key}' is not a short string")
-    return value
-
-
-def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[tuple[LayerKind, ...], list[str]]:
-    unknown: list[str] = []
-    if cfg.get("kv_lora_rank"):
-        mla = LayerKind(
-            kind="mla",
-            kv_lora_rank=_int(cfg, "kv_lora_rank"),
-            rope_dim=_int(cfg, "qk_rope_head_dim", low=0),
-        )
-        return (mla,) * num_layers, unknown
-    window = None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window")
-    if window is not None:
-        window = _optional_int(cfg, "sliding_window", 0, MAX_TOKENS) or None
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == num_layers:
-        kinds: list[LayerKind] = []
-        for name in layer_types:
-            if name == "full_attention":
-                kinds.append(LayerKind(kind="full"))
-            elif name in ("sliding_attention", "chunked_attention") and window is not None:
-                kinds.append(LayerKind(kind="sliding", window=window))
-            elif name in ("linear_attention", "mamba", "mamba2", "conv", "gated_delta_net"):
-                kinds.append(LayerKind(kind="linear"))
-            else:
-                unknown.append(f"layer type {str(name)[:40]!r} (planned as full attention)")
-                kinds.append(LayerKind(kind="full"))
-        return tuple(kinds), unknown
-    pattern = _optional_int(cfg, "sliding_window_pattern", 0, MAX_LAYERS)
-    if window is not None and pattern > 1:
-        # Gemma-2/3 style: every pattern-th layer is global, the rest slide.
-        return tuple(
-            LayerKind(kind="full")
-            if (i + 1) % pattern == 0
-            else LayerKind(kind="sliding", window=window)
-            for i in range(num_layers)
-        ), unknown
-    if window is not None:
-        return (LayerKind(kind="sliding", window=window),) * num_layers, unknown
-    return (LayerKind(kind="full"),) * num_layers, unknown
-
-
 def _json(data: bytes, what: str) -> Any:
     try:
         return parse_json(data)
@@ -204,32 +110,6 @@ def read_safetensors_headers(model_dir: Path) -> dict[str, dict[str, Any]] | Non
         except OSError as exc:
             raise ModelFactsError(f"{file.name}: cannot read it ({exc})") from None
     return headers
-
-
-def _experts(cfg: dict[str, Any]) -> int:
-    """Routed experts a layer, under the names Qwen-MoE, DeepSeek and Mixtral give them;
-    0 for a dense model."""
-    keys = ("num_experts", "n_routed_experts", "num_local_experts")
-    return next((n for n in (_optional_int(cfg, key, 0) for key in keys) if n), 0)
-
-
-def _shape(
-    cfg: dict[str, Any], *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
-) -> weight_estimate.Shape:
-    """The parameter counts of config.json, each checked against its range."""
-    inter = _optional_int(cfg, "intermediate_size", 4 * hidden)
-    return weight_estimate.Shape(
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab=_optional_int(cfg, "vocab_size", 32000, MAX_VOCAB),
-        intermediate=inter,
-        experts=_experts(cfg),
-        moe_intermediate=_optional_int(cfg, "moe_intermediate_size", inter),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings")),
-    )
 
 
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -291,22 +171,22 @@ def facts_of(
     """The facts of config.json's object ``raw`` and its safetensors ``headers`` by file
     (None: none; the weights estimated from the parameter count), read from a folder or
     from the hub (``path`` names which; ``print_`` its fingerprint)."""
-    cfg = _text_config(raw)
+    cfg = text_config(raw)
     archs = cfg.get("architectures")
     architecture = archs[0] if isinstance(archs, list) and archs else "unknown"
-    num_layers = _int(cfg, "num_hidden_layers", MAX_LAYERS)
-    hidden = _int(cfg, "hidden_size")
-    heads = _int(cfg, "num_attention_heads")
-    kv_heads = _optional_int(cfg, "num_key_value_heads", heads)
-    head_dim = _optional_int(cfg, "head_dim", hidden // heads)
+    num_layers = whole_number(cfg, "num_hidden_layers", MAX_LAYERS)
+    hidden = whole_number(cfg, "hidden_size")
+    heads = whole_number(cfg, "num_attention_heads")
+    kv_heads = optional_number(cfg, "num_key_value_heads", heads)
+    head_dim = optional_number(cfg, "head_dim", hidden // heads)
     if head_dim < 1:
         raise ModelFactsError("config.json: 'hidden_size' is smaller than its head count")
-    dtype = _text(cfg, "torch_dtype", "") or _text(cfg, "dtype", "") or "bfloat16"
+    dtype = short_text(cfg, "torch_dtype", "") or short_text(cfg, "dtype", "") or "bfloat16"
     quant = cfg.get("quantization_config")
-    layers, unknown = _layer_kinds(cfg, num_layers)
+    layers, unknown = layer_kinds(cfg, num_layers)
     limit, limit_key = model_limit.max_len_limit(cfg)
-    _optional_int(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
-    model_type = _text(raw, "model_type", "unknown")
+    optional_number(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
+    model_type = short_text(raw, "model_type", "unknown")
     if headers:
         try:
             sizes = safetensors_header.tensor_sizes(headers)
@@ -318,9 +198,9 @@ def facts_of(
     else:
         scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
         if isinstance(quant, dict) and scheme is None:
-            method = _text(quant, "quant_method", "unknown")
+            method = short_text(quant, "quant_method", "unknown")
             unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
-        shape = _shape(
+        shape = parameter_shape(
             cfg, layers=num_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
         )
         text_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
@@ -333,7 +213,7 @@ def facts_of(
     return ModelFacts(
         path=path,
         architecture=str(architecture)[:256],
-        model_type=_text(cfg, "model_type", "unknown"),
+        model_type=short_text(cfg, "model_type", "unknown"),
         num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -342,13 +222,15 @@ def facts_of(
         max_len_limit=min(limit, MAX_TOKENS),
         max_len_key=limit_key,
         torch_dtype=dtype,
-        quantization=_text(quant, "quant_method", "unknown") if isinstance(quant, dict) else None,
+        quantization=short_text(quant, "quant_method", "unknown")
+        if isinstance(quant, dict)
+        else None,
         layers=layers,
         weight_bytes=weight_bytes,
         weight_bytes_source=source,
-        vocab_size=_optional_int(cfg, "vocab_size", 0, MAX_VOCAB),
+        vocab_size=optional_number(cfg, "vocab_size", 0, MAX_VOCAB),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
-        experts=_experts(cfg),
+        experts=routed_experts(cfg),
         unknown=tuple(unknown),
         fingerprint=print_,
         components=parts,

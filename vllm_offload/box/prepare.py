@@ -17,7 +17,8 @@ from vllm_offload.deployment import confined_model_dir, hub_not_downloaded, mach
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
-from vllm_offload.model_facts import ModelFacts, ModelFactsError
+from vllm_offload.model_config import ModelFactsError
+from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import FleetInputs, PlanError
