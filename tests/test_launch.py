@@ -414,3 +414,31 @@ def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     )
     with pytest.raises(launch.PreflightError, match="vLLM rejects"):
         run_vllm.validate(bad)
+
+
+def test_every_vllm_name_in_the_env_is_one_vllm_knows(demo_dir: Path) -> None:
+    """vLLM warns of each VLLM_* variable it does not know, on every start ("Unknown vLLM
+    environment variable detected: VLLM_CPU_TIER_RAM_RESERVE_BYTES" was the first line a
+    GPU user saw): ours are named outside that prefix."""
+    import vllm.envs
+
+    from vllm_offload.vllm_ext import knobs
+
+    spec = spec_for(
+        demo_dir,
+        {
+            "kv_offload.backend": "native",
+            "kv_offload.host_extension_gib": 1,
+            "weights_offload.cpu_gib": 1,
+        },
+        version="0.33.0",
+        api_key="k",
+    )
+    ours = [v for k, v in vars(knobs).items() if k.endswith("_ENV")]
+    assert len(ours) >= 4 and set(ours) & set(spec.env), (ours, spec.env)
+    unknown = [
+        name
+        for name in [*spec.env, *ours]
+        if name.startswith("VLLM_") and name not in vllm.envs.environment_variables
+    ]
+    assert not unknown, unknown

@@ -47,7 +47,7 @@ def test_dry_run_prints_command_and_kv_config(
     env, argv = shlex.split(command), []
     while "=" in env[0]:  # the environment the launcher sets, printed before the command
         argv.append(env.pop(0))
-    assert argv == [f"VLLM_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}"]
+    assert argv == [f"VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}"]
     argv = env
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert f"--model={demo_dir}" in argv

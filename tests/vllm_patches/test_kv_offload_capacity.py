@@ -133,7 +133,7 @@ def test_shm_check(monkeypatch: pytest.MonkeyPatch) -> None:
     assert f"mapped from /dev/shm, which has {shm_free / GIB:,.2f} GiB free" in str(info.value)
     assert f"the largest tier that fits is {shm_free} bytes" in str(info.value)
     monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "lots")
-    with pytest.raises(ValueError, match="VLLM_CPU_TIER_RAM_RESERVE_BYTES must be a whole"):
+    with pytest.raises(ValueError, match="VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES must be a whole"):
         kv_capacity.check_host_memory(tier)
 
 

@@ -22,7 +22,7 @@ from vllm_offload.plan.records import (
 )
 
 # Host RAM kept free for the OS and page cache. The launcher hands this figure to patched
-# vLLM (VLLM_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with
+# vLLM (VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with
 # the planner by construction.
 RAM_RESERVE_BYTES = 8 * GIB
 RAM_RESERVE_FRACTION = 0.10

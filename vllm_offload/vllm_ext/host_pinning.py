@@ -5,7 +5,7 @@ torch's pinned allocator rounds every allocation up to a power of two: 8 GiB of
 offloaded weights took 9.37 GiB of host RAM on vLLM 0.32.0 unpatched, 8.09 GiB in the
 arena (benchmarks/results/h200-vllm-0.32.0/weights/). Pageable memory from an
 anonymous mmap costs exactly its size and, once registered, is read at the pinned
-speed. Budgets at or above the gate (VLLM_PIN_REGISTER_MIN_BYTES, default 256 MiB)
+speed. Budgets at or above the gate (VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES, default 256 MiB)
 take that path; smaller ones keep torch's pinned allocator. If registration fails
 (memlock limit, driver), the weights stay torch-pinned and one warning says so.
 Prefetch weight offload places its parameters in an unsized arena (it learns the total

@@ -2,19 +2,20 @@
 them (launch.py), the hooks inside vLLM's processes read them. Plain strings, no vLLM
 import: launch.py imports this module on hosts where vLLM is not importable yet."""
 
-# Environment variables.
+# Environment variables. Not named VLLM_*: vLLM warns of every VLLM_* name it does not know
+# ("Unknown vLLM environment variable detected"), on each start.
 # The RAM the CPU tier's check leaves free (bytes); the launcher passes the planner's
 # reserve, so the planner and vLLM apply one rule (kv_capacity.check_host_memory).
-CPU_TIER_RESERVE_ENV = "VLLM_CPU_TIER_RAM_RESERVE_BYTES"
+CPU_TIER_RESERVE_ENV = "VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES"
 # Offloaded weights of at least this many bytes go into a registered host arena
 # (host_pinning.gate_bytes).
-PIN_REGISTER_MIN_ENV = "VLLM_PIN_REGISTER_MIN_BYTES"
+PIN_REGISTER_MIN_ENV = "VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES"
 # With it set to 1 (the launcher does for engines that sleep), the plugin makes
 # vllm_ext.sleep's backend the one vLLM's sleep mode uses.
-SLEEP_ARENA_ENV = "VLLM_OFFLOAD_SLEEP_ARENA"
+SLEEP_ARENA_ENV = "VLLMOFFLOAD_SLEEP_ARENA"
 # With it set to 1 (the launcher does for engines with staged prefill), the plugin puts
 # vllm_ext.staged_attention's backend in the place of vLLM's FlashAttention.
-STAGED_PREFILL_ENV = "VLLM_OFFLOAD_STAGED_PREFILL"
+STAGED_PREFILL_ENV = "VLLMOFFLOAD_STAGED_PREFILL"
 
 # --additional-config keys.
 # The KV pool's host extension, bytes of host RAM per GPU (kv_host_extension).

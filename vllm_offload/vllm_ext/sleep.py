@@ -10,7 +10,7 @@ then cost only the copies), and lets vLLM's allocator release them without a bac
 its own; at the wake it copies them back into the memory the allocator maps again.
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
-"cumem"); with VLLM_OFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
+"cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
 the general plugin registers this class under that name, so vLLM's own worker picks it.
 vLLM 0.33 adds ``--sleep-mode-backend`` and ``SleepModeBackendFactory.register_backend``,
 but a backend of another name loses the CUDA-graph pool: ``VllmConfig.
