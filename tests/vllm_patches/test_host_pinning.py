@@ -50,7 +50,9 @@ def test_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PIN_REGISTER_MIN_ENV, str(MIB))
     assert host_pinning.should_register(MIB, pin=True)
     monkeypatch.setenv(PIN_REGISTER_MIN_ENV, "256M")
-    with pytest.raises(ValueError, match="VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES must be a whole number"):
+    with pytest.raises(
+        ValueError, match="VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES must be a whole number"
+    ):
         host_pinning.gate_bytes()
 
 
