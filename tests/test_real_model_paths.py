@@ -30,7 +30,7 @@ def load() -> ModuleType:
 def test_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = load()
     args = paths.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o")])
-    assert (args.dtype, args.tier_pool_tokens, args.gguf) == ("float32", 1024, None)
+    assert (args.dtype, args.tier_pool_tokens, args.pool_tokens) == ("float32", 1024, 16384)
     with pytest.raises(SystemExit) as exit_:
         paths.parse_args(["--model", "m", "--out", "o", "--dtype", "float16"])
     assert exit_.value.code == 2
@@ -62,6 +62,7 @@ def test_each_arm_serves_what_its_check_needs(
     assert "--dtype=bfloat16" in argv["fp8"] and "--kv-cache-dtype=fp8" in argv["fp8"]
     assert "--dtype=bfloat16" in argv["bf16"] and "--kv-cache-dtype" not in argv["bf16"]
     assert argv["switch"].count("--enable-sleep-mode") == 2
+    assert argv["switch"].count(f"--kv-cache-memory-bytes={16384 * per_token * 4}") == 2
     assert "--served-model-name=a" in argv["switch"] and "--served-model-name=b" in argv["switch"]
 
 

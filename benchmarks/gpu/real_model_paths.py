@@ -1,31 +1,29 @@
 #!/usr/bin/env python3
-"""Issue #39 item 3 on the GPU host: the default model (SmolLM2-135M-Instruct, converted
-by `vllm-offload demo-model DIR`) answers tests/real_reference.py's fixed prompts the same
-through our paths as through a plain all-GPU serve. Servers through `vllm-offload serve`,
-one config file per arm (OUT/<arm>.toml), eager, all up at once; greedy, NEW_TOKENS tokens
-a prompt (ignore_eos), 5 logprobs a token:
+"""Issue #39 item 3 on the GPU host: the default model (SmolLM2-135M-Instruct, from
+`vllm-offload demo-model DIR`) answers tests/real_reference.py's prompts through our paths
+as through a plain all-GPU serve. Servers through `vllm-offload serve`, a config per arm
+(OUT/<arm>.toml), eager, all up at once; greedy, NEW_TOKENS tokens (ignore_eos), 5 logprobs:
 
-  gpu     --dtype (float32: as `serve` runs the default model), no CPU tier: the baseline
-  tier    the native CPU tier, 16-token blocks and chunks, a GPU pool of --tier-pool-tokens:
-          every prompt once (cold), then per prompt fillers that push it out of the pool
-          and the prompt again: a CPU-tier hit (vLLM's counters say how many tokens came
-          from the tier and none from the GPU pool). (a) the hit answers as cold and as gpu
-  switch  two [[models]] ('a', 'b') of the folder behind the front door, max_resident 1,
+  gpu     --dtype (float32, as `serve` runs the default model), no CPU tier: the baseline
+  tier    the native CPU tier, 16-token blocks and chunks, a --tier-pool-tokens GPU pool:
+          each prompt cold, then per prompt fillers that push it out of the pool and the
+          prompt again, a CPU-tier hit (vLLM's counters: tokens from the tier, none from
+          the pool). (a) the hit answers as cold and as gpu
+  switch  two [[models]] 'a', 'b' of the folder behind the front door, max_resident 1,
           sleep level 1: every prompt to 'a', one to 'b', every prompt to 'a' again.
-          (b) 'a' answers the same before and after (the events say 'a' slept and woke)
-  bf16    the model in bfloat16; fp8: the same with model.kv_cache_dtype = "fp8".
-          (c) fp8 against bf16, per prompt: equal tokens? the largest logprob gap (recorded,
-          not judged; bf16 against gpu beside it, for scale)
+          (b) 'a' answers as before and as gpu (the events say 'a' slept and woke)
+  bf16    the model in bfloat16; fp8: the same, model.kv_cache_dtype = "fp8". (c) fp8
+          against bf16 per prompt: equal tokens, the largest logprob gap (recorded, not
+          judged; bf16 against gpu beside it, for scale)
 
-(d) gpu's greedy tokens and top-k logprobs against the float32 transformers reference
-(tests/real_reference.py's rule, on the CPU). Every comparison covers a prompt's steps
-before the reference's first near-tie (MIN_MARGIN); prompts that start with one are left
-out. Two answers are "the same" when those tokens are equal and each chosen token's
-logprob is within SAME_LOGPROB_TOL. Control: every prompt with its first question token
-(QUESTION_AT, inside the 32 tokens a CPU hit loads) changed, on gpu: the same rule must
-call it different, and the reference rule must find differences. Writes
-OUT/real_model_paths.json (answers, verdicts) and each server's log; exit 1 unless every
-judged check passes.
+(d) gpu's greedy tokens and top-k logprobs against the float32 transformers reference on
+the CPU (tests/real_reference.py's rule). Every comparison covers a prompt's steps before
+the reference's first near-tie (MIN_MARGIN); a prompt that starts with one is left out.
+Two answers are the same when those tokens are equal and each chosen token's logprob is
+within SAME_LOGPROB_TOL. Control: each prompt with its question's first token changed
+(inside the 32 tokens a CPU hit loads), on gpu: the same rule must call it different and
+the reference rule find differences. Writes OUT/real_model_paths.json (answers, verdicts)
+and each server's log; prints the verdicts; exit 1 unless every judged check passes.
 
 Device command (after the vLLM 0.33.0 bundle is unpacked to /root/site with the plugin's
 dist-info in /root/vo, as benchmarks/gpu/release.sh, and the model converted to
@@ -79,7 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the converted model's folder")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--gguf", type=Path, help="default: real_model.gguf_path()")
     parser.add_argument("--dtype", default="float32", help="model.dtype of gpu, tier, switch")
     parser.add_argument("--pool-tokens", type=int, default=16384, help="gpu's KV pool")
     parser.add_argument("--tier-pool-tokens", type=int, default=1024)
@@ -93,42 +90,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def pool_bytes(dtype: str, tokens: int) -> int:
-    return tokens * KV_ELEMENTS_PER_TOKEN * ELEMENT_BYTES[dtype]
-
-
 def arm_configs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Each arm's deployment config (what `serve --config` reads)."""
     model = {"path": str(args.model), "dtype": args.dtype}
-    util = args.utilization
+    fp8 = {"path": str(args.model), "dtype": "bfloat16", "kv_cache_dtype": "fp8"}
 
-    def plain(dtype: str, tokens: int, **kv_offload: Any) -> dict[str, Any]:
+    def arm(kv: str, tokens: int, util: float = args.utilization, **kv_offload: Any) -> Any:
+        pool = tokens * KV_ELEMENTS_PER_TOKEN * ELEMENT_BYTES[kv]
         return {
             "extra_args": ["--enforce-eager"],
-            "gpu": {"memory_utilization": util, "kv_cache_memory_bytes": pool_bytes(dtype, tokens)},
+            "gpu": {"memory_utilization": util, "kv_cache_memory_bytes": pool},
             "kv_offload": {"backend": "none", **kv_offload},
         }
 
-    tier = {"cpu_tier_gib": args.tier_gib, "block_size": TIER_BLOCK}
-    tier |= {"cpu_chunk_tokens": TIER_BLOCK, "backend": "native"}
-    fp8 = {"path": str(args.model), "dtype": "bfloat16", "kv_cache_dtype": "fp8"}
+    tier = {"backend": "native", "cpu_tier_gib": args.tier_gib}
+    tier |= {"block_size": TIER_BLOCK, "cpu_chunk_tokens": TIER_BLOCK}
+    residency = {"max_resident": 1, "idle": "sleep", "sleep_level": 1, "min_resident_s": 0.0}
+    residency["runtime_dir"] = str(args.run_dir / "switch")
     return {
-        "gpu": plain(args.dtype, args.pool_tokens) | {"model": model},
-        "tier": plain(args.dtype, args.tier_pool_tokens, **tier) | {"model": model},
-        "switch": plain(args.dtype, args.pool_tokens)
-        | {
-            "gpu": {"memory_utilization": 2 * util},  # the asleep model keeps some
-            "models": [model | {"served_name": "a"}, model | {"served_name": "b"}],
-            "residency": {
-                "max_resident": 1,
-                "idle": "sleep",
-                "sleep_level": 1,
-                "min_resident_s": 0.0,
-                "runtime_dir": str(args.run_dir / "switch"),
-            },
-        },
-        "bf16": plain("bfloat16", args.pool_tokens) | {"model": fp8 | {"kv_cache_dtype": "auto"}},
-        "fp8": plain("fp8", args.pool_tokens) | {"model": fp8},
+        "gpu": arm(args.dtype, args.pool_tokens) | {"model": model},
+        "tier": arm(args.dtype, args.tier_pool_tokens, **tier) | {"model": model},
+        # twice the share: the planner takes 3 GiB off it for the engine asleep
+        "switch": arm(args.dtype, args.pool_tokens, 2 * args.utilization)
+        | {"models": [model | {"served_name": n} for n in "ab"], "residency": residency},
+        "bf16": arm("bfloat16", args.pool_tokens) | {"model": fp8 | {"kv_cache_dtype": "auto"}},
+        "fp8": arm("fp8", args.pool_tokens) | {"model": fp8},
     }
 
 
@@ -223,13 +209,12 @@ def judge_fp8(arms: Any, stable: list[int], at: int) -> dict[str, Any]:
     scale = pairs(arms["bf16"]["answers"], arms["gpu"]["answers"], stable)
     return {
         "pass": None,  # recorded, not judged: fp8 may differ
-        "per_prompt": [
-            {k: p[k] for k in ("prompt", "same_tokens", "max_logprob_diff")} for p in fp8
-        ],
+        "per_prompt": [{k: p[k] for k in FP8_KEYS} for p in fp8],
         "bf16_vs_gpu_max_logprob_diff": [p["max_logprob_diff"] for p in scale],
     }
 
 
+FP8_KEYS = ("prompt", "same_tokens", "all_tokens_equal", "max_logprob_diff")
 CHECKS = {
     "reference": judge_reference,
     "control": judge_control,
@@ -253,22 +238,16 @@ def run_gpu(
     if not answers:
         return arm
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=300)
-    rows = []
+    arm["reference"] = []
     for prompt, other, expected in zip(prompts, changed, answers, strict=True):
-        forced = ref.served_forced(client, "m", prompt, expected.tokens)
-        greedy = ref.served_greedy(client, "m", prompt)
-        forced_other = ref.served_forced(client, "m", other, expected.tokens)
-        rows.append(
-            {
-                "greedy": greedy,
-                "differences": ref.differences(expected, greedy, forced),
-                "max_logprob_diff": ref.max_logprob_diff(expected, forced),
-                "changed_differences": ref.differences(
-                    expected, ref.served_greedy(client, "m", other), forced_other
-                ),
-            }
-        )
-    arm["reference"] = rows
+        row: dict[str, Any] = {}  # the reference's answer against the server's to each
+        for key, sent in (("", prompt), ("changed_", other)):
+            greedy = ref.served_greedy(client, "m", sent)
+            forced = ref.served_forced(client, "m", sent, expected.tokens)
+            row[f"{key}greedy"] = greedy
+            row[f"{key}differences"] = ref.differences(expected, greedy, forced)
+            row[f"{key}max_logprob_diff"] = ref.max_logprob_diff(expected, forced)
+        arm["reference"].append(row)
     return arm
 
 
@@ -281,7 +260,8 @@ def run_tier(url: str, prompts: list[list[int]], pool_tokens: int) -> dict[str, 
         for prompt in prompts:
             for _ in range(FILLERS):
                 filler = [rng.randrange(1000, 40000) for _ in range(pool_tokens * 7 // 8)]
-                complete(http, url, filler, 1)
+                if not (sent := complete(http, url, filler, 1)).ok:  # then no eviction either
+                    arm.setdefault("filler_errors", []).append(sent.error)
             before = server.metrics([CPU_TIER_HITS, GPU_PREFIX_HITS])
             arm["hit"] += ask_all(url, [prompt])
             after = server.metrics([CPU_TIER_HITS, GPU_PREFIX_HITS])
@@ -299,16 +279,11 @@ def run_switch(url: str, prompts: list[list[int]], run_dir: Path) -> dict[str, A
     return arm
 
 
-def references(args: argparse.Namespace, prompts: list[list[int]]) -> list[ref.Answer]:
-    from vllm_offload import real_model
-
-    model = ref.reference_model(args.model, args.gguf or real_model.gguf_path())
-    return [ref.greedy(model, p) for p in prompts]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers import AutoTokenizer
+
+    from vllm_offload import real_model
 
     args.out.mkdir(parents=True, exist_ok=True)
     servers: dict[str, ServerProcess] = {}
@@ -331,14 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for server in servers.values():
             server.start()
+        answers: list[ref.Answer] = []
         try:  # while the servers start
-            answers = references(args, prompts)
+            model = ref.reference_model(args.model, real_model.gguf_path())
+            answers = [ref.greedy(model, p) for p in prompts]
         except Exception as exc:  # no near-tie rule: every step compared, (d) not run
-            answers, result["reference_error"] = [], repr(exc)
+            result["reference_error"] = repr(exc)
         result["reference"] = [{"tokens": a.tokens, "margins": a.margins} for a in answers]
-        result["stable_steps"] = [a.stable_steps() for a in answers] or [ref.NEW_TOKENS] * len(
-            prompts
-        )
+        stable = [a.stable_steps() for a in answers]
+        result["stable_steps"] = stable or [ref.NEW_TOKENS] * len(prompts)
         runs: dict[str, Callable[[str], dict[str, Any]]] = {
             "gpu": lambda url: run_gpu(url, prompts, changed, answers),
             "tier": lambda url: run_tier(url, prompts, args.tier_pool_tokens),
@@ -362,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     result["verdict"] = verdicts(result)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["verdict"], indent=1))
+    for name, verdict in result["verdict"].items():  # the short summary; the rest in OUT
+        word = {True: "PASS", False: "FAIL", None: "recorded"}[verdict["pass"]]
+        print(f"{name:13} {word:8} {json.dumps(verdict)[:400]}")
     return 0 if all(v["pass"] is not False for v in result["verdict"].values()) else 1
 
 
