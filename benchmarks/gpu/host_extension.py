@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from vllm_offload.bench.client import fixed_length_body
 from vllm_offload.bench.server_process import ServerProcess
 
 MODEL_CONFIG = Path("benchmarks/models/llama-3.1-8b/config.json")
@@ -84,23 +85,16 @@ def write_model(
     return folder
 
 
-def stream(http: httpx.Client, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+def stream(
+    http: httpx.Client, prompt: list[int], max_tokens: int, model: str = "m"
+) -> dict[str, Any]:
     """Greedy, exactly max_tokens, 5 logprobs a token; TTFT and each token's arrival."""
     began = time.perf_counter()
     times: list[float] = []
     tokens: list[str] = []
     logprobs: list[float] = []
     top: list[dict[str, float]] = []
-    body = {
-        "model": "m",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "logprobs": 5,
-        "stream": True,
-    }
+    body = fixed_length_body(prompt, max_tokens, model) | {"logprobs": 5}
     with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():

@@ -30,20 +30,25 @@ class RequestResult:
         return {**asdict(self), "tpot_s": self.tpot_s}
 
 
-def complete(
-    client: httpx.Client, base_url: str, prompt: Prompt, max_tokens: int, timeout_s: float = 300
-) -> RequestResult:
-    """One streamed completion with a fixed output length (ignore_eos)."""
-    body = {
-        "model": "m",
+def fixed_length_body(prompt: Prompt, max_tokens: int, model: str = "m") -> dict[str, Any]:
+    """A streamed greedy completion of exactly ``max_tokens`` (ignore_eos): every answer to
+    one prompt is as long as every other, whatever the weights make of it."""
+    return {
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "min_tokens": max_tokens,
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
     }
+
+
+def complete(
+    client: httpx.Client, base_url: str, prompt: Prompt, max_tokens: int, timeout_s: float = 300
+) -> RequestResult:
+    """One streamed completion with a fixed output length (ignore_eos)."""
+    body = fixed_length_body(prompt, max_tokens) | {"stream_options": {"include_usage": True}}
     began = time.perf_counter()
     ttft = None
     tokens = 0

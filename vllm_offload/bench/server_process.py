@@ -52,7 +52,7 @@ class ServerProcess:
     serve_args: list[str]  # vllm-offload serve flags, then "--", then vLLM's own
     log_path: Path
     port: int = field(default_factory=free_port)
-    served_name: str = "m"
+    served_name: str | None = "m"  # None: the config names the models ([[models]])
     env: dict[str, str] | None = None  # None: this process's environment
     command: list[str] = field(default_factory=lambda: list(VLLM_OFFLOAD))
     proc: subprocess.Popen[bytes] | None = None
@@ -71,8 +71,7 @@ class ServerProcess:
             *ours,
             "--port",
             str(self.port),
-            "--model-served-name",
-            self.served_name,
+            *(["--model-served-name", self.served_name] if self.served_name else []),
             *sep,
             *theirs,
         ]
