@@ -3,7 +3,8 @@ door under systemctl3: two demo models, a card each with its state; bringing the
 in by hand switches them, and the events card records the switch. While the switch is
 under way (a stop and a vLLM start: tens of seconds here) the page shows its progress and
 the button says what it is doing (issue #43; artifacts/manager-switch-progress.png). A
-host without a GPU gets one line instead of the GPU charts, and a card says what one
+host without a GPU gets one line instead of the GPU charts (the others have axes with
+units, clock times and legends: artifacts/manager-charts.png), and a card says what one
 request can use beside the pool's room. Saves artifacts/manager-models.png."""
 
 from __future__ import annotations
@@ -82,6 +83,20 @@ def test_two_models_two_cards(stack: str) -> None:
         for title in gpu_titles.all():
             expect(title).to_be_hidden()
         expect(page.locator("#charts .chart h3", has_text="CPU (%)")).to_be_visible()
+
+        # The charts: a unit on each axis, clock times under it, a legend naming each line.
+        expect(page.locator("#charts h3", has_text="CPU (%)")).to_be_visible()
+        expect(page.locator("#l4")).to_contain_text("now: all cores")
+        expect(page.locator("#l5")).to_contain_text("RAM")
+        expect(page.locator("#l5")).to_contain_text("swap")
+        time = r"\d\d:\d\d( [AP]M)?"
+        expect(page.locator("#c4")).to_have_attribute(
+            "aria-label", re.compile(rf"^CPU, %, 0 to 100, from {time} to {time}$")
+        )
+        expect(page.locator("#c5")).to_have_attribute(
+            "aria-label", re.compile(r"^RAM and swap used, GiB, 0 to ")
+        )
+        page.locator("#charts").screenshot(path=str(ARTIFACTS / "manager-charts.png"))
 
         # What one request can use (its max_model_len), beside the pool's room for one.
         plan = page.evaluate("fetch('/api/status').then(r => r.json()).then(s => s.models[0])")

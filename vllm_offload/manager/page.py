@@ -1,7 +1,7 @@
 """The manager's HTML: one server-rendered page, its CSS and JavaScript served beside it
 (static/). The page holds no inline script or style, so the Content-Security-Policy can
 forbid both; the script builds every value into the page as text, never as markup.
-Charts are drawn on <canvas> by that script (no chart library)."""
+Charts are drawn on <canvas> by static/charts.js (no chart library)."""
 
 from __future__ import annotations
 
@@ -121,4 +121,5 @@ def dashboard(csrf: str, unit: str) -> str:
 <div class="card"><h2>Logs</h2><p class="hint">The server's journal, refreshed every 2 s.
  Lines: <select id="log-lines"><option>100</option><option selected>300</option>
  <option>1000</option></select></p><pre id="logs"></pre></div>
-</main><script src="/static/dashboard.js"></script></body></html>"""
+</main><script src="/static/charts.js"></script><script src="/static/dashboard.js">
+</script></body></html>"""

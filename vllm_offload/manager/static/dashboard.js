@@ -24,66 +24,6 @@ function el(tag, attrs = {}, ...children) {
 function row(k, v) { return el('tr', {}, el('td', {}, k), el('td', {}, v)); }
 const error = text => el('span', {class: 'error'}, text);
 function show(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
-const CHARTS = [
-  ['GPU utilisation (%)', s => (s.gpus || []).map(g => g.util_percent), 100],
-  ['GPU memory (GiB)', s => (s.gpus || []).map(g => g.memory_used_bytes / GIB)],
-  ['GPU temperature (°C)', s => (s.gpus || []).map(g => g.temperature_c)],
-  ['GPU power (W)', s => (s.gpus || []).map(g => g.power_w)],
-  ['CPU (%)', s => [s.cpu_percent], 100],
-  ['RAM and swap used (GiB)', s => [s.ram_used_bytes / GIB, s.swap_used_bytes / GIB]],
-  ['Requests running / waiting', s => [s.vllm.running, s.vllm.waiting]],
-  ['KV usage: GPU pool / CPU tier busy (%)', s => [pct(s.vllm.gpu_kv_usage), pct(s.vllm.cpu_tier_busy)], 100],
-  ['Prompt tokens/s: from CPU tier / GPU prefix cache / all', s => [s.vllm.cpu_tier_hit_tokens_per_s, s.vllm.gpu_prefix_hit_tokens_per_s, s.vllm.prompt_tokens_per_s]],
-  ['Offload GB/s: load (CPU→GPU) / store', s => [gb(s.vllm.offload_load_bytes_per_s), gb(s.vllm.offload_store_bytes_per_s)]],
-  ['Generation tokens/s', s => [s.vllm.generation_tokens_per_s]],
-  ['TTFT ms: mean / with CPU hits / without', s => [ms(s.vllm.ttft_mean_s), ms(s.vllm.ttft_with_cpu_hits_s), ms(s.vllm.ttft_without_cpu_hits_s)]],
-  ['Preemptions/s', s => [s.vllm.preemptions_per_s]],
-];
-function pct(v) { return v == null ? null : v * 100; }
-function gb(v) { return v == null ? null : v / 1e9; }
-function ms(v) { return v == null ? null : v * 1000; }
-const COLORS = ['#1565c0', '#c62828', '#2e7d32', '#6a1b9a'];
-const isGpu = title => title.startsWith('GPU');
-function setupCharts() {
-  show('charts', ...CHARTS.map((c, i) => el('div', {class: isGpu(c[0]) ? 'chart gpu' : 'chart'}, el('h3', {}, c[0]),
-    el('canvas', {id: 'c' + i, width: 560, height: 220}), el('div', {class: 'legend', id: 'l' + i}))));
-}
-// A host without an NVIDIA GPU: one line instead of four empty charts.
-function showGpuCharts() {
-  const none = samples.length > 0 && !samples.some(s => (s.gpus || []).length);
-  document.getElementById('no-gpu').hidden = !none;
-  document.querySelectorAll('.chart.gpu').forEach(c => { c.hidden = none; });
-}
-function drawCharts() {
-  showGpuCharts();
-  const now = Date.now() / 1000;
-  CHARTS.forEach(([, get, fixedMax], i) => {
-    const cv = document.getElementById('c' + i), ctx = cv.getContext('2d');
-    ctx.clearRect(0, 0, cv.width, cv.height);
-    const series = [];
-    samples.forEach(s => (get(s) || []).forEach((v, j) => {
-      (series[j] = series[j] || []).push([s.t, v]); }));
-    let max = fixedMax || 0;
-    series.forEach(pts => pts.forEach(([, v]) => { if (v != null && v > max) max = v; }));
-    max = max || 1;
-    ctx.strokeStyle = '#dde'; ctx.beginPath(); ctx.moveTo(0, cv.height - 1);
-    ctx.lineTo(cv.width, cv.height - 1); ctx.stroke();
-    series.forEach((pts, j) => {
-      ctx.strokeStyle = COLORS[j % COLORS.length]; ctx.lineWidth = 2; ctx.beginPath();
-      let started = false;
-      pts.forEach(([t, v]) => {
-        if (v == null) { started = false; return; }
-        const x = cv.width * (1 - (now - t) / WINDOW_S), y = cv.height - 4 - (cv.height - 8) * v / max;
-        started ? ctx.lineTo(x, y) : ctx.moveTo(x, y); started = true;
-      });
-      ctx.stroke();
-    });
-    const latest = series.map(p => p.length ? p[p.length - 1][1] : null);
-    document.getElementById('l' + i).textContent = series.length
-      ? 'now: ' + latest.map(v => fmt(v, 2)).join(' / ') + ' · max ' + fmt(max, 2)
-      : 'no data yet';
-  });
-}
 async function pollMetrics() {
   try {
     const r = await api('/api/metrics?since=' + last);
