@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e import stack as deploy
@@ -25,7 +27,7 @@ TOKEN = "browser-test-token-0123456789"
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[str]:
+def stack(tmp_path: Path) -> Iterator[tuple[str, int]]:
     models = tmp_path / "models"
     demo_model.write(models / "demo-a", seed=0)
     demo_model.write(models / "demo-b", seed=1)
@@ -48,15 +50,15 @@ def stack(tmp_path: Path) -> Iterator[str]:
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
             wait_server(deployment.server_port)
-            yield url
+            yield url, deployment.server_port
     finally:
         deployment.systemd.stop("vllm")
 
 
-def test_two_models_two_cards(stack: str) -> None:
+def test_two_models_two_cards(stack: tuple[str, int]) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    url = stack
+    url, port = stack
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -109,17 +111,24 @@ def test_two_models_two_cards(stack: str) -> None:
         )
 
         coder.get_by_role("button", name="Bring in").click()  # a stop, then a start
+        # A client asks coder meanwhile: its request waits for the switch.
+        asking = ThreadPoolExecutor(1).submit(
+            httpx.post,
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": "coder", "prompt": "hello", "max_tokens": 2},
+            timeout=600,
+        )
         # Under way: the button counts the seconds, the card and the line over the cards
         # show the step, how long the last such step took, and the requests waiting.
         doing = coder.locator("button.bring-in")
         expect(doing).to_have_text(re.compile(r"Bringing in… [1-9]\d* s"), timeout=120_000)
         expect(doing).to_be_disabled()
         expect(coder.locator("tr", has_text="Switch under way")).to_contain_text("Bringing in for")
-        expect(coder.locator("tr", has_text="Requests waiting")).to_contain_text("0")
+        expect(coder.locator("tr", has_text="Requests waiting")).to_contain_text("1")
         line = page.locator("#switch-progress")
         expect(line).to_contain_text("Bringing in 'coder': ")
         expect(line).to_contain_text("its first; 'chat' took ")  # chat's start, at start-up
-        expect(line).to_contain_text("0 requests waiting for a switch")
+        expect(line).to_contain_text("1 request waiting for a switch")
         page.screenshot(path=str(ARTIFACTS / "manager-switch-progress.png"), full_page=True)
         expect(page.locator("#models-msg")).to_contain_text(
             "'coder' is on the GPU", timeout=600_000
@@ -127,6 +136,7 @@ def test_two_models_two_cards(stack: str) -> None:
         expect(coder.locator(".badge")).to_have_text("serving", timeout=30_000)
         expect(chat.locator(".badge")).to_have_text("stopped")
         expect(page.locator("#events")).to_contain_text("started 'coder'")
+        assert asking.result().status_code == 200  # served once coder came in
         expect(coder.locator("button.bring-in")).to_have_text("Bring in")
         expect(line).to_be_hidden()
         page.screenshot(path=str(ARTIFACTS / "manager-models.png"), full_page=True)

@@ -159,7 +159,7 @@ function showSwitches(models) {
   const line = document.getElementById('switch-progress');
   line.hidden = !moving.length && !waiting;
   line.replaceChildren(...moving.flatMap(m => [ticking(`${STEP[m.progress.step]} '${m.name}': `,
-    m.progress.elapsed_s), ` (${lastTook(models, m)}) · `]), `${fmt(waiting, 0)} requests waiting for a switch`);
+    m.progress.elapsed_s), ` (${lastTook(models, m)}) · `]), `${waiting === 1 ? '1 request' : fmt(waiting, 0) + ' requests'} waiting for a switch`);
 }
 // How long this step last took for this model, else for another (alike enough to guess by).
 function lastTook(models, m) {
