@@ -47,3 +47,48 @@ def test_the_turn_and_the_expected_wait() -> None:
         await residency.stop()
 
     run(test)
+
+
+def test_a_switch_under_way_is_in_the_books() -> None:
+    """What the manager's page shows while a switch is under way (issue #43): the model
+    asked for is being brought in from the moment the resident one starts to go (a person
+    waits on both steps), for how long so far, the requests waiting, and afterwards how
+    long its steps took."""
+
+    async def test() -> None:
+        clock = FakeClock()
+        engines = {n: TimedStandIn(n, [], clock) for n in "ab"}
+        residency = Residency(
+            engines, ResidencySettings(min_resident_s=0.0), clock=clock, sleep=clock.sleep
+        )
+        first = asyncio.create_task(residency.bring_in("a"))
+        await clock.run_until(1.0)
+        await first
+        residency.start()
+        books = residency.state()
+        assert books["a"]["step"] is None and books["a"]["bring_in_s"] == 0.51
+        assert books["b"]["step"] is None and books["b"]["step_elapsed_s"] is None
+
+        async def ask() -> None:
+            async with residency.lease("b"):
+                pass
+
+        waiting = [asyncio.create_task(ask()) for _ in range(2)]
+        await clock.run_until(clock.now + 0.3)  # a's put-away (0.44 s) under way
+        books = residency.state()
+        assert (books["a"]["step"], books["a"]["step_elapsed_s"]) == ("put-away", 0.3)
+        assert (books["b"]["step"], books["b"]["step_elapsed_s"]) == ("bring-in", 0.3)
+        assert books["b"]["waiting"] == 2 and books["b"]["status"] == "away"
+        await clock.run_until(clock.now + 0.5)  # a away at 0.44; b's bring-in (0.51) since
+        books = residency.state()
+        assert books["a"]["step"] is None and books["a"]["put_away_s"] == 0.44
+        assert (books["b"]["step"], books["b"]["step_elapsed_s"]) == ("bring-in", 0.8)
+        await clock.run_until(clock.now + 1.0)
+        await asyncio.gather(*waiting)
+        books = residency.state()
+        assert books["b"]["step"] is None and books["b"]["step_elapsed_s"] is None
+        assert books["b"]["status"] == "serving" and books["b"]["bring_in_s"] == 0.51
+        assert books["b"]["waiting"] == 0
+        await residency.stop()
+
+    run(test)

@@ -1,13 +1,20 @@
 """Several models on the manager's page (issue #31), in a real browser against the front
 door under systemctl3: two demo models, a card each with its state; bringing the other
-in by hand switches them, and the events card records the switch. Saves
-artifacts/manager-models.png."""
+in by hand switches them, and the events card records the switch. While the switch is
+under way (a stop and a vLLM start: tens of seconds here) the page shows its progress and
+the button says what it is doing (issue #43; artifacts/manager-switch-progress.png). A
+host without a GPU gets one line instead of the GPU charts (the others have axes with
+units, clock times and legends: artifacts/manager-charts.png), and a card says what one
+request can use beside the pool's room. Saves artifacts/manager-models.png."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e import stack as deploy
@@ -20,7 +27,7 @@ TOKEN = "browser-test-token-0123456789"
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[str]:
+def stack(tmp_path: Path) -> Iterator[tuple[str, int]]:
     models = tmp_path / "models"
     demo_model.write(models / "demo-a", seed=0)
     demo_model.write(models / "demo-b", seed=1)
@@ -43,15 +50,15 @@ def stack(tmp_path: Path) -> Iterator[str]:
     try:
         with deploy.manager(tmp_path, deployment, TOKEN) as url:
             wait_server(deployment.server_port)
-            yield url
+            yield url, deployment.server_port
     finally:
         deployment.systemd.stop("vllm")
 
 
-def test_two_models_two_cards(stack: str) -> None:
+def test_two_models_two_cards(stack: tuple[str, int]) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    url = stack
+    url, port = stack
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -70,12 +77,67 @@ def test_two_models_two_cards(stack: str) -> None:
         expect(chat).to_contain_text("default")
         expect(coder.locator(".badge")).to_have_text("stopped")
         expect(page.locator("#settings-card")).to_be_hidden()  # per model, in its card
+
+        # No GPU here: one line says so, instead of four empty GPU charts.
+        expect(page.locator("#no-gpu")).to_contain_text("No NVIDIA GPU found on this host")
+        gpu_titles = page.locator("#charts .chart h3", has_text=re.compile("^GPU "))
+        expect(gpu_titles).to_have_count(4)
+        for title in gpu_titles.all():
+            expect(title).to_be_hidden()
+        expect(page.locator("#charts .chart h3", has_text="CPU (%)")).to_be_visible()
+
+        # The charts: a unit on each axis, clock times under it, a legend naming each line.
+        expect(page.locator("#charts h3", has_text="CPU (%)")).to_be_visible()
+        expect(page.locator("#l4")).to_contain_text("now: all cores")
+        expect(page.locator("#l5")).to_contain_text("RAM")
+        expect(page.locator("#l5")).to_contain_text("swap")
+        time = r"\d\d:\d\d( [AP]M)?"
+        expect(page.locator("#c4")).to_have_attribute(
+            "aria-label", re.compile(rf"^CPU, %, 0 to 100, from {time} to {time}$")
+        )
+        expect(page.locator("#c5")).to_have_attribute(
+            "aria-label", re.compile(r"^RAM and swap used, GiB, 0 to ")
+        )
+        page.locator("#charts").screenshot(path=str(ARTIFACTS / "manager-charts.png"))
+
+        # What one request can use (its max_model_len), beside the pool's room for one.
+        plan = page.evaluate("fetch('/api/status').then(r => r.json()).then(s => s.models[0])")
+        usable = min(plan["max_model_len"], plan["longest_request_tokens"])
+        expect(chat.locator("tr", has_text="One request can use")).to_have_text(
+            re.compile(rf"{usable:,} tokens \(max_model_len\)")
+        )
+        expect(chat.locator("tr", has_text="GPU KV pool room")).to_contain_text(
+            f"{plan['longest_request_tokens']:,} tokens"
+        )
+
         coder.get_by_role("button", name="Bring in").click()  # a stop, then a start
+        # A client asks coder meanwhile: its request waits for the switch.
+        asking = ThreadPoolExecutor(1).submit(
+            httpx.post,
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": "coder", "prompt": "hello", "max_tokens": 2},
+            timeout=600,
+        )
+        # Under way: the button counts the seconds, the card and the line over the cards
+        # show the step, how long the last such step took, and the requests waiting.
+        doing = coder.locator("button.bring-in")
+        expect(doing).to_have_text(re.compile(r"Bringing in… [1-9]\d* s"), timeout=120_000)
+        expect(doing).to_be_disabled()
+        expect(coder.locator("tr", has_text="Switch under way")).to_contain_text("Bringing in for")
+        expect(coder.locator("tr", has_text="Requests waiting")).to_contain_text("1")
+        line = page.locator("#switch-progress")
+        expect(line).to_contain_text("Bringing in 'coder': ")
+        expect(line).to_contain_text("its first; 'chat' took ")  # chat's start, at start-up
+        expect(line).to_contain_text("1 request waiting for a switch")
+        page.screenshot(path=str(ARTIFACTS / "manager-switch-progress.png"), full_page=True)
         expect(page.locator("#models-msg")).to_contain_text(
             "'coder' is on the GPU", timeout=600_000
         )
         expect(coder.locator(".badge")).to_have_text("serving", timeout=30_000)
         expect(chat.locator(".badge")).to_have_text("stopped")
         expect(page.locator("#events")).to_contain_text("started 'coder'")
+        assert asking.result().status_code == 200  # served once coder came in
+        expect(coder.locator("button.bring-in")).to_have_text("Bring in")
+        expect(line).to_be_hidden()
         page.screenshot(path=str(ARTIFACTS / "manager-models.png"), full_page=True)
         browser.close()

@@ -30,11 +30,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict
 
 from vllm_offload.config.fleet import ResidencySection
 
 Status = Literal["serving", "draining", "away", "moving", "failed"]
+Step = Literal["bring-in", "put-away"]
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -88,8 +89,22 @@ class Slot:
     used: bool = False  # asked for since it became resident
     bring_in_s: float | None = None  # how long its last bring-in took
     put_away_s: float | None = None  # and its last put-away
+    step: Step | None = None  # a switch step under way for it (a bring-in counts the
+    step_began: float = 0.0  # put-away that makes room for it: a person waits on both)
     queue: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Books(TypedDict):
+    """One model's books, as the control socket shows them (the manager's page, ps)."""
+
+    status: Status
+    in_flight: int
+    waiting: int  # requests queued for it
+    step: Step | None  # a switch step under way for it
+    step_elapsed_s: float | None  # for how long, on the switcher's clock
+    bring_in_s: float | None  # its last bring-in took
+    put_away_s: float | None  # its last put-away took
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,9 +179,18 @@ class Residency:
             if entry in slot.queue:
                 slot.queue.remove(entry)
 
-    def state(self) -> dict[str, dict[str, object]]:
+    def state(self) -> dict[str, Books]:
+        now = self.clock()
         return {
-            name: {"status": s.status, "in_flight": s.in_flight, "waiting": len(s.queue)}
+            name: Books(
+                status=s.status,
+                in_flight=s.in_flight,
+                waiting=len(s.queue),
+                step=s.step,
+                step_elapsed_s=None if s.step is None else round(now - s.step_began, 1),
+                bring_in_s=_rounded(s.bring_in_s),
+                put_away_s=_rounded(s.put_away_s),
+            )
             for name, s in self.slots.items()
         }
 
@@ -190,6 +214,7 @@ class Residency:
         async with self._switching:
             if slot.status in ("serving", "draining"):
                 return
+            self._begin(slot, "bring-in")
             if len(self._resident()) >= self.settings.max_resident:
                 victim = min(self._resident(), key=lambda s: s.last_used)
                 await self._put_away(victim)
@@ -249,6 +274,7 @@ class Residency:
         if not ready:  # every resident model's turn lasts: until the first ends
             ends = [s.since + self.settings.min_resident_s - now for s in self._resident()]
             return max(0.01, min(ends))
+        self._begin(target, "bring-in")
         await self._put_away(min(ready, key=lambda s: s.last_used))
         await self._bring_in(target)
         return 0
@@ -274,7 +300,14 @@ class Residency:
         busy = [s.last_used + keep - now for s in self._resident()]
         return max(0.01, min(busy)) if busy else None
 
+    def _begin(self, slot: Slot, step: Step) -> None:
+        """Mark ``step`` under way for ``slot`` from now (a bring-in already marked, from
+        the put-away that makes room for it, keeps its start)."""
+        if slot.step != step:
+            slot.step, slot.step_began = step, self.clock()
+
     async def _put_away(self, slot: Slot, why: str = "") -> None:
+        self._begin(slot, "put-away")
         slot.status = "draining"
         if slot.in_flight:
             slot.drained.clear()
@@ -285,25 +318,26 @@ class Residency:
         try:
             how = await self.engines[slot.name].put_away()
         except Exception as exc:  # a sleep that fails leaves the engine unusable
-            slot.status = "failed"
+            slot.status, slot.step = "failed", None
             self._event(slot.name, f"putting '{slot.name}' away failed: {exc}")
             return
-        slot.status, slot.put_away_s = "away", self.clock() - began
+        slot.status, slot.step, slot.put_away_s = "away", None, self.clock() - began
         self._event(
             slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""), slot.put_away_s
         )
 
     async def _bring_in(self, slot: Slot) -> None:
+        self._begin(slot, "bring-in")
         slot.status = "moving"
         began = self.clock()
         try:
             how = await self.engines[slot.name].bring_in()
         except Exception as exc:
-            slot.status = "failed"
+            slot.status, slot.step = "failed", None
             self._event(slot.name, f"'{slot.name}' could not be brought in: {exc}")
             self._release(slot, Unavailable(f"model '{slot.name}' could not be brought in: {exc}"))
             return
-        slot.status, slot.used = "serving", bool(slot.queue)
+        slot.status, slot.step, slot.used = "serving", None, bool(slot.queue)
         slot.since = slot.last_used = self.clock()
         slot.bring_in_s = slot.since - began
         self._event(slot.name, f"{how} '{slot.name}'", slot.bring_in_s)
@@ -331,3 +365,7 @@ class Residency:
                 seconds=None if seconds is None else round(seconds, 3),
             )
         )
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)

@@ -1,7 +1,7 @@
 """The manager's HTML: one server-rendered page, its CSS and JavaScript served beside it
 (static/). The page holds no inline script or style, so the Content-Security-Policy can
 forbid both; the script builds every value into the page as text, never as markup.
-Charts are drawn on <canvas> by that script (no chart library)."""
+Charts are drawn on <canvas> by static/charts.js (no chart library)."""
 
 from __future__ import annotations
 
@@ -72,12 +72,15 @@ def dashboard(csrf: str, unit: str) -> str:
  (residency.max_resident); a request for another waits while it is brought in (asleep:
  about a second; stopped: a start). Saving a change here restarts the server.</p>
  <p id="control-error" class="error" hidden></p>
+ <p id="switch-progress" class="progress" hidden></p>
  <div class="model-cards" id="model-cards"></div>
  <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>
   <label for="m-name">Name it answers to</label><input id="m-name">
   <p><button type="submit" id="m-add">Add model</button></p></form>
  <div id="models-msg"></div></div>
-<div><h2 class="section">Last 10 minutes</h2><div class="charts" id="charts"></div></div>
+<div><h2 class="section">Last 10 minutes</h2>
+ <p id="no-gpu" class="hint" hidden>No NVIDIA GPU found on this host (NVML sees none), so there
+ are no GPU charts.</p><div class="charts" id="charts"></div></div>
 <div class="cards">
  <div class="card" id="settings-card"><h2>Settings</h2>
   <p class="hint">Choose a model and how memory is used.
@@ -118,4 +121,5 @@ def dashboard(csrf: str, unit: str) -> str:
 <div class="card"><h2>Logs</h2><p class="hint">The server's journal, refreshed every 2 s.
  Lines: <select id="log-lines"><option>100</option><option selected>300</option>
  <option>1000</option></select></p><pre id="logs"></pre></div>
-</main><script src="/static/dashboard.js"></script></body></html>"""
+</main><script src="/static/charts.js"></script><script src="/static/dashboard.js">
+</script></body></html>"""

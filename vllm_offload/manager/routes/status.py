@@ -4,10 +4,11 @@ the charts' samples, the log, other vLLM servers here; and the manager's /metric
 from __future__ import annotations
 
 import grp
+import math
 import os
 import time
 from contextlib import suppress
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypedDict
 
 import psutil
 from fastapi import APIRouter, Depends, Query
@@ -160,12 +161,14 @@ def models_cards(
                 "default": name == prepared.fleet.default,
                 "idle": model.idle,
                 "state": "unknown" if unreachable else live_state(states.get(name)),
+                "progress": progress(states.get(name)),
                 "weights_bytes": plan.weights.bytes,
                 "weights_gpu_bytes": plan.weights.gpu_bytes,
                 "weights_offloaded_bytes": plan.weights.offloaded_bytes,
                 "gpu_kv_pool_bytes": plan.gpu.kv_pool_bytes,
                 "cpu_tier_bytes": plan.cpu_tier.bytes,
                 "longest_request_tokens": plan.length.longest_request_tokens,
+                "host_extension_bytes": plan.extension.bytes,
                 "max_model_len": plan.length.max_model_len,
                 "away_ram_bytes": model.away_ram_bytes,
                 "last_switch": last,
@@ -175,6 +178,44 @@ def models_cards(
         {"t": e.get("t"), "text": str(e.get("text")) + took(e.get("seconds"))} for e in switches
     ]
     return {"models": cards, "switches": events, "control_error": unreachable}
+
+
+class Progress(TypedDict):
+    """A model's switch as the page shows it: the step under way (a bring-in counts the
+    put-away making room for it) and for how long, the requests waiting for it, its last
+    steps' lengths and the expected wait of a request for it (None: unknown)."""
+
+    step: Literal["bring-in", "put-away"] | None
+    elapsed_s: float | None
+    waiting: int
+    last_bring_in_s: float | None
+    last_put_away_s: float | None
+    expected_wait_s: float | None
+
+
+def progress(row: object) -> Progress:
+    """From the front door's row (control.create_control_app's /models), which whoever
+    runs as the server's user can answer: each value is taken only if of its kind."""
+    books = row if isinstance(row, dict) else {}
+    step = books.get("step")
+    waiting = books.get("waiting")
+    return Progress(
+        step=step if step in ("bring-in", "put-away") else None,
+        elapsed_s=seconds(books.get("step_elapsed_s")),
+        waiting=waiting if type(waiting) is int and 0 <= waiting < 1 << 31 else 0,
+        last_bring_in_s=seconds(books.get("bring_in_s")),
+        last_put_away_s=seconds(books.get("put_away_s")),
+        expected_wait_s=seconds(books.get("expected_wait_s")),
+    )
+
+
+def seconds(value: object) -> float | None:
+    """A finite, non-negative number of seconds, else None."""
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+        return value
+    if type(value) is int and 0 <= value < 1 << 53:  # not a bool; a float holds it
+        return float(value)
+    return None
 
 
 def live_state(row: object) -> str:

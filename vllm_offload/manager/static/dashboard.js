@@ -24,58 +24,6 @@ function el(tag, attrs = {}, ...children) {
 function row(k, v) { return el('tr', {}, el('td', {}, k), el('td', {}, v)); }
 const error = text => el('span', {class: 'error'}, text);
 function show(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
-const CHARTS = [
-  ['GPU utilisation (%)', s => (s.gpus || []).map(g => g.util_percent), 100],
-  ['GPU memory (GiB)', s => (s.gpus || []).map(g => g.memory_used_bytes / GIB)],
-  ['GPU temperature (°C)', s => (s.gpus || []).map(g => g.temperature_c)],
-  ['GPU power (W)', s => (s.gpus || []).map(g => g.power_w)],
-  ['CPU (%)', s => [s.cpu_percent], 100],
-  ['RAM and swap used (GiB)', s => [s.ram_used_bytes / GIB, s.swap_used_bytes / GIB]],
-  ['Requests running / waiting', s => [s.vllm.running, s.vllm.waiting]],
-  ['KV usage: GPU pool / CPU tier busy (%)', s => [pct(s.vllm.gpu_kv_usage), pct(s.vllm.cpu_tier_busy)], 100],
-  ['Prompt tokens/s: from CPU tier / GPU prefix cache / all', s => [s.vllm.cpu_tier_hit_tokens_per_s, s.vllm.gpu_prefix_hit_tokens_per_s, s.vllm.prompt_tokens_per_s]],
-  ['Offload GB/s: load (CPU→GPU) / store', s => [gb(s.vllm.offload_load_bytes_per_s), gb(s.vllm.offload_store_bytes_per_s)]],
-  ['Generation tokens/s', s => [s.vllm.generation_tokens_per_s]],
-  ['TTFT ms: mean / with CPU hits / without', s => [ms(s.vllm.ttft_mean_s), ms(s.vllm.ttft_with_cpu_hits_s), ms(s.vllm.ttft_without_cpu_hits_s)]],
-  ['Preemptions/s', s => [s.vllm.preemptions_per_s]],
-];
-function pct(v) { return v == null ? null : v * 100; }
-function gb(v) { return v == null ? null : v / 1e9; }
-function ms(v) { return v == null ? null : v * 1000; }
-const COLORS = ['#1565c0', '#c62828', '#2e7d32', '#6a1b9a'];
-function setupCharts() {
-  show('charts', ...CHARTS.map((c, i) => el('div', {class: 'chart'}, el('h3', {}, c[0]),
-    el('canvas', {id: 'c' + i, width: 560, height: 220}), el('div', {class: 'legend', id: 'l' + i}))));
-}
-function drawCharts() {
-  const now = Date.now() / 1000;
-  CHARTS.forEach(([title, get, fixedMax], i) => {
-    const cv = document.getElementById('c' + i), ctx = cv.getContext('2d');
-    ctx.clearRect(0, 0, cv.width, cv.height);
-    const series = [];
-    samples.forEach(s => (get(s) || []).forEach((v, j) => {
-      (series[j] = series[j] || []).push([s.t, v]); }));
-    let max = fixedMax || 0;
-    series.forEach(pts => pts.forEach(([, v]) => { if (v != null && v > max) max = v; }));
-    max = max || 1;
-    ctx.strokeStyle = '#dde'; ctx.beginPath(); ctx.moveTo(0, cv.height - 1);
-    ctx.lineTo(cv.width, cv.height - 1); ctx.stroke();
-    series.forEach((pts, j) => {
-      ctx.strokeStyle = COLORS[j % COLORS.length]; ctx.lineWidth = 2; ctx.beginPath();
-      let started = false;
-      pts.forEach(([t, v]) => {
-        if (v == null) { started = false; return; }
-        const x = cv.width * (1 - (now - t) / WINDOW_S), y = cv.height - 4 - (cv.height - 8) * v / max;
-        started ? ctx.lineTo(x, y) : ctx.moveTo(x, y); started = true;
-      });
-      ctx.stroke();
-    });
-    const latest = series.map(p => p.length ? p[p.length - 1][1] : null);
-    document.getElementById('l' + i).textContent = series.length
-      ? 'now: ' + latest.map(v => fmt(v, 2)).join(' / ') + ' · max ' + fmt(max, 2)
-      : (title.startsWith('GPU') ? 'no NVIDIA GPU found on this host' : 'no data yet');
-  });
-}
 async function pollMetrics() {
   try {
     const r = await api('/api/metrics?since=' + last);
@@ -143,10 +91,18 @@ function diskRows(d) {
       : `${fmt(d.held_bytes / GIB, 2)} of ${fmt(d.size_bytes / GIB, 1)} GiB (evicted ${fmt((d.evicted_bytes || 0) / GIB, 2)} GiB)`),
     ...span('last 10 min', d.last_10_min), ...span('since start', d.since_start)];
 }
+// What one request can use: its max_model_len, unless the pool holds less (the planner
+// refuses that, but say it right). The pool's figure is room all requests share.
+function requestRows(p) {
+  const usable = Math.min(p.max_model_len, p.longest_request_tokens);
+  return [row('One request can use', `${fmt(usable, 0)} tokens (`
+      + (usable === p.max_model_len ? 'max_model_len' : 'all the KV pool holds') + ')'),
+    row(p.host_extension_bytes ? 'KV pool room, GPU + host extension (shared by all requests)'
+      : 'GPU KV pool room (shared by all requests)', fmt(p.longest_request_tokens, 0) + ' tokens')];
+}
 function planRows(p) {
   return [row('GPU KV pool', `${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB = ${fmt(p.gpu_kv_pool_tokens, 0)} tokens`),
-    row(p.host_extension_bytes ? 'Longest request (GPU pool + host extension)' : 'Longest request (must fit the GPU pool)',
-      fmt(p.longest_request_tokens, 0) + ' tokens'),
+    ...requestRows(p),
     ...(p.host_extension_bytes ? [row('Host extension of the pool', `${fmt(p.host_extension_bytes / GIB, 2)} GiB = ${fmt(p.host_extension_tokens, 0)} tokens per GPU, used after the GPU's blocks`
       + (p.spilled_decode_steps_per_s_ceiling == null ? '' : `; a ${fmt(p.max_model_len, 0)}-token request decodes at most ${fmt(p.spilled_decode_steps_per_s_ceiling, 1)} tokens/s`))] : []),
     row('max_model_len', `${fmt(p.max_model_len, 0)} tokens (${p.max_model_len_source})`),
@@ -159,7 +115,7 @@ function planRows(p) {
 }
 function fleetRows(f) {
   return [...Object.entries(f.models).map(([name, p]) => row(name + (name === f.default ? ' (default)' : ''),
-      `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; longest request ${fmt(p.longest_request_tokens, 0)} tokens; `
+      `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; one request up to ${fmt(Math.min(p.max_model_len, p.longest_request_tokens), 0)} tokens; `
       + `CPU tier ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB; ${p.idle === 'sleep' ? 'asleep' : 'stopped'} when away`)),
     ...(f.decisions || []).map(d => row('Chose', d)), ...(f.warnings || []).map(w => row('Warning', error(w)))];
 }
@@ -173,24 +129,66 @@ function showModels(models, controlError) {
   const why = document.getElementById('control-error');
   why.hidden = !controlError;
   why.textContent = controlError ? `Model states unknown: ${controlError}` : '';
+  showSwitches(models);
   show('model-cards', ...models.map(modelCard));
 }
+const STEP = {'bring-in': 'Bringing in', 'put-away': 'Putting away'};
+const secs = v => v == null ? 'unknown' : fmt(v, 1) + ' s';
+// Seconds that go on counting between polls (a switch under way), from the server's count.
+function ticking(prefix, seconds) {
+  const node = el('span', {class: 'elapsed', 'data-prefix': prefix, 'data-elapsed': seconds || 0,
+    'data-at': Date.now()});
+  tick(node);
+  return node;
+}
+function tick(node) {
+  const s = Number(node.dataset.elapsed) + (Date.now() - Number(node.dataset.at)) / 1000;
+  node.textContent = node.dataset.prefix + fmt(s, 0) + ' s';
+}
+function progressRows(p) {
+  if (!p || (!p.step && !p.waiting)) return [];
+  const last = p.step === 'put-away' ? p.last_put_away_s : p.last_bring_in_s;
+  return [...(p.step ? [row('Switch under way', ticking(STEP[p.step] + ' for ', p.elapsed_s)),
+      row('Last time it took', last == null ? 'not done yet' : secs(last))] : []),
+    row('Requests waiting for it', fmt(p.waiting, 0))];
+}
+// One line over the cards while any switch is under way or any request waits for one.
+function showSwitches(models) {
+  const moving = models.filter(m => m.progress && m.progress.step);
+  const waiting = models.reduce((n, m) => n + ((m.progress && m.progress.waiting) || 0), 0);
+  const line = document.getElementById('switch-progress');
+  line.hidden = !moving.length && !waiting;
+  line.replaceChildren(...moving.flatMap(m => [ticking(`${STEP[m.progress.step]} '${m.name}': `,
+    m.progress.elapsed_s), ` (${lastTook(models, m)}) · `]), `${waiting === 1 ? '1 request' : fmt(waiting, 0) + ' requests'} waiting for a switch`);
+}
+// How long this step last took for this model, else for another (alike enough to guess by).
+function lastTook(models, m) {
+  const key = m.progress.step === 'put-away' ? 'last_put_away_s' : 'last_bring_in_s';
+  if (m.progress[key] != null) return 'last time ' + secs(m.progress[key]);
+  const other = models.find(o => o.progress && o.progress[key] != null);
+  return other ? `its first; '${other.name}' took ${secs(other.progress[key])}` : 'the first switch';
+}
 function modelCard(m) {
+  const p = m.progress || {};
   const when = m.last_switch ? new Date(m.last_switch.t * 1000).toLocaleTimeString() + ': ' + m.last_switch.text : 'none yet';
   const len = el('input', {value: m.max_model_len, 'aria-label': 'max_model_len of ' + m.name});
   const tier = el('input', {value: fmt(m.cpu_tier_bytes / GIB, 0), 'aria-label': 'CPU tier GiB of ' + m.name});
-  const button = (label, act) => { const b = el('button', {type: 'button'}, label); b.addEventListener('click', act); return b; };
+  const button = (label, act, attrs = {}) => { const b = el('button', Object.assign({type: 'button'}, attrs), label); b.addEventListener('click', act); return b; };
+  // A move button says what it is doing while its step is under way.
+  const move = (action, label) => p.step === action
+    ? el('button', {type: 'button', class: action, disabled: ''}, ticking(STEP[action] + '… ', p.elapsed_s))
+    : button(label, ev => moveModel(m.name, action, ev.currentTarget), {class: action});
   return el('div', {class: 'model', 'data-model': m.name},
     el('h3', {}, m.name, el('span', {class: 'badge ' + m.state}, m.state), m.default ? el('span', {class: 'hint'}, ' default') : ''),
     el('table', {}, row('Folder', m.path),
       row('Weights, on GPU / in host RAM', `${fmt(m.weights_gpu_bytes / GIB, 2)} / ${fmt(m.weights_offloaded_bytes / GIB, 2)} GiB`),
       row('GPU KV pool / CPU tier', `${fmt(m.gpu_kv_pool_bytes / GIB, 2)} / ${fmt(m.cpu_tier_bytes / GIB, 2)} GiB`),
-      row('Longest request', fmt(m.longest_request_tokens, 0) + ' tokens'),
+      ...requestRows(m),
       row('When away', (m.idle === 'sleep' ? 'asleep' : 'stopped') + (m.away_ram_bytes ? `, holding ${fmt(m.away_ram_bytes / GIB, 1)} GiB of host RAM` : '')),
+      ...progressRows(p),
       row('Last switch', when),
       row('max_model_len', len), row('CPU tier, GiB', tier)),
-    button('Bring in', () => moveModel(m.name, 'bring-in')),
-    button('Put away', () => moveModel(m.name, 'put-away')),
+    move('bring-in', 'Bring in'), move('put-away', 'Put away'),
     button('Make default', () => changeModels(c => { c.residency.default_model = m.name; })),
     button('Preview', () => previewModels(c => setModel(c, m.name, len.value, tier.value))),
     button('Save', () => changeModels(c => setModel(c, m.name, len.value, tier.value))),
@@ -205,7 +203,10 @@ function setModel(c, name, len, tier) {
   entry.max_model_len = num(len);
   entry.kv_offload = Object.assign({}, entry.kv_offload, {cpu_tier_gib: num(tier)});
 }
-async function moveModel(name, action) {
+async function moveModel(name, action, clicked) {
+  clicked.disabled = true;  // until the next poll shows the step under way, and its time
+  clicked.replaceChildren(STEP[action] + '…');
+  setTimeout(pollStatus, 300);
   try { const r = await api(`/api/models/${encodeURIComponent(name)}/${action}`, {method: 'POST'});
         show('models-msg', el('span', {class: 'ok'}, r.status)); }
   catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
@@ -366,6 +367,7 @@ document.getElementById('add-model').addEventListener('submit', addModel);
 document.getElementById('hub-pull').addEventListener('submit', fetchHubModel);
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect(); pollPulls();
 pollPeers();
-setInterval(pollMetrics, 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
+setInterval(pollMetrics, 1000);
+setInterval(() => document.querySelectorAll('.elapsed').forEach(tick), 1000); setInterval(pollStatus, 2000); setInterval(pollLogs, 2000);
 setInterval(pollPulls, 2000);
 setInterval(pollDetect, 15000); setInterval(pollPeers, 10000);
