@@ -15,12 +15,8 @@ from vllm_offload import model_facts
 from vllm_offload.config import parse
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
-from vllm_offload.plan.fleet import (
-    ASLEEP_GPU_BYTES,
-    SLEEP_POOLS_BYTES,
-    FleetPlan,
-    plan_fleet,
-)
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, plan_fleet
+from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import FleetInputs, PlanError
 from vllm_offload.plan.together import gpu_need

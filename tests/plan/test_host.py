@@ -18,7 +18,8 @@ from vllm_offload.config import DeploymentConfig, parse, with_overrides
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
-from vllm_offload.plan.fleet import FleetPlan, holds, plan_fleet
+from vllm_offload.plan.fleet import FleetPlan, plan_fleet
+from vllm_offload.plan.fleet_host import holds
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import FleetInputs, Platform
 

@@ -29,7 +29,8 @@ from vllm_offload.box.front import FrontDoor, create_front_app
 from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
 from vllm_offload.box.residency import Event, Residency, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan, holds
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan
+from vllm_offload.plan.fleet_host import holds
 
 ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds
