@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.box.test_residency import FakeClock, TimedStandIn
-from vllm_offload.box.residency import Residency, ResidencySettings
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import ResidencySettings
 
 ANSWER_S, THINK_S, RUN_S = 0.3, 1.0, 60.0
 TURNS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)

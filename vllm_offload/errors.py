@@ -23,9 +23,9 @@ The whole family, and the few errors that live outside it::
 
     Outside it, on purpose: what the running front door meets while serving, never
     shown as a config error. Each has one place that turns it into an answer.
-    Busy, Unavailable              fleet/residency.py    -> 503 (+ Retry-After) to the client
-    EngineError                    fleet/engines.py      -> the switcher's event, then Unavailable
-    ControlError                   fleet/control.py      -> the manager's page (states unknown) or
+    Busy, Unavailable              box/residency_records.py  -> 503 (+ Retry-After) to the client
+    EngineError                    box/engines.py        -> the switcher's event, then Unavailable
+    ControlError                   box/control.py        -> the manager's page (states unknown) or
                                                             ServiceError for a bring-in
 """
 

@@ -15,7 +15,8 @@ import uvicorn
 
 from vllm_offload.box.engines import EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
-from vllm_offload.box.residency import Residency, ResidencySettings
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import ResidencySettings
 
 STANDIN = str(Path(__file__).with_name("standin_engine.py"))
 MODELS = ("chat", "coder")

@@ -18,7 +18,8 @@ import uvicorn
 from tests.box.test_front import run, standin
 from vllm_offload.box.control import create_control_app
 from vllm_offload.box.front import FrontDoor
-from vllm_offload.box.residency import Event, Residency, ResidencySettings
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import Event, ResidencySettings
 from vllm_offload.cli.ps_cmd import COLUMNS
 from vllm_offload.config import parse, save
 from vllm_offload.hardware import GIB

@@ -9,7 +9,8 @@ import time
 
 from tests.box.test_residency import FakeClock, TimedStandIn, run
 from vllm_offload.box.outlook import outlook
-from vllm_offload.box.residency import Residency, ResidencySettings
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import ResidencySettings
 
 
 def test_the_turn_and_the_expected_wait() -> None:

@@ -11,13 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from vllm_offload.box.residency import (
-    Busy,
-    Event,
-    Residency,
-    ResidencySettings,
-    Unavailable,
-)
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import Busy, Event, ResidencySettings, Unavailable
 
 
 class StandIn:

@@ -13,7 +13,8 @@ from tests.conftest import make_host
 from tests.plan.test_fleet import fleet_of, two_models
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.prepare import PreparedFleet
-from vllm_offload.box.residency import Residency, ResidencySettings
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import ResidencySettings
 from vllm_offload.box.runner import warm_up
 from vllm_offload.hardware import declared
 

@@ -21,7 +21,7 @@ from fastapi import FastAPI, HTTPException
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.outlook import outlook
 from vllm_offload.box.prepare import several
-from vllm_offload.box.residency import Event, Unavailable
+from vllm_offload.box.residency_records import Event, Unavailable
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.systemd.control import ServiceError

@@ -31,7 +31,8 @@ from starlette.requests import ClientDisconnect
 from vllm_offload.box.engines import EngineProcess, uds_client
 from vllm_offload.box.outlook import outlook
 from vllm_offload.box.prometheus import merge_expositions
-from vllm_offload.box.residency import Busy, Residency, Unavailable
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import Busy, Unavailable
 from vllm_offload.vllm_ext.forwarded_routes import (
     FORWARDED_MARK,
     OPENAI_JSON_ROUTES,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 
-from vllm_offload.box.residency import Residency, Slot
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import Slot
 
 Outlook = dict[str, float | None]
 

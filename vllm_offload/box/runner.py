@@ -27,7 +27,8 @@ from vllm_offload.box.control import EVENTS_KEPT, create_control_app
 from vllm_offload.box.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
 from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
-from vllm_offload.box.residency import Event, Residency, ResidencySettings, Unavailable
+from vllm_offload.box.residency import Residency
+from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan
 from vllm_offload.plan.fleet_host import holds
