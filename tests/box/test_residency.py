@@ -66,6 +66,8 @@ def test_a_request_for_another_model_switches() -> None:
             assert residency.slots["b"].status == "serving"
         assert residency.slots["a"].status == "away"
         assert [e.text for e in events] == ["woke 'a'", "slept 'a'", "woke 'b'"]
+        # Each names the step it ends: the page's switches-over-time strip draws them.
+        assert [e.step for e in events] == ["bring-in", "put-away", "bring-in"]
         await residency.stop()
 
     run(test)
@@ -183,6 +185,7 @@ def test_a_model_that_cannot_come_in_fails_its_queue_and_is_tried_again() -> Non
                 pass
         assert residency.slots["a"].status == "failed"
         assert "could not be brought in: out of GPU memory" in events[-1].text
+        assert events[-1].step is None  # no step ended: nothing to draw
         engines["a"].fail = None
         async with residency.lease("a"):  # asked again: tried again
             assert residency.slots["a"].status == "serving"

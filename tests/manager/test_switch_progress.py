@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from vllm_offload.manager.routes.status import progress
+from vllm_offload.manager.switches import ended, progress
 
 
 def test_a_front_door_s_row_becomes_the_card_s_progress() -> None:
@@ -46,3 +46,29 @@ def test_values_not_of_their_kind_are_unknown() -> None:
     assert progress({"waiting": 10**400, "bring_in_s": 10**400})["waiting"] == 0
     assert progress({"bring_in_s": 10**400})["last_bring_in_s"] is None
     assert progress(None) == progress({}) == progress(["step"])
+
+
+def test_the_steps_that_ended_become_the_strip_s_bars() -> None:
+    events = [
+        {"t": 110.5, "model": "coder", "step": "bring-in", "seconds": 20, "text": "started"},
+        {"t": 90.0, "model": "chat", "step": "put-away", "seconds": 1.5, "text": "stopped"},
+        {"t": 95.0, "model": "chat", "step": None, "seconds": None, "text": "failed"},
+    ]
+    assert ended(events, {"chat", "coder"}) == [
+        {"model": "chat", "step": "put-away", "t": 90.0, "seconds": 1.5},
+        {"model": "coder", "step": "bring-in", "t": 110.5, "seconds": 20.0},
+    ]
+
+
+def test_steps_not_of_their_kind_are_left_out() -> None:
+    good = {"t": 1.0, "model": "chat", "step": "bring-in", "seconds": 2.0}
+    hostile = json.loads(
+        '[{"t": Infinity, "model": "chat", "step": "bring-in", "seconds": 1},'
+        ' {"t": 1, "model": "<img>", "step": "bring-in", "seconds": 1},'
+        ' {"t": 1, "model": "chat", "step": "<script>", "seconds": 1},'
+        ' {"t": 1, "model": "chat", "step": "put-away", "seconds": -1},'
+        ' {"t": true, "model": "chat", "step": "put-away", "seconds": 1},'
+        ' {"t": 1, "model": ["chat"], "step": "put-away", "seconds": 1}, 7, null]'
+    )
+    assert ended([*hostile, good], {"chat"}) == [good]
+    assert ended({"events": [good]}, {"chat"}) == ended(None, {"chat"}) == []

@@ -250,9 +250,8 @@ class Residency:
             self._event(slot.name, f"putting '{slot.name}' away failed: {exc}")
             return
         slot.status, slot.step, slot.put_away_s = "away", None, self.clock() - began
-        self._event(
-            slot.name, f"{how} '{slot.name}'" + (f": {why}" if why else ""), slot.put_away_s
-        )
+        why = f": {why}" if why else ""
+        self._event(slot.name, f"{how} '{slot.name}'{why}", slot.put_away_s, "put-away")
 
     async def _bring_in(self, slot: Slot) -> None:
         self._begin(slot, "bring-in")
@@ -268,7 +267,7 @@ class Residency:
         slot.status, slot.step, slot.used = "serving", None, bool(slot.queue)
         slot.since = slot.last_used = self.clock()
         slot.bring_in_s = slot.since - began
-        self._event(slot.name, f"{how} '{slot.name}'", slot.bring_in_s)
+        self._event(slot.name, f"{how} '{slot.name}'", slot.bring_in_s, "bring-in")
         self._release(slot, None)
 
     def _release(self, slot: Slot, error: Exception | None) -> None:
@@ -284,13 +283,16 @@ class Residency:
             else:
                 future.set_exception(error)
 
-    def _event(self, model: str, text: str, seconds: float | None = None) -> None:
+    def _event(
+        self, model: str, text: str, seconds: float | None = None, step: Step | None = None
+    ) -> None:
         self.on_event(
             Event(
                 t=round(time.time(), 3),
                 text=text,
                 model=model,
-                seconds=None if seconds is None else round(seconds, 3),
+                step=step,
+                seconds=_rounded(seconds),
             )
         )
 

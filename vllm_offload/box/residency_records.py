@@ -88,4 +88,5 @@ class Event:
     t: float  # wall clock
     text: str
     model: str
+    step: Step | None = None  # the switch step it ends (None: a failure, a note)
     seconds: float | None = None  # how long the switch step took

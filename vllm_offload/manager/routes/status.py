@@ -4,11 +4,10 @@ the charts' samples, the log, other vLLM servers here; and the manager's /metric
 from __future__ import annotations
 
 import grp
-import math
 import os
 import time
 from contextlib import suppress
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any
 
 import psutil
 from fastapi import APIRouter, Depends, Query
@@ -23,6 +22,7 @@ from vllm_offload.deployment import Prepared
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
+from vllm_offload.manager.switches import ended, progress
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
 from vllm_offload.plan.fleet import fleet_json
 
@@ -143,9 +143,10 @@ def models_cards(
     # The server's user answers there: a reply that is not the front door's is said, not used.
     unreachable = live if isinstance(live, str) else None
     states = live.get("models", {}) if isinstance(live, dict) else {}
+    events = live.get("events", []) if isinstance(live, dict) else []
     switches = [
         e
-        for e in (live.get("events", []) if isinstance(live, dict) else [])
+        for e in events
         if isinstance(e, dict)
         and isinstance(e.get("model"), str)
         and isinstance(e.get("t"), int | float)
@@ -174,48 +175,15 @@ def models_cards(
                 "last_switch": last,
             }
         )
-    events = [
+    texts = [
         {"t": e.get("t"), "text": str(e.get("text")) + took(e.get("seconds"))} for e in switches
     ]
-    return {"models": cards, "switches": events, "control_error": unreachable}
-
-
-class Progress(TypedDict):
-    """A model's switch as the page shows it: the step under way (a bring-in counts the
-    put-away making room for it) and for how long, the requests waiting for it, its last
-    steps' lengths and the expected wait of a request for it (None: unknown)."""
-
-    step: Literal["bring-in", "put-away"] | None
-    elapsed_s: float | None
-    waiting: int
-    last_bring_in_s: float | None
-    last_put_away_s: float | None
-    expected_wait_s: float | None
-
-
-def progress(row: object) -> Progress:
-    """From the front door's row (control.create_control_app's /models), which whoever
-    runs as the server's user can answer: each value is taken only if of its kind."""
-    books = row if isinstance(row, dict) else {}
-    step = books.get("step")
-    waiting = books.get("waiting")
-    return Progress(
-        step=step if step in ("bring-in", "put-away") else None,
-        elapsed_s=seconds(books.get("step_elapsed_s")),
-        waiting=waiting if type(waiting) is int and 0 <= waiting < 1 << 31 else 0,
-        last_bring_in_s=seconds(books.get("bring_in_s")),
-        last_put_away_s=seconds(books.get("put_away_s")),
-        expected_wait_s=seconds(books.get("expected_wait_s")),
-    )
-
-
-def seconds(value: object) -> float | None:
-    """A finite, non-negative number of seconds, else None."""
-    if isinstance(value, float) and math.isfinite(value) and value >= 0:
-        return value
-    if type(value) is int and 0 <= value < 1 << 53:  # not a bool; a float holds it
-        return float(value)
-    return None
+    return {
+        "models": cards,
+        "switches": texts,
+        "switch_steps": ended(events, prepared.fleet.models),
+        "control_error": unreachable,
+    }
 
 
 def live_state(row: object) -> str:
