@@ -40,6 +40,9 @@ def test_served_against_computed_and_the_prefill_time_saved() -> None:
     assert window["served_tokens"] == 8000 and window["computed_tokens"] == 10_000
     assert window["prefill_saved_s"] == 0.8 and window["store_bytes"] == 2 * GIB
     assert card["since_start"]["served_tokens"] == 9000 and card["verdict"] is None
+    # The hit rate: tier hits among all prompt tokens, over each span.
+    assert window["prompt_tokens"] == 19_000 and window["hit_rate"] == 8000 / 19_000
+    assert card["since_start"]["hit_rate"] == 0.3  # 9,000 of 30,000
 
 
 def test_a_tier_that_stores_and_never_serves_gets_a_plain_verdict() -> None:
@@ -53,6 +56,7 @@ def test_a_tier_that_stores_and_never_serves_gets_a_plain_verdict() -> None:
 def test_what_is_not_available_is_said() -> None:
     assert report(None, None, 0, 0) == {
         "available": False,
+        "size_bytes": 0,  # the page says "No CPU tier"
         "why": "this server has no CPU tier (kv_offload)",
     }
     assert report(None, None, GIB, 0)["why"] == "the server is not answering /metrics"
@@ -60,6 +64,8 @@ def test_what_is_not_available_is_said() -> None:
     assert card["filled_bytes"] == GIB  # full: it evicts to store more
     assert card["busy"] is None  # vLLM exported no transfer gauge
     assert card["prefill_tokens_per_s"] is None  # no prefill measured yet
+    idle = report(Totals.from_metrics(metrics(stored=GIB)), None, GIB, 0)
+    assert idle["last_10_min"]["hit_rate"] is None  # no prompt yet: no rate
 
 
 def test_the_disk_tier_card_from_what_vllm_exported_on_the_h200() -> None:

@@ -59,8 +59,13 @@ class Totals:
 
 def _span(now: Totals, then: Totals, prefill_tokens_per_s: float | None) -> dict[str, Any]:
     served = max(0.0, now.served_tokens - then.served_tokens)
+    prompt = max(0.0, now.prompt_tokens - then.prompt_tokens)
     return {
         "served_tokens": served,
+        "prompt_tokens": prompt,
+        # The hit rate: of all prompt tokens (vLLM counts GPU prefix hits among them too),
+        # those whose KV was loaded from the CPU tier. None: no prompt yet.
+        "hit_rate": min(1.0, served / prompt) if prompt > 0 else None,
         "computed_tokens": max(0.0, now.computed_tokens - then.computed_tokens),
         "prefill_saved_s": None if prefill_tokens_per_s is None else served / prefill_tokens_per_s,
         "store_bytes": max(0.0, now.store_bytes - then.store_bytes),
@@ -77,7 +82,11 @@ def report(
     """The CPU-tier card: ``latest`` counters, those at the start of the ten-minute window,
     the planned tier size, and how long the served-token counter has not moved."""
     if tier_bytes <= 0:
-        return {"available": False, "why": "this server has no CPU tier (kv_offload)"}
+        return {
+            "available": False,
+            "size_bytes": 0,
+            "why": "this server has no CPU tier (kv_offload)",
+        }
     if latest is None:
         return {"available": False, "why": "the server is not answering /metrics"}
     rate = latest.computed_tokens / latest.prefill_s if latest.prefill_s > 0 else None
