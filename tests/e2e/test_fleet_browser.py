@@ -5,7 +5,9 @@ under way (a stop and a vLLM start: tens of seconds here) the page shows its pro
 the button says what it is doing (issue #43; artifacts/manager-switch-progress.png). A
 host without a GPU gets one line instead of the GPU charts (the others have axes with
 units, clock times and legends: artifacts/manager-charts.png), and a card says what one
-request can use beside the pool's room. Saves artifacts/manager-models.png."""
+request can use beside the pool's room. A strip shows the switches of the last ten
+minutes, a lane per model (artifacts/manager-switch-strip.png), and the CPU-tier card's
+figure says there is no tier here. Saves artifacts/manager-models.png."""
 
 from __future__ import annotations
 
@@ -110,6 +112,19 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
             f"{plan['longest_request_tokens']:,} tokens"
         )
 
+        # The CPU tier's hit rate: none runs on a CPU host, and the figure says so.
+        expect(page.locator("#hit-rate")).to_contain_text("No CPU tier")
+
+        # Switches over time: a lane per model; chat's start at start-up is its first bar.
+        strip = page.locator("#switch-strip")
+        expect(strip.locator(".lane")).to_have_count(2)
+        at = r"\d\d:\d\d:\d\d( [AP]M)?"
+        expect(strip.locator(".lane[data-model=chat] .bar.bring-in")).to_have_attribute(
+            "aria-label", re.compile(rf"^'chat' brought in at {at}, took [\d.,]+ s$")
+        )
+        expect(strip.locator(".lane[data-model=coder] .bar")).to_have_count(0)
+        expect(strip.locator("#strip-axis")).to_contain_text("1 switch step in the last 10")
+
         coder.get_by_role("button", name="Bring in").click()  # a stop, then a start
         # A client asks coder meanwhile: its request waits for the switch.
         asking = ThreadPoolExecutor(1).submit(
@@ -129,6 +144,9 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
         expect(line).to_contain_text("Bringing in 'coder': ")
         expect(line).to_contain_text("its first; 'chat' took ")  # chat's start, at start-up
         expect(line).to_contain_text("1 request waiting for a switch")
+        expect(strip.locator(".lane[data-model=coder] .bar.under-way")).to_have_attribute(
+            "aria-label", re.compile(r"^'coder' being brought in, for \d+ s so far$")
+        )
         page.screenshot(path=str(ARTIFACTS / "manager-switch-progress.png"), full_page=True)
         expect(page.locator("#models-msg")).to_contain_text(
             "'coder' is on the GPU", timeout=600_000
@@ -139,5 +157,15 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
         assert asking.result().status_code == 200  # served once coder came in
         expect(coder.locator("button.bring-in")).to_have_text("Bring in")
         expect(line).to_be_hidden()
+        # The strip now holds the whole switch: chat put away, coder brought in.
+        expect(strip.locator(".bar.under-way")).to_have_count(0)
+        expect(strip.locator(".lane[data-model=chat] .bar.put-away")).to_have_attribute(
+            "aria-label", re.compile(rf"^'chat' put away at {at}, took [\d.,]+ s$")
+        )
+        expect(strip.locator(".lane[data-model=coder] .bar.bring-in")).to_have_attribute(
+            "aria-label", re.compile(rf"^'coder' brought in at {at}, took [\d.,]+ s$")
+        )
+        expect(strip.locator("#strip-axis")).to_contain_text("3 switch steps in the last 10")
+        strip.screenshot(path=str(ARTIFACTS / "manager-switch-strip.png"))
         page.screenshot(path=str(ARTIFACTS / "manager-models.png"), full_page=True)
         browser.close()

@@ -1,7 +1,8 @@
 """The manager's HTML: one server-rendered page, its CSS and JavaScript served beside it
 (static/). The page holds no inline script or style, so the Content-Security-Policy can
 forbid both; the script builds every value into the page as text, never as markup.
-Charts are drawn on <canvas> by static/charts.js (no chart library)."""
+Charts are drawn on <canvas> by static/charts.js (no chart library); the several-models
+card and its switches are static/models.js and static/switches.js."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def dashboard(csrf: str, unit: str) -> str:
  <div class="card"><h2>What the CPU tier is buying</h2><p class="hint">Prompt tokens loaded
   from host RAM instead of being computed again, the prefill time that saved (at this server's
   measured prefill rate), the traffic it cost, and the time to first token with and without
-  such hits.</p><table id="buying"></table><h2 class="spaced">Disks</h2>
+  such hits.</p><p id="hit-rate" class="figure"></p><table id="buying"></table>
+  <h2 class="spaced">Disks</h2>
   <table id="disks"></table></div>
 </div>
 <div class="card" id="models-card" hidden><h2>Models</h2><p class="hint">Each model this
@@ -73,6 +75,10 @@ def dashboard(csrf: str, unit: str) -> str:
  about a second; stopped: a start). Saving a change here restarts the server.</p>
  <p id="control-error" class="error" hidden></p>
  <p id="switch-progress" class="progress" hidden></p>
+ <div class="strip" id="switch-strip"><h3>Switches, last 10 minutes</h3><p class="hint">A bar
+  per step, from its start to its end: <span class="key bring-in"></span> brought in,
+  <span class="key put-away"></span> put away (hover a bar for its times).</p>
+  <div id="strip-lanes"></div><p class="hint axis" id="strip-axis"></p></div>
  <div class="model-cards" id="model-cards"></div>
  <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>
   <label for="m-name">Name it answers to</label><input id="m-name">
@@ -121,5 +127,6 @@ def dashboard(csrf: str, unit: str) -> str:
 <div class="card"><h2>Logs</h2><p class="hint">The server's journal, refreshed every 2 s.
  Lines: <select id="log-lines"><option>100</option><option selected>300</option>
  <option>1000</option></select></p><pre id="logs"></pre></div>
-</main><script src="/static/charts.js"></script><script src="/static/dashboard.js">
-</script></body></html>"""
+</main><script src="/static/charts.js"></script><script src="/static/switches.js"></script>
+<script src="/static/models.js"></script><script src="/static/dashboard.js"></script>
+</body></html>"""

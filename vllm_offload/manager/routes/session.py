@@ -24,7 +24,9 @@ def healthz(manager: Shared) -> JSONResponse:
 
 
 @router.get("/static/{name}")
-def static(name: Literal["dashboard.js", "charts.js", "style.css"]) -> FileResponse:
+def static(
+    name: Literal["dashboard.js", "charts.js", "models.js", "switches.js", "style.css"],
+) -> FileResponse:
     media = "text/javascript" if name.endswith(".js") else "text/css"
     return FileResponse(page.STATIC / name, media_type=media)
 

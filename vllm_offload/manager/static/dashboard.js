@@ -58,14 +58,25 @@ async function pollStatus() {
       ...(s.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`))));
     show('events', ...(s.events.length ? s.events.slice(-8).reverse()
       .map(e => row(new Date(e.t * 1000).toLocaleTimeString(), e.text)) : [row('nothing yet', '')]));
+    show('hit-rate', ...hitRate(s.tier));
     show('buying', ...tierRows(s.tier), ...diskRows(s.disk),
       row('TTFT with CPU-tier hits (last window)', fmt(ms(lastOf('ttft_with_cpu_hits_s')), 0) + ' ms'),
       row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     show('plan', ...(typeof s.plan === 'string'
       ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))]
       : s.plan.models ? fleetRows(s.plan) : planRows(s.plan)));
-    showModels(s.models, s.control_error);
+    showModels(s.models, s.control_error, s.switch_steps);
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
+}
+// The CPU tier's hit rate over the last 10 minutes: of all prompt tokens, those whose KV
+// came from the tier (GPU prefix-cache hits are counted among all, not as tier hits).
+function hitRate(t) {
+  if (!t.available) return [t.size_bytes === 0 ? 'No CPU tier: prompt tokens not in the GPU '
+    + 'prefix cache are computed again' : 'CPU-tier hit rate unknown: ' + t.why];
+  const w = t.last_10_min;
+  if (w.hit_rate == null) return ['CPU-tier hit rate: no prompt tokens in the last 10 minutes'];
+  return ['CPU-tier hit rate, last 10 minutes: ', el('strong', {}, fmt(w.hit_rate * 100, 1) + ' %'),
+    ` of prompt tokens came from the CPU tier (${fmt(w.served_tokens, 0)} of ${fmt(w.prompt_tokens, 0)})`];
 }
 function tierRows(t) {
   if (!t.available) return [row('CPU tier', t.why)];
@@ -118,128 +129,6 @@ function fleetRows(f) {
       `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; one request up to ${fmt(Math.min(p.max_model_len, p.longest_request_tokens), 0)} tokens; `
       + `CPU tier ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB; ${p.idle === 'sleep' ? 'asleep' : 'stopped'} when away`)),
     ...(f.decisions || []).map(d => row('Chose', d)), ...(f.warnings || []).map(w => row('Warning', error(w)))];
-}
-// Several models: a card each, with what it holds where, its state, and its controls.
-function showModels(models, controlError) {
-  const card = document.getElementById('models-card');
-  card.hidden = !models;
-  document.getElementById('settings-card').hidden = !!models;  // per model, in its card
-  if (!models) return;
-  // The front door's control socket did not answer as it should: states are unknown.
-  const why = document.getElementById('control-error');
-  why.hidden = !controlError;
-  why.textContent = controlError ? `Model states unknown: ${controlError}` : '';
-  showSwitches(models);
-  show('model-cards', ...models.map(modelCard));
-}
-const STEP = {'bring-in': 'Bringing in', 'put-away': 'Putting away'};
-const secs = v => v == null ? 'unknown' : fmt(v, 1) + ' s';
-// Seconds that go on counting between polls (a switch under way), from the server's count.
-function ticking(prefix, seconds) {
-  const node = el('span', {class: 'elapsed', 'data-prefix': prefix, 'data-elapsed': seconds || 0,
-    'data-at': Date.now()});
-  tick(node);
-  return node;
-}
-function tick(node) {
-  const s = Number(node.dataset.elapsed) + (Date.now() - Number(node.dataset.at)) / 1000;
-  node.textContent = node.dataset.prefix + fmt(s, 0) + ' s';
-}
-function progressRows(p) {
-  if (!p || (!p.step && !p.waiting)) return [];
-  const last = p.step === 'put-away' ? p.last_put_away_s : p.last_bring_in_s;
-  return [...(p.step ? [row('Switch under way', ticking(STEP[p.step] + ' for ', p.elapsed_s)),
-      row('Last time it took', last == null ? 'not done yet' : secs(last))] : []),
-    row('Requests waiting for it', fmt(p.waiting, 0))];
-}
-// One line over the cards while any switch is under way or any request waits for one.
-function showSwitches(models) {
-  const moving = models.filter(m => m.progress && m.progress.step);
-  const waiting = models.reduce((n, m) => n + ((m.progress && m.progress.waiting) || 0), 0);
-  const line = document.getElementById('switch-progress');
-  line.hidden = !moving.length && !waiting;
-  line.replaceChildren(...moving.flatMap(m => [ticking(`${STEP[m.progress.step]} '${m.name}': `,
-    m.progress.elapsed_s), ` (${lastTook(models, m)}) · `]), `${waiting === 1 ? '1 request' : fmt(waiting, 0) + ' requests'} waiting for a switch`);
-}
-// How long this step last took for this model, else for another (alike enough to guess by).
-function lastTook(models, m) {
-  const key = m.progress.step === 'put-away' ? 'last_put_away_s' : 'last_bring_in_s';
-  if (m.progress[key] != null) return 'last time ' + secs(m.progress[key]);
-  const other = models.find(o => o.progress && o.progress[key] != null);
-  return other ? `its first; '${other.name}' took ${secs(other.progress[key])}` : 'the first switch';
-}
-function modelCard(m) {
-  const p = m.progress || {};
-  const when = m.last_switch ? new Date(m.last_switch.t * 1000).toLocaleTimeString() + ': ' + m.last_switch.text : 'none yet';
-  const len = el('input', {value: m.max_model_len, 'aria-label': 'max_model_len of ' + m.name});
-  const tier = el('input', {value: fmt(m.cpu_tier_bytes / GIB, 0), 'aria-label': 'CPU tier GiB of ' + m.name});
-  const button = (label, act, attrs = {}) => { const b = el('button', Object.assign({type: 'button'}, attrs), label); b.addEventListener('click', act); return b; };
-  // A move button says what it is doing while its step is under way.
-  const move = (action, label) => p.step === action
-    ? el('button', {type: 'button', class: action, disabled: ''}, ticking(STEP[action] + '… ', p.elapsed_s))
-    : button(label, ev => moveModel(m.name, action, ev.currentTarget), {class: action});
-  return el('div', {class: 'model', 'data-model': m.name},
-    el('h3', {}, m.name, el('span', {class: 'badge ' + m.state}, m.state), m.default ? el('span', {class: 'hint'}, ' default') : ''),
-    el('table', {}, row('Folder', m.path),
-      row('Weights, on GPU / in host RAM', `${fmt(m.weights_gpu_bytes / GIB, 2)} / ${fmt(m.weights_offloaded_bytes / GIB, 2)} GiB`),
-      row('GPU KV pool / CPU tier', `${fmt(m.gpu_kv_pool_bytes / GIB, 2)} / ${fmt(m.cpu_tier_bytes / GIB, 2)} GiB`),
-      ...requestRows(m),
-      row('When away', (m.idle === 'sleep' ? 'asleep' : 'stopped') + (m.away_ram_bytes ? `, holding ${fmt(m.away_ram_bytes / GIB, 1)} GiB of host RAM` : '')),
-      ...progressRows(p),
-      row('Last switch', when),
-      row('max_model_len', len), row('CPU tier, GiB', tier)),
-    move('bring-in', 'Bring in'), move('put-away', 'Put away'),
-    button('Make default', () => changeModels(c => { c.residency.default_model = m.name; })),
-    button('Preview', () => previewModels(c => setModel(c, m.name, len.value, tier.value))),
-    button('Save', () => changeModels(c => setModel(c, m.name, len.value, tier.value))),
-    button('Remove', () => changeModels(c => { c.models = c.models.filter(e => nameOf(e) !== m.name); })));
-}
-// As config.schema.model_name: a hub id (no leading '/') answers to its repo id.
-const nameOf = e => e.served_name || (e.path && !e.path.startsWith('/')
-  ? e.path.split('@')[0] : e.path.split('/').pop());
-function setModel(c, name, len, tier) {
-  const num = v => (v === 'auto' || v === '' || isNaN(Number(v))) ? v : Number(v);
-  const entry = c.models.find(e => nameOf(e) === name);
-  entry.max_model_len = num(len);
-  entry.kv_offload = Object.assign({}, entry.kv_offload, {cpu_tier_gib: num(tier)});
-}
-async function moveModel(name, action, clicked) {
-  clicked.disabled = true;  // until the next poll shows the step under way, and its time
-  clicked.replaceChildren(STEP[action] + '…');
-  setTimeout(pollStatus, 300);
-  try { const r = await api(`/api/models/${encodeURIComponent(name)}/${action}`, {method: 'POST'});
-        show('models-msg', el('span', {class: 'ok'}, r.status)); }
-  catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
-}
-async function editedConfig(edit) {
-  const c = await api('/api/config'); configTag = c.etag;
-  const config = JSON.parse(JSON.stringify(c.config));
-  if (!config.models.length) {  // one [model] becomes the first of several
-    config.models = [{path: config.model.path, served_name: config.model.served_name,
-      max_model_len: config.model.max_model_len, dtype: config.model.dtype, kv_cache_dtype: config.model.kv_cache_dtype}];
-    config.model = {path: '', served_name: '', max_model_len: 'auto', dtype: 'auto', kv_cache_dtype: 'auto'};
-  }
-  edit(config);
-  return config;
-}
-async function previewModels(edit) {
-  try {
-    const r = await api('/api/config/preview', {method: 'POST', body: JSON.stringify({config: await editedConfig(edit)})});
-    show('models-msg', el('table', {}, ...(r.plan.models ? fleetRows(r.plan) : planRows(r.plan)),
-      ...(r.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`)))));
-  } catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
-}
-async function changeModels(edit) {
-  try {
-    await api('/api/config', {method: 'PUT', body: JSON.stringify({config: await editedConfig(edit)}),
-                              headers: {'If-Match': configTag}});
-    show('models-msg', el('span', {class: 'ok'}, 'Saved; the server restarts with its models.'));
-  } catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
-}
-async function addModel(ev) {
-  ev.preventDefault();
-  const path = document.getElementById('m-path').value, name = document.getElementById('m-name').value;
-  await changeModels(c => { c.models.push({path: path, served_name: name}); });
 }
 async function control(action) {
   const msg = document.getElementById('control-msg');
