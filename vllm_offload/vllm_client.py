@@ -32,6 +32,19 @@ def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
     return values
 
 
+def sum_samples_by_model(text: str, wanted: Collection[str]) -> dict[str, dict[str, float]]:
+    """sum_samples for each vLLM ``model_name`` label (the served name; "" for samples
+    without one): the front door's merged /metrics, one group per engine."""
+    groups: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in wanted:
+                values = groups.setdefault(sample.labels.get("model_name", ""), {})
+                values[name] = values.get(name, 0.0) + float(sample.value)
+    return groups
+
+
 def wait_until(
     ready: Callable[[], bool],
     timeout_s: float,
@@ -109,6 +122,14 @@ class VllmClient:
         ValueError for an answer that is too large or not Prometheus text."""
         text = self._get_capped("/metrics", timeout_s).decode(errors="replace")
         return sum_samples(text, wanted)
+
+    def metrics_by_model(
+        self, wanted: Collection[str], timeout_s: float | None = None
+    ) -> dict[str, dict[str, float]]:
+        """vLLM's /metrics, summed by name for each served model (sum_samples_by_model);
+        raises as ``metrics``."""
+        text = self._get_capped("/metrics", timeout_s).decode(errors="replace")
+        return sum_samples_by_model(text, wanted)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> httpx.Response:
         """One request (a completion, a chat turn); the response whatever its status."""

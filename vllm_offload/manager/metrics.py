@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,10 @@ COUNTERS = {
     vm.OFFLOAD_STORE_BYTES: "offload_store_bytes_per_s",
 }
 TTFT = vm.TTFT
+# The per-model views keep this many served names, each this long at most: the names are
+# labels of whatever answers the server's port.
+MAX_MODELS = 16
+MAX_NAME = 200
 
 
 VLLM_METRICS = {
@@ -52,6 +57,34 @@ VLLM_METRICS = {
 def parse_vllm_metrics(text: str) -> dict[str, float]:
     """The metrics we chart."""
     return sum_samples(text, VLLM_METRICS)
+
+
+def totals(groups: Iterable[dict[str, float]]) -> dict[str, float]:
+    """The groups' values summed by name."""
+    summed: dict[str, float] = {}
+    for group in groups:
+        for name, value in group.items():
+            summed[name] = summed.get(name, 0.0) + value
+    return summed
+
+
+def vllm_view(
+    scraped: dict[str, float], previous: dict[str, float], dt: float
+) -> dict[str, float | None]:
+    """What the charts show of one scrape: the gauges, the counters as rates since
+    ``previous`` (``dt`` seconds before; none without it) and the mean time to first token
+    of the requests that got theirs in between, filed by whether CPU-tier hits came."""
+    vllm: dict[str, float | None] = {name: scraped.get(source) for source, name in GAUGES.items()}
+    for source, name in COUNTERS.items():
+        if dt > 0 and source in scraped and source in previous:
+            vllm[name] = max(0.0, (scraped[source] - previous[source]) / dt)
+    count = scraped.get(f"{TTFT}_count", 0.0) - previous.get(f"{TTFT}_count", 0.0)
+    if previous and count > 0:
+        mean = (scraped.get(f"{TTFT}_sum", 0.0) - previous.get(f"{TTFT}_sum", 0.0)) / count
+        vllm["ttft_mean_s"] = mean
+        hits = vllm.get("cpu_tier_hit_tokens_per_s") or 0.0
+        vllm["ttft_with_cpu_hits_s" if hits > 0 else "ttft_without_cpu_hits_s"] = mean
+    return vllm
 
 
 def _gpus() -> list[dict[str, Any]]:
@@ -98,6 +131,7 @@ class Sampler:
     tier: deque[tier_report.Totals] = field(default_factory=lambda: deque(maxlen=HISTORY_S))
     served_moved_at: float | None = None
     _previous: dict[str, float] = field(default_factory=dict)
+    _previous_by_model: dict[str, dict[str, float]] = field(default_factory=dict)
     _previous_t: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -118,6 +152,7 @@ class Sampler:
         if server_url != self.server_url:
             self.server_url = server_url
             self._previous, self.server_healthy, self.latest = {}, False, None
+            self._previous_by_model = {}
             self.tier.clear()
             self.served_moved_at = None
 
@@ -135,9 +170,9 @@ class Sampler:
                 self.sample_once()
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
-    def _scrape(self) -> dict[str, float] | None:
+    def _scrape(self) -> dict[str, dict[str, float]] | None:
         try:
-            return self.server.metrics(VLLM_METRICS)
+            return self.server.metrics_by_model(VLLM_METRICS)
         except (httpx.HTTPError, ValueError):
             return None
 
@@ -157,25 +192,20 @@ class Sampler:
             "gpus": _gpus(),
         }
         self.server_healthy = self.probe_health()
-        scraped = self.latest = self._scrape() if self.server_healthy else None
+        by_model = self._scrape() if self.server_healthy else None
+        scraped = self.latest = None if by_model is None else totals(by_model.values())
         vllm: dict[str, float | None] = {}
-        if scraped is not None:
-            for source, name in GAUGES.items():
-                vllm[name] = scraped.get(source)
+        models: dict[str, dict[str, float | None]] = {}
+        if scraped is not None and by_model is not None:
             dt = now - self._previous_t if self._previous else 0.0
-            for source, name in COUNTERS.items():
-                if dt > 0 and source in scraped and source in self._previous:
-                    vllm[name] = max(0.0, (scraped[source] - self._previous[source]) / dt)
-            count = scraped.get(f"{TTFT}_count", 0.0) - self._previous.get(f"{TTFT}_count", 0.0)
-            if self._previous and count > 0:
-                total = scraped[f"{TTFT}_sum"] - self._previous[f"{TTFT}_sum"]
-                vllm["ttft_mean_s"] = total / count
-                hits = vllm.get("cpu_tier_hit_tokens_per_s") or 0.0
-                vllm["ttft_with_cpu_hits_s" if hits > 0 else "ttft_without_cpu_hits_s"] = (
-                    total / count
-                )
+            vllm = vllm_view(scraped, self._previous, dt)
+            named = [n for n in by_model if n and len(n) <= MAX_NAME][:MAX_MODELS]
+            previous = self._previous_by_model
+            models = {n: vllm_view(by_model[n], previous.get(n, {}), dt) for n in named}
             self._previous, self._previous_t = scraped, now
+            self._previous_by_model = {n: by_model[n] for n in named}
             self._track_tier(tier_report.Totals.from_metrics(scraped))
+        sample["vllm_models"] = models  # each served model's own view (several models)
         sample["vllm"] = vllm
         with self._lock:
             self.samples.append(sample)
