@@ -7,7 +7,8 @@ host without a GPU gets one line instead of the GPU charts (the others have axes
 units, clock times and legends: artifacts/manager-charts.png), and a card says what one
 request can use beside the pool's room. A strip shows the switches of the last ten
 minutes, a lane per model (artifacts/manager-switch-strip.png), and the CPU-tier card's
-figure says there is no tier here. Saves artifacts/manager-models.png."""
+figure says there is no tier here. vLLM's charts can show one model's view
+(artifacts/manager-charts-coder.png). Saves artifacts/manager-models.png."""
 
 from __future__ import annotations
 
@@ -101,6 +102,8 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
             "aria-label", re.compile(r"^RAM and swap used, GiB, 0 to ")
         )
         page.locator("#charts").screenshot(path=str(ARTIFACTS / "manager-charts.png"))
+        # One model has served in the window yet: no per-model choice to make.
+        expect(page.locator("#chart-model-pick")).to_be_hidden()
 
         # What one request can use (its max_model_len), beside the pool's room for one.
         plan = page.evaluate("fetch('/api/status').then(r => r.json()).then(s => s.models[0])")
@@ -167,5 +170,19 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
         )
         expect(strip.locator("#strip-axis")).to_contain_text("3 switch steps in the last 10")
         strip.screenshot(path=str(ARTIFACTS / "manager-switch-strip.png"))
+
+        # Per-model views: the window holds both models' samples; vLLM's charts show one.
+        pick = page.locator("#chart-model")
+        expect(pick.locator("option")).to_have_text(["all models", "chat", "coder"])
+        pick.select_option("coder")
+        expect(page.locator("#c6")).to_have_attribute(
+            "aria-label", re.compile(r"^vLLM queue of 'coder', requests, 0 to ")
+        )
+        expect(page.locator("#h6")).to_have_text("vLLM queue of 'coder' (requests)")
+        expect(page.locator("#l6")).to_contain_text("running 0 requests")
+        page.locator("#charts").screenshot(path=str(ARTIFACTS / "manager-charts-coder.png"))
+        pick.select_option("chat")  # stopped since the switch: no value now
+        expect(page.locator("#l6")).to_contain_text("running \u2013")  # fmt of none
+        expect(page.locator("#h4")).to_have_text("CPU (%)")  # the host's charts stay whole
         page.screenshot(path=str(ARTIFACTS / "manager-models.png"), full_page=True)
         browser.close()

@@ -85,6 +85,8 @@ def dashboard(csrf: str, unit: str) -> str:
   <p><button type="submit" id="m-add">Add model</button></p></form>
  <div id="models-msg"></div></div>
 <div><h2 class="section">Last 10 minutes</h2>
+ <p id="chart-model-pick" class="hint" hidden><label for="chart-model">vLLM's charts
+ for</label> <select id="chart-model"></select></p>
  <p id="no-gpu" class="hint" hidden>No NVIDIA GPU found on this host (NVML sees none), so there
  are no GPU charts.</p><div class="charts" id="charts"></div></div>
 <div class="cards">

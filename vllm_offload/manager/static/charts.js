@@ -5,6 +5,10 @@
 const pct = v => v == null ? null : v * 100;
 const gb = v => v == null ? null : v / 1e9;
 const ms = v => v == null ? null : v * 1000;
+// With several models, vLLM's charts show all of them or the one chosen (#chart-model).
+let chartModel = '';
+const vllmOf = s => chartModel ? (s.vllm_models || {})[chartModel] || {} : s.vllm;
+const vllm = get => Object.assign(s => get(vllmOf(s)), {perModel: true});
 // title, the y axis's unit, the lines' names (null: one per GPU), what a sample gives,
 // and a fixed top for percentages.
 const CHARTS = [
@@ -14,16 +18,16 @@ const CHARTS = [
   ['GPU power', 'W', null, s => (s.gpus || []).map(g => g.power_w)],
   ['CPU', '%', ['all cores'], s => [s.cpu_percent], 100],
   ['RAM and swap used', 'GiB', ['RAM', 'swap'], s => [s.ram_used_bytes / GIB, s.swap_used_bytes / GIB]],
-  ['vLLM queue', 'requests', ['running', 'waiting'], s => [s.vllm.running, s.vllm.waiting]],
-  ['KV use', '%', ['GPU pool', 'CPU tier busy'], s => [pct(s.vllm.gpu_kv_usage), pct(s.vllm.cpu_tier_busy)], 100],
+  ['vLLM queue', 'requests', ['running', 'waiting'], vllm(v => [v.running, v.waiting])],
+  ['KV use', '%', ['GPU pool', 'CPU tier busy'], vllm(v => [pct(v.gpu_kv_usage), pct(v.cpu_tier_busy)]), 100],
   ['Prompt tokens', 'tokens/s', ['from the CPU tier', 'from the GPU prefix cache', 'all'],
-    s => [s.vllm.cpu_tier_hit_tokens_per_s, s.vllm.gpu_prefix_hit_tokens_per_s, s.vllm.prompt_tokens_per_s]],
+    vllm(v => [v.cpu_tier_hit_tokens_per_s, v.gpu_prefix_hit_tokens_per_s, v.prompt_tokens_per_s])],
   ['KV offload traffic', 'GB/s', ['load (CPU→GPU)', 'store (GPU→CPU)'],
-    s => [gb(s.vllm.offload_load_bytes_per_s), gb(s.vllm.offload_store_bytes_per_s)]],
-  ['Generation', 'tokens/s', ['generated'], s => [s.vllm.generation_tokens_per_s]],
+    vllm(v => [gb(v.offload_load_bytes_per_s), gb(v.offload_store_bytes_per_s)])],
+  ['Generation', 'tokens/s', ['generated'], vllm(v => [v.generation_tokens_per_s])],
   ['Time to first token', 'ms', ['mean', 'with CPU-tier hits', 'without'],
-    s => [ms(s.vllm.ttft_mean_s), ms(s.vllm.ttft_with_cpu_hits_s), ms(s.vllm.ttft_without_cpu_hits_s)]],
-  ['Preemptions', 'per s', ['preempted'], s => [s.vllm.preemptions_per_s]],
+    vllm(v => [ms(v.ttft_mean_s), ms(v.ttft_with_cpu_hits_s), ms(v.ttft_without_cpu_hits_s)])],
+  ['Preemptions', 'per s', ['preempted'], vllm(v => [v.preemptions_per_s])],
 ];
 const COLORS = ['#1565c0', '#c62828', '#2e7d32', '#6a1b9a'];
 const PAD = {left: 40, right: 8, top: 20, bottom: 16};  // CSS pixels around the plot
@@ -32,7 +36,7 @@ const isGpu = title => title.startsWith('GPU');
 const clock = t => new Date(t * 1000).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'});
 function setupCharts() {
   show('charts', ...CHARTS.map(([title, unit], i) => el('div', {class: isGpu(title) ? 'chart gpu' : 'chart'},
-    el('h3', {}, `${title} (${unit})`), el('canvas', {id: 'c' + i, role: 'img'}),
+    el('h3', {id: 'h' + i}, `${title} (${unit})`), el('canvas', {id: 'c' + i, role: 'img'}),
     el('div', {class: 'legend', id: 'l' + i}))));
 }
 // A host without an NVIDIA GPU: one line instead of four empty charts.
@@ -47,8 +51,21 @@ function niceTop(v) {
   const ten = Math.pow(10, Math.floor(Math.log10(v)));
   return [1, 2, 5, 10].map(m => m * ten).find(m => m >= v);
 }
+// The chooser, where the window holds samples of more than one served model.
+function showModelChooser() {
+  const names = [...new Set(samples.flatMap(s => Object.keys(s.vllm_models || {})))].sort();
+  const pick = document.getElementById('chart-model');
+  document.getElementById('chart-model-pick').hidden = names.length < 2;
+  const options = ['', ...names];
+  if ([...pick.options].map(o => o.value).join('\n') !== options.join('\n')) {
+    pick.replaceChildren(...options.map(n => el('option', {value: n}, n || 'all models')));
+    pick.value = options.includes(chartModel) ? chartModel : '';
+    chartModel = pick.value;
+  }
+}
 function drawCharts() {
   showGpuCharts();
+  showModelChooser();
   const now = Date.now() / 1000;
   CHARTS.forEach((chart, i) => drawChart(chart, i, now));
 }
@@ -58,8 +75,9 @@ function drawChart([title, unit, names, get, fixedTop], i, now) {
   let most = 0;
   series.forEach(pts => pts.forEach(([, v]) => { if (v != null && v > most) most = v; }));
   const top = fixedTop || niceTop(most), name = j => names ? names[j] : 'GPU ' + j;
-  const cv = document.getElementById('c' + i);
-  cv.setAttribute('aria-label', `${title}, ${unit}, 0 to ${fmt(top, 2)}, from ${clock(now - WINDOW_S)} to ${clock(now)}`);
+  const cv = document.getElementById('c' + i), of = get.perModel && chartModel ? ` of '${chartModel}'` : '';
+  document.getElementById('h' + i).textContent = `${title}${of} (${unit})`;
+  cv.setAttribute('aria-label', `${title}${of}, ${unit}, 0 to ${fmt(top, 2)}, from ${clock(now - WINDOW_S)} to ${clock(now)}`);
   const legend = document.getElementById('l' + i);
   legend.replaceChildren(...(series.length ? ['now: ', ...series.flatMap((pts, j) => {
     const swatch = el('span', {class: 'swatch'});

@@ -249,6 +249,7 @@ async function pollDetect() {
   document.getElementById(a).addEventListener('click', () => control(a)));
 document.getElementById('logout').addEventListener('click',
   () => api('/logout', {method: 'POST'}).finally(() => { location = '/login'; }));
+document.getElementById('chart-model').addEventListener('change', ev => { chartModel = ev.target.value; drawCharts(); });
 document.getElementById('settings').addEventListener('submit', previewPlan);
 document.getElementById('save').addEventListener('click', saveConfig);
 document.getElementById('clear-disk').addEventListener('click', clearDisk);
