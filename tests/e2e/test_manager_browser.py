@@ -56,6 +56,10 @@ def test_manager_in_a_browser(stack: tuple[str, str]) -> None:
         expect(page.locator("#l4")).to_contain_text("now:")
         # The CPU-tier card says what it cannot show, and why (no tier runs on a CPU host).
         expect(page.locator("#buying")).to_contain_text("this server has no CPU tier")
+        # Its hit-rate figure says the same in words, and one model needs no per-model view.
+        expect(page.locator("#hit-rate")).to_contain_text("No CPU tier: prompt tokens not in")
+        expect(page.locator("#chart-model-pick")).to_be_hidden()
+        expect(page.locator("#h6")).to_have_text("vLLM queue (requests)")
 
         # Restart from the page: a new PID, healthy again.
         pid_before = page.evaluate("fetch('/api/status').then(r => r.json()).then(s => s.pid)")
