@@ -6,7 +6,6 @@ tests/e2e/test_readme_journey.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import pytest
 
 from tests.conftest import make_host
 from tests.hub_server import Hub, Repo, serve_hub
+from tests.scripts import load_script
 from tests.shapes import LLAMA3_8B
 from tests.test_hub import _cli
 from vllm_offload.config import load
@@ -112,10 +112,7 @@ def test_each_docs_config_block_is_a_config_that_plans(
 def test_the_offline_example_plans_on_the_gpu_it_needs(tmp_path: Path) -> None:
     """examples/cpu_offload_example.py needs an NVIDIA GPU to run vLLM; its plan (what it
     hands vLLM) is made here on a declared 24 GB card."""
-    spec = importlib.util.spec_from_file_location("example", EXAMPLES / "cpu_offload_example.py")
-    assert spec and spec.loader
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(EXAMPLES / "cpu_offload_example.py")
     model = tmp_path / "llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA3_8B))

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.scripts import load_script
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks/gpu/needle.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("needle", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_prompt_is_real_text_with_the_needle_early(real_dir: Path) -> None:

@@ -5,7 +5,6 @@ token sits, and the verdicts on recorded answers (the GPU run is elsewhere)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.scripts import load_script
 from vllm_offload.cli import main
 from vllm_offload.config import parse, to_toml
 
@@ -20,11 +20,7 @@ SCRIPT = Path(__file__).parents[1] / "benchmarks/gpu/real_model_paths.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("real_model_paths", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
