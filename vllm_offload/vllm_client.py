@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import httpx
@@ -23,13 +23,7 @@ MAX_CONTROL_BYTES = 16 * 1024 * 1024
 def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
     """{sample name (less `_total`): sum over all label sets} of a Prometheus text, for the
     ``wanted`` names."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name in wanted:
-                values[name] = values.get(name, 0.0) + float(sample.value)
-    return values
+    return totals(sum_samples_by_model(text, wanted).values())
 
 
 def sum_samples_by_model(text: str, wanted: Collection[str]) -> dict[str, dict[str, float]]:
@@ -43,6 +37,15 @@ def sum_samples_by_model(text: str, wanted: Collection[str]) -> dict[str, dict[s
                 values = groups.setdefault(sample.labels.get("model_name", ""), {})
                 values[name] = values.get(name, 0.0) + float(sample.value)
     return groups
+
+
+def totals(groups: Iterable[dict[str, float]]) -> dict[str, float]:
+    """The groups' values summed by name."""
+    summed: dict[str, float] = {}
+    for group in groups:
+        for name, value in group.items():
+            summed[name] = summed.get(name, 0.0) + value
+    return summed
 
 
 def wait_until(

@@ -13,10 +13,9 @@ from vllm_offload.manager.metrics import (
     MAX_MODELS,
     VLLM_METRICS,
     Sampler,
-    totals,
     vllm_view,
 )
-from vllm_offload.vllm_client import sum_samples_by_model
+from vllm_offload.vllm_client import sum_samples_by_model, totals
 
 
 def test_memory_stays_flat_once_the_history_is_full() -> None:

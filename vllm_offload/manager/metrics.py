@@ -7,7 +7,6 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ import psutil
 from vllm_offload import vllm_metrics as vm
 from vllm_offload.hardware import nvml_devices
 from vllm_offload.manager import tier_report, wedge
-from vllm_offload.vllm_client import VllmClient, sum_samples
+from vllm_offload.vllm_client import VllmClient, sum_samples, totals
 
 HISTORY_S = 600
 
@@ -57,15 +56,6 @@ VLLM_METRICS = {
 def parse_vllm_metrics(text: str) -> dict[str, float]:
     """The metrics we chart."""
     return sum_samples(text, VLLM_METRICS)
-
-
-def totals(groups: Iterable[dict[str, float]]) -> dict[str, float]:
-    """The groups' values summed by name."""
-    summed: dict[str, float] = {}
-    for group in groups:
-        for name, value in group.items():
-            summed[name] = summed.get(name, 0.0) + value
-    return summed
 
 
 def vllm_view(
