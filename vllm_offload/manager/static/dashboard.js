@@ -104,8 +104,9 @@ function diskRows(d) {
 }
 // What one request can use: its max_model_len, unless the pool holds less (the planner
 // refuses that, but say it right). The pool's figure is room all requests share.
+const usableTokens = p => Math.min(p.max_model_len, p.longest_request_tokens);
 function requestRows(p) {
-  const usable = Math.min(p.max_model_len, p.longest_request_tokens);
+  const usable = usableTokens(p);
   return [row('One request can use', `${fmt(usable, 0)} tokens (`
       + (usable === p.max_model_len ? 'max_model_len' : 'all the KV pool holds') + ')'),
     row(p.host_extension_bytes ? 'KV pool room, GPU + host extension (shared by all requests)'
@@ -126,7 +127,7 @@ function planRows(p) {
 }
 function fleetRows(f) {
   return [...Object.entries(f.models).map(([name, p]) => row(name + (name === f.default ? ' (default)' : ''),
-      `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; one request up to ${fmt(Math.min(p.max_model_len, p.longest_request_tokens), 0)} tokens; `
+      `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; one request up to ${fmt(usableTokens(p), 0)} tokens; `
       + `CPU tier ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB; ${p.idle === 'sleep' ? 'asleep' : 'stopped'} when away`)),
     ...(f.decisions || []).map(d => row('Chose', d)), ...(f.warnings || []).map(w => row('Warning', error(w)))];
 }
