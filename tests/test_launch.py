@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import launch, model_facts, run_vllm
+from vllm_offload import launch, model_facts, real_model, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan, PlanError, make_plan
@@ -434,11 +437,36 @@ def test_every_vllm_name_in_the_env_is_one_vllm_knows(demo_dir: Path) -> None:
         version="0.33.0",
         api_key="k",
     )
-    ours = [v for k, v in vars(knobs).items() if k.endswith("_ENV")]
-    assert len(ours) >= 4 and set(ours) & set(spec.env), (ours, spec.env)
+    ours = [v for k, v in vars(knobs).items() if k.endswith("_ENV")] + [real_model.CACHE_ENV]
+    assert len(ours) >= 5 and set(ours) & set(spec.env), (ours, spec.env)
     unknown = [
         name
         for name in [*spec.env, *ours]
         if name.startswith("VLLM_") and name not in vllm.envs.environment_variables
     ]
     assert not unknown, unknown
+
+
+def test_the_old_cache_name_never_reaches_vllm(demo_dir: Path, tmp_path: Path) -> None:
+    """A user's VLLM_OFFLOAD_CACHE (the cache folder's old name) is dropped from the
+    environment vLLM reads, whose own check would warn of it (or fail, as here, hard)."""
+    spec = spec_for(demo_dir, {"kv_offload.backend": "native"})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+    code = (
+        "import json, sys\n"
+        "from vllm_offload import launch, run_vllm\n"
+        "run_vllm.enter_environment(launch.LaunchSpec.from_json(json.load(open(sys.argv[1]))))\n"
+        "from vllm.platforms import current_platform\n"
+        "current_platform.validate_environ(hard_fail=True)\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_")},  # the user's own
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+        real_model.OLD_CACHE_ENV: str(tmp_path / "old"),
+        real_model.CACHE_ENV: str(tmp_path / "new"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(spec_file)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

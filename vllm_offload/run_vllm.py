@@ -10,7 +10,7 @@ import os
 import runpy
 import sys
 
-from vllm_offload import argv_check
+from vllm_offload import argv_check, real_model
 from vllm_offload.launch import LaunchSpec, PreflightError
 from vllm_offload.vllm_version import SERVER_MODULE
 
@@ -30,9 +30,16 @@ def validate(spec: LaunchSpec) -> None:
     argv_check.check(spec)
 
 
+def enter_environment(spec: LaunchSpec) -> None:
+    """This process's environment as vLLM reads it: the spec's variables, without our old
+    VLLM_* name (vLLM warns of every VLLM_* name it does not know, on each start)."""
+    os.environ.update(spec.env)
+    os.environ.pop(real_model.OLD_CACHE_ENV, None)
+
+
 def run(spec: LaunchSpec) -> None:
     """Become vLLM's OpenAI server: same process, same PID, as ``python -m`` does."""
-    os.environ.update(spec.env)
+    enter_environment(spec)
     validate(spec)
     sys.argv = [SERVER_MODULE, *spec.args]
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)

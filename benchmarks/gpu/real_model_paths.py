@@ -31,7 +31,7 @@ dist-info in /root/vo, as benchmarks/gpu/release.sh, and the model converted to
 /root/stage/cache, the gguf package in /root/stage/gguf-site for the reference):
 
     export PYTHONPATH=/root/vo:$PWD:/root/site:/root/stage/gguf-site \
-      VLLM_OFFLOAD_CACHE=/root/stage/cache VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+      VLLMOFFLOAD_CACHE=/root/stage/cache VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
       PYTHONUNBUFFERED=1; timeout -k 10 470 python3 benchmarks/gpu/real_model_paths.py \
       --model /root/smollm2 --out $OUT/paths 2>&1 | grep -v Warning | tail -40
 """

@@ -24,7 +24,7 @@ NAME = real_model.DEFAULT_NAME  # what the README's snippets ask for
 
 def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None:
     # `make serve` with no config, then the README's openai snippet.
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_OFFLOAD_CACHE": str(real_dir.parent)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLMOFFLOAD_CACHE": str(real_dir.parent)}
     server = Server(["--model-served-name", NAME, "--", "--enforce-eager"], tmp_path, env=env)
     server.start()
     try:
@@ -57,7 +57,7 @@ def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None
             "HF_ENDPOINT": endpoint,
             "HF_HOME": str(tmp_path / "hf"),
             "NO_PROXY": "127.0.0.1",
-            "VLLM_OFFLOAD_CACHE": str(real_dir.parent),
+            "VLLMOFFLOAD_CACHE": str(real_dir.parent),
             "PYTHONPATH": str(Path(__file__).parents[2]),
         }
         # "Get a model": pull, then plan it for a 24 GB card.

@@ -25,7 +25,7 @@ NAME = "smollm2"
 def server(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`serve` with no model, as `make serve` runs it: the default model, in float32."""
     scratch = tmp_path_factory.mktemp("real")
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_OFFLOAD_CACHE": str(real_dir.parent)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLMOFFLOAD_CACHE": str(real_dir.parent)}
     srv = Server(["--model-served-name", NAME, "--", "--enforce-eager"], scratch, env=env)
     srv.start()
     assert "dtype=torch.float32," in srv.log_path.read_text()  # vLLM's engine config line

