@@ -27,6 +27,18 @@ class Progress(TypedDict):
     expected_wait_s: float | None
 
 
+class Switch(TypedDict):
+    """One of the front door's events (residency.Event), each value of its kind: when
+    (wall clock, s), what it says, of which model, the switch step it ends (None: a
+    failure, a note) and how long that took."""
+
+    t: float
+    text: str
+    model: str
+    step: Step | None
+    seconds: float | None
+
+
 class Ended(TypedDict):
     """A switch step that ended: which model, which step, when it ended (wall clock, s)
     and how long it took."""
@@ -52,20 +64,38 @@ def progress(row: object) -> Progress:
     )
 
 
-def ended(events: object, models: Collection[str]) -> list[Ended]:
-    """The switch steps among the front door's events (residency.Event), oldest first:
-    only those of a model this config serves, with a step, a time and a length."""
+def switches(events: object) -> list[Switch]:
+    """The front door's events (control.create_control_app's /models), in its order: each
+    one with a model's name and a time, its other values kept only where of their kind."""
     found = []
     for event in events if isinstance(events, list) else []:
         if not isinstance(event, dict):
             continue
-        model, step = event.get("model"), event.get("step")
-        t, took = seconds(event.get("t")), seconds(event.get("seconds"))
-        if isinstance(model, str) and model in models and t is not None and took is not None:
-            for known in STEPS:  # the page's own string, not the one read
-                if step == known:
-                    found.append(Ended(model=model, step=known, t=t, seconds=took))
-    return sorted(found, key=lambda e: e["t"])
+        model, text, step = event.get("model"), event.get("text"), event.get("step")
+        t = seconds(event.get("t"))
+        if isinstance(model, str) and t is not None:
+            found.append(
+                Switch(
+                    t=t,
+                    text=text if isinstance(text, str) else "",
+                    model=model,
+                    # the page's own string, not the one read
+                    step=next((known for known in STEPS if step == known), None),
+                    seconds=seconds(event.get("seconds")),
+                )
+            )
+    return found
+
+
+def ended(found: list[Switch], models: Collection[str]) -> list[Ended]:
+    """The switch steps that ended among the events, oldest first: only those of a model
+    this config serves, with a step and a length."""
+    steps = [
+        Ended(model=s["model"], step=s["step"], t=s["t"], seconds=s["seconds"])
+        for s in found
+        if s["model"] in models and s["step"] is not None and s["seconds"] is not None
+    ]
+    return sorted(steps, key=lambda e: e["t"])
 
 
 def seconds(value: object) -> float | None:

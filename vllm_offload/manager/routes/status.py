@@ -22,7 +22,7 @@ from vllm_offload.deployment import Prepared
 from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
-from vllm_offload.manager.switches import ended, progress
+from vllm_offload.manager.switches import ended, progress, switches
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
 from vllm_offload.plan.fleet import fleet_json
 
@@ -143,18 +143,11 @@ def models_cards(
     # The server's user answers there: a reply that is not the front door's is said, not used.
     unreachable = live if isinstance(live, str) else None
     states = live.get("models", {}) if isinstance(live, dict) else {}
-    events = live.get("events", []) if isinstance(live, dict) else []
-    switches = [
-        e
-        for e in events
-        if isinstance(e, dict)
-        and isinstance(e.get("model"), str)
-        and isinstance(e.get("t"), int | float)
-    ]
+    events = switches(live.get("events") if isinstance(live, dict) else None)
     cards = []
     for name, model in prepared.fleet.models.items():
         plan = model.plan
-        last = next((e for e in reversed(switches) if e["model"] == name), None)
+        last = next((e for e in reversed(events) if e["model"] == name), None)
         cards.append(
             {
                 "name": name,
@@ -175,9 +168,7 @@ def models_cards(
                 "last_switch": last,
             }
         )
-    texts = [
-        {"t": e.get("t"), "text": str(e.get("text")) + took(e.get("seconds"))} for e in switches
-    ]
+    texts = [{"t": e["t"], "text": e["text"] + took(e["seconds"])} for e in events]
     return {
         "models": cards,
         "switches": texts,
@@ -191,8 +182,8 @@ def live_state(row: object) -> str:
     return state if isinstance(state, str) else "stopped"
 
 
-def took(seconds: object) -> str:
-    return f" ({seconds:.2f} s)" if isinstance(seconds, int | float) else ""
+def took(seconds: float | None) -> str:
+    return f" ({seconds:.2f} s)" if seconds is not None else ""
 
 
 def tier_status(disk_path: str) -> dict[str, float] | None:
