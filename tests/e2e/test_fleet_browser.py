@@ -4,10 +4,10 @@ in by hand switches them, and the events card records the switch. While the swit
 under way (a stop and a vLLM start: tens of seconds here) the page shows its progress and
 the button says what it is doing (issue #43; artifacts/manager-switch-progress.png). A
 host without a GPU gets one line instead of the GPU charts (the others have axes with
-units, clock times and legends: artifacts/manager-charts.png), and a card says what one
-request can use beside the pool's room. A strip shows the switches of the last ten
-minutes, a lane per model (artifacts/manager-switch-strip.png), and the CPU-tier card's
-figure says there is no tier here. vLLM's charts can show one model's view
+units, clock times whole inside the canvas and legends: artifacts/manager-charts.png), and
+a card says what one request can use beside the pool's room. A strip shows the switches
+of the last ten minutes, a lane per model (artifacts/manager-switch-strip.png), and the
+CPU-tier card's figure says there is no tier here. vLLM's charts can show one model's view
 (artifacts/manager-charts-coder.png). Saves artifacts/manager-models.png."""
 
 from __future__ import annotations
@@ -27,6 +27,29 @@ from vllm_offload.config import load, parse, save
 
 pytestmark = pytest.mark.e2e
 TOKEN = "browser-test-token-0123456789"
+# The CPU chart drawn at each second of the next two minutes (wherever its clock ticks
+# fall), then as of now again: the clock labels under its x axis (textBaseline top) whose
+# box leaves the canvas.
+CLOCK_LABELS_OUTSIDE = """() => {
+  const cv = document.getElementById('c4'), w = cv.clientWidth, outside = [];
+  const draw = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, x, y) {
+    if (this.textBaseline === 'top') {
+      const width = this.measureText(text).width;
+      const left = x - width * ({center: 0.5, right: 1, end: 1}[this.textAlign] || 0);
+      if (left < 0 || left + width > w) outside.push([text, left, left + width, w]);
+    }
+    return draw.call(this, text, x, y);
+  };
+  try {
+    const start = Math.ceil(Date.now() / 1000 / TICK_S) * TICK_S;
+    for (let s = 0; s < TICK_S; s += 1) drawChart(CHARTS[4], 4, start + s);
+  } finally {
+    CanvasRenderingContext2D.prototype.fillText = draw;
+    drawCharts();  // as of now again
+  }
+  return outside;
+}"""
 
 
 @pytest.fixture
@@ -102,6 +125,9 @@ def test_two_models_two_cards(stack: tuple[str, int]) -> None:
             "aria-label", re.compile(r"^RAM and swap used, GiB, 0 to ")
         )
         page.locator("#charts").screenshot(path=str(ARTIFACTS / "manager-charts.png"))
+        # Each clock label lies whole inside its canvas (the last one was cut at the right
+        # edge when its tick fell near it).
+        assert page.evaluate(CLOCK_LABELS_OUTSIDE) == []
         # One model has served in the window yet: no per-model choice to make.
         expect(page.locator("#chart-model-pick")).to_be_hidden()
 

@@ -102,7 +102,11 @@ function drawChart([title, unit, names, get, fixedTop], i, now) {
   ctx.textAlign = 'center'; ctx.textBaseline = 'top';
   for (let t = Math.ceil((now - WINDOW_S) / TICK_S) * TICK_S; t <= now; t += TICK_S) {
     ctx.beginPath(); ctx.moveTo(x(t), y1); ctx.lineTo(x(t), y1 + 3); ctx.stroke();
-    if (x(t) > x0 + 12 && x(t) < x1 - 12) ctx.fillText(clock(t), x(t), y1 + 4);
+    if (x(t) <= x0 + 12 || x(t) >= x1 - 12) continue;
+    // centred on its tick, moved in just enough to lie whole inside the canvas (a label
+    // near the right edge was cut: "10:36 PM" is wider than the room right of its tick)
+    const label = clock(t), half = ctx.measureText(label).width / 2;
+    ctx.fillText(label, Math.min(Math.max(x(t), half), w - half), y1 + 4);
   }
   series.forEach((pts, j) => {
     ctx.strokeStyle = COLORS[j % COLORS.length]; ctx.lineWidth = 1.5; ctx.beginPath();
