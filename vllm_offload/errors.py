@@ -18,7 +18,7 @@ The whole family, and the few errors that live outside it::
     ├── ModelFactsError            model_config.py       a model folder's files
     ├── PatchError                 patch_journal.py      the patch series (environment)
     ├── ServiceError     502       systemd/control.py    systemctl, journalctl, the server
-    ├── InstallError               systemd/install.py    install-service
+    ├── InstallError               systemd/unit_files.py install-service
     └── UsageError                 cli/_common.py        a command line
 
     Outside it, on purpose: what the running front door meets while serving, never

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.e2e.server import server_env
-from vllm_offload.bench.workloads import RESET_TIMEOUT_S
+from vllm_offload.bench.reuse import RESET_TIMEOUT_S
 from vllm_offload.vllm_client import wait_until
 
 pytestmark = pytest.mark.e2e

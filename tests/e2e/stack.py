@@ -17,6 +17,7 @@ from tests.e2e.server import server_env
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install as units
+from vllm_offload.systemd import unit_files
 from vllm_offload.systemd.control import Systemd
 from vllm_offload.vllm_client import VllmClient, wait_until
 
@@ -69,8 +70,8 @@ def install(tmp_path: Path, model: Path) -> Deployment:
     state.mkdir()
     root = tmp_path / "a" / "b" / "root"
     units.install(
-        units.validate(
-            units.InstallOptions(
+        unit_files.validate(
+            unit_files.InstallOptions(
                 root=root, user="root", config=config, config_given=True, state_dir=state
             )
         )

@@ -32,7 +32,7 @@ import pytest
 from vllm_offload import disk_layout
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.systemd import install
+from vllm_offload.systemd import install, unit_files
 from vllm_offload.vllm_client import wait_until
 
 pytestmark = [
@@ -123,8 +123,8 @@ def test_the_server_writes_the_tier_and_the_manager_clears_it(
     save(with_overrides(DeploymentConfig(), {"kv_offload.disk_path": str(disk)}), config)
     state.mkdir(mode=0o755)
     install.install(
-        install.validate(
-            install.InstallOptions(
+        unit_files.validate(
+            unit_files.InstallOptions(
                 root=root,
                 user=server_user,
                 manager_user=manager_user,

@@ -21,7 +21,7 @@ from tests.e2e.server import VLLM_OFFLOAD, Server, server_env
 from tests.e2e.test_fleet_e2e import START_S, two_models
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import save, with_overrides
-from vllm_offload.systemd import install
+from vllm_offload.systemd import install, unit_files
 from vllm_offload.systemd.control import Systemd
 from vllm_offload.vllm_client import VllmClient, wait_until
 
@@ -93,8 +93,8 @@ def test_bring_in_reaches_a_fleet_started_by_hand(tmp_path: Path) -> None:
     env = {"XDG_RUNTIME_DIR": str(runtime)}
     root = tmp_path / "a" / "b" / "root"
     install.install(
-        install.validate(
-            install.InstallOptions(
+        unit_files.validate(
+            unit_files.InstallOptions(
                 root=root,
                 user="root",
                 config=config,

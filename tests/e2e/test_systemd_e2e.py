@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.server import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.systemd import install
+from vllm_offload.systemd import install, unit_files
 from vllm_offload.systemd.control import Systemd
 from vllm_offload.vllm_client import VllmClient, wait_until
 
@@ -73,8 +73,8 @@ def installed(tmp_path: Path, demo_dir: Path) -> Iterator[tuple[Systemd, int, Pa
     state = tmp_path / "state"
     state.mkdir()  # where the unit's WorkingDirectory points on this host
     install.install(
-        install.validate(
-            install.InstallOptions(
+        unit_files.validate(
+            unit_files.InstallOptions(
                 root=root,
                 user="root",
                 config=config,

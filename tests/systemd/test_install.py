@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from vllm_offload.cli import main
-from vllm_offload.systemd import install
-from vllm_offload.systemd.install import InstallOptions
+from vllm_offload.systemd import install, unit_files
+from vllm_offload.systemd.unit_files import InstallError, InstallOptions
 
 
 def options(root: Path, **kw: object) -> InstallOptions:
     base = InstallOptions(root=root, user="root", state_dir=root.parent / "state")
-    return install.validate(InstallOptions(**{**base.__dict__, **kw}))
+    return unit_files.validate(InstallOptions(**{**base.__dict__, **kw}))
 
 
 def verify(unit_file: Path) -> str:
@@ -236,7 +236,7 @@ def test_a_disk_path_a_unit_cannot_name_is_refused(tmp_path: Path, disk_path: st
         ),
         config,
     )
-    with pytest.raises(install.InstallError, match=r"kv_offload\.disk_path"):
+    with pytest.raises(InstallError, match=r"kv_offload\.disk_path"):
         install.install(options(tmp_path / "root", config=config, config_given=True))
     assert not (tmp_path / "root" / "etc").exists()  # nothing written
 
@@ -254,7 +254,7 @@ def test_a_linked_tier_folder_is_refused(tmp_path: Path) -> None:
     )
     (root / "nvme/kv").mkdir(parents=True)
     (root / "nvme/kv" / disk_layout.TIER_DIR).symlink_to(tmp_path)
-    with pytest.raises(install.InstallError, match="symbolic link"):
+    with pytest.raises(InstallError, match="symbolic link"):
         install.install(options(root, config=config, config_given=True, manager_user="nobody"))
     assert not os.listxattr(tmp_path)
 
@@ -283,13 +283,13 @@ def test_a_reinstall_writes_nothing_through_links_the_services_users_planted(
     manifest = root / str(opts.state_dir).lstrip("/") / install.MANIFEST
     manifest.unlink()  # the server's user may (it owns its state directory)
     manifest.symlink_to(victim)
-    with pytest.raises(install.InstallError, match="not install-service's manifest"):
+    with pytest.raises(InstallError, match="not install-service's manifest"):
         install.install(opts)
     assert victim.read_text() == "root's file"
     manifest.unlink()  # a manifest the server's user wrote, naming root's file
     manifest.write_text(json.dumps([str(victim.relative_to(root.anchor))]))
     os.chown(manifest, 65534, 65534)
-    with pytest.raises(install.InstallError, match="not written by"):
+    with pytest.raises(InstallError, match="not written by"):
         install.uninstall(root, opts.state_dir)
     assert victim.exists()
 

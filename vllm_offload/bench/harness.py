@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from vllm_offload import model_facts
-from vllm_offload.bench import workloads
+from vllm_offload.bench import prompts, reuse, workloads
 from vllm_offload.bench.options import Arm, BenchOptions
 from vllm_offload.bench.server_process import GIB, ServerProcess, split_serve_args
 from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
@@ -62,8 +62,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
     arms, skipped = available_arms(options.arms)
     facts = model_facts.read(options.model)
     per_token = kv_bytes_per_token(facts, compute_dtype_bytes(facts, "auto"))
-    maker = workloads.PromptMaker(
-        token_ids=options.token_ids, vocab_high=facts.vocab_size or workloads.TOKEN_HIGH
+    maker = prompts.PromptMaker(
+        token_ids=options.token_ids, vocab_high=facts.vocab_size or prompts.TOKEN_HIGH
     )
     steps_per_arm = (
         ("reuse" in options.workloads) * (2 * options.docs + len(options.hit_concurrency))
@@ -148,7 +148,7 @@ def run_workloads(
 ) -> None:
     """One arm's turn in one repeat: each chosen workload, into ``run_result``."""
     if "reuse" in options.workloads:
-        run_result["reuse"] = workloads.reuse(
+        run_result["reuse"] = reuse.reuse(
             repeat,
             docs=options.docs,
             doc_tokens=options.doc_tokens,

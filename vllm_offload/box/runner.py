@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import uvicorn
@@ -125,14 +125,12 @@ async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> N
             say(f"'{name}' did not start ({exc}); it starts again when asked for")
 
 
-async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
-    """Serve until SIGTERM (0), or until the default model cannot be brought in (1)."""
+def fleet_engines(
+    prepared: PreparedFleet, config: DeploymentConfig, on_exit: Callable[[str, int], None]
+) -> dict[str, EngineProcess]:
+    """Each model's engine, not started yet: its launch spec written to a file, which
+    ``python -m vllm_offload.box.engine`` runs."""
     specs = write_specs(prepared)
-    events: deque[Event] = deque(maxlen=EVENTS_KEPT)
-
-    def exited(name: str, code: int) -> None:  # called once the switcher below exists
-        say(f"the engine of '{name}' exited ({code})")
-        residency.engine_exited(name)
 
     def engine(name: str, spec_file: Path) -> EngineProcess:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
@@ -145,23 +143,20 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
             idle=idle,
             sleep_level=config.residency.sleep_level,
         )
-        return EngineProcess(spec=spec, on_exit=exited)
+        return EngineProcess(spec=spec, on_exit=on_exit)
 
-    engines = {name: engine(name, path) for name, path in specs.items()}
+    return {name: engine(name, path) for name, path in specs.items()}
 
-    def record(event: Event) -> None:
-        events.append(event)
-        took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
-        say(f"{event.text}{took}")
 
-    resident = prepared.fleet.max_resident
-    residency = Residency(engines, settings(config, resident), on_event=record)
-    lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
-    front = FrontDoor(
-        engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key
-    )
-    control_socket = prepared.runtime_dir / CONTROL_SOCKET
-    control_socket.unlink(missing_ok=True)
+def front_and_control(
+    front: FrontDoor,
+    events: deque[Event],
+    prepared: PreparedFleet,
+    config: DeploymentConfig,
+    control_socket: Path,
+) -> tuple[_Server, _Server]:
+    """The two servers on one loop: the front door on the configured port, and the
+    control app (the manager's) on its unix socket."""
     public = _Server(
         uvicorn.Config(
             create_front_app(front),
@@ -182,6 +177,33 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
             timeout_graceful_shutdown=SERVER_GRACE_S,
         )
     )
+    return public, control
+
+
+async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
+    """Serve until SIGTERM (0), or until the default model cannot be brought in (1)."""
+
+    def exited(name: str, code: int) -> None:  # called once the switcher below exists
+        say(f"the engine of '{name}' exited ({code})")
+        residency.engine_exited(name)
+
+    engines = fleet_engines(prepared, config, on_exit=exited)
+    events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+
+    def record(event: Event) -> None:
+        events.append(event)
+        took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
+        say(f"{event.text}{took}")
+
+    resident = prepared.fleet.max_resident
+    residency = Residency(engines, settings(config, resident), on_event=record)
+    lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
+    front = FrontDoor(
+        engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key
+    )
+    control_socket = prepared.runtime_dir / CONTROL_SOCKET
+    control_socket.unlink(missing_ok=True)
+    public, control = front_and_control(front, events, prepared, config, control_socket)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in STOP_SIGNALS:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload.systemd import install, service_check
+from vllm_offload.systemd import install, service_check, unit_files
 from vllm_offload.systemd.control import ServiceError, Systemd
 
 
@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     install_parser.add_argument(
         "--state-dir",
         type=Path,
-        default=install.DEFAULT_STATE_DIR,
+        default=unit_files.DEFAULT_STATE_DIR,
         help="the service's writable home (caches, install manifest)",
     )
     install_parser.add_argument(
@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     uninstall = subparsers.add_parser("uninstall-service", help="remove what install-service added")
     uninstall.add_argument("--root", type=Path, default=Path("/"))
-    uninstall.add_argument("--state-dir", type=Path, default=install.DEFAULT_STATE_DIR)
+    uninstall.add_argument("--state-dir", type=Path, default=unit_files.DEFAULT_STATE_DIR)
     uninstall.set_defaults(handler=run_uninstall)
 
     service = subparsers.add_parser("service", help="status/start/stop/restart/logs of the server")
@@ -69,8 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
-    options = install.validate(
-        install.InstallOptions(
+    options = unit_files.validate(
+        unit_files.InstallOptions(
             root=args.root,
             unit=args.unit,
             user=args.user,
@@ -84,7 +84,7 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
     refusals = service_check.refusals(options)
     if args.dry_run:
         print(summary(options, refusals))
-        for planned in install.render(options):
+        for planned in unit_files.render(options):
             print(f"=== {args.root / planned.path.relative_to('/')} (mode {planned.mode:o})")
             print(
                 "(a new random token, kept if one exists; not shown)"
@@ -93,14 +93,14 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
             )
         return max((refusal.exit_code for refusal in refusals), default=0)
     if refusals:
-        raise install.InstallError("; and ".join(str(refusal) for refusal in refusals))
+        raise unit_files.InstallError("; and ".join(str(refusal) for refusal in refusals))
     for path in install.install(options):
         print(f"wrote {path}")
     print(f"next: systemctl enable --now {args.unit}.service {args.unit}-manager.service")
     return 0
 
 
-def summary(options: install.InstallOptions, refusals: list[install.InstallError]) -> str:
+def summary(options: unit_files.InstallOptions, refusals: list[unit_files.InstallError]) -> str:
     """What the dry run would install, what the units point at, and its verdict."""
     venv = Path(options.python).parent.parent
     lines = [

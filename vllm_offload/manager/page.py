@@ -43,16 +43,8 @@ def login(token_file: Path | None, failed: bool = False) -> str:
     return LOGIN.format(failed=FAILED if failed else "", where=html.escape(where))
 
 
-def dashboard(csrf: str, unit: str) -> str:
-    unit = html.escape(unit)
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<meta name="csrf" content="{html.escape(csrf)}"><title>vllm-offload manager</title>
-<link rel="stylesheet" href="/static/style.css"></head><body>
-<header><h1>vllm-offload manager · {unit}.service</h1>
-<span id="state" class="badge stopped">…</span>
-<button id="start">Start</button><button id="stop">Stop</button>
-<button id="restart">Restart</button><button id="logout">Log out</button></header>
-<main>
+# The server, its events, what fits, what the CPU tier is buying, the disks.
+SERVER_CARDS = """\
 <p id="control-msg" class="hint"></p>
 <div class="cards">
  <div class="card"><h2>Server</h2><p class="hint">The vLLM OpenAI server this page controls.</p>
@@ -69,6 +61,10 @@ def dashboard(csrf: str, unit: str) -> str:
   <h2 class="spaced">Disks</h2>
   <table id="disks"></table></div>
 </div>
+"""
+
+# Several models: each one's card, the switches, adding one (static/models.js).
+MODELS_CARD = """\
 <div class="card" id="models-card" hidden><h2>Models</h2><p class="hint">Each model this
  server answers to, by its name. As many as fit are on the GPU at once
  (residency.max_resident); a request for another waits while it is brought in (asleep:
@@ -84,11 +80,19 @@ def dashboard(csrf: str, unit: str) -> str:
   <label for="m-name">Name it answers to</label><input id="m-name">
   <p><button type="submit" id="m-add">Add model</button></p></form>
  <div id="models-msg"></div></div>
+"""
+
+# The last 10 minutes' charts (static/charts.js).
+CHARTS = """\
 <div><h2 class="section">Last 10 minutes</h2>
  <p id="chart-model-pick" class="hint" hidden><label for="chart-model">vLLM's charts
  for</label> <select id="chart-model"></select></p>
  <p id="no-gpu" class="hint" hidden>No NVIDIA GPU found on this host (NVML sees none), so there
  are no GPU charts.</p><div class="charts" id="charts"></div></div>
+"""
+
+# Settings, fetching a model, the other boxes, other vLLM servers on this host.
+SETTINGS_CARDS = """\
 <div class="cards">
  <div class="card" id="settings-card"><h2>Settings</h2>
   <p class="hint">Choose a model and how memory is used.
@@ -126,9 +130,29 @@ def dashboard(csrf: str, unit: str) -> str:
  <div class="card"><h2>Other vLLM servers on this host</h2><p class="hint">Found by their
   listening ports and /v1/models, whoever started them.</p><table id="detect"></table></div>
 </div>
+"""
+
+# The journal, then the scripts that fill every part above.
+LOGS_AND_SCRIPTS = """\
 <div class="card"><h2>Logs</h2><p class="hint">The server's journal, refreshed every 2 s.
  Lines: <select id="log-lines"><option>100</option><option selected>300</option>
  <option>1000</option></select></p><pre id="logs"></pre></div>
 </main><script src="/static/charts.js"></script><script src="/static/switches.js"></script>
 <script src="/static/models.js"></script><script src="/static/dashboard.js"></script>
 </body></html>"""
+
+
+def dashboard(csrf: str, unit: str) -> str:
+    """The page after login: its parts above, each filled by the scripts at its end."""
+    unit = html.escape(unit)
+    top = f"""\
+<!doctype html><html><head><meta charset="utf-8">
+<meta name="csrf" content="{html.escape(csrf)}"><title>vllm-offload manager</title>
+<link rel="stylesheet" href="/static/style.css"></head><body>
+<header><h1>vllm-offload manager · {unit}.service</h1>
+<span id="state" class="badge stopped">…</span>
+<button id="start">Start</button><button id="stop">Stop</button>
+<button id="restart">Restart</button><button id="logout">Log out</button></header>
+<main>
+"""
+    return top + SERVER_CARDS + MODELS_CARD + CHARTS + SETTINGS_CARDS + LOGS_AND_SCRIPTS

@@ -16,7 +16,7 @@ from vllm_offload import config as config_mod
 from vllm_offload import hub
 from vllm_offload.systemd import access
 from vllm_offload.systemd.access import EXECUTE, READ, Who
-from vllm_offload.systemd.install import InstallError, InstallOptions, config_of
+from vllm_offload.systemd.unit_files import InstallError, InstallOptions, config_of
 
 # Prints where the interpreter finds the packages the units import, importing neither.
 _FIND_PACKAGES = (
