@@ -90,14 +90,16 @@ def prefill_chunk(
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     default = vllm_default_chunk(host, platform, world)
     asked = config.gpu.prefill_chunk_tokens
+    dtype_b = compute_dtype_bytes(model, config.model.dtype)
+    # staged prefill extends FlashAttention, which vLLM does not run a float32 model with
     staged = config.kv_offload.host_extension_gib > 0 and config.kv_offload.staged_prefill
+    staged = staged and platform == "cuda" and dtype_b <= 2
     source: ChunkSource = "vllm default"
     tokens = default
     if asked != "auto":
         source, tokens = "configured", asked
-    elif platform == "cuda" and staged and default < STAGED_PREFILL_CHUNK_TOKENS:
+    elif staged and default < STAGED_PREFILL_CHUNK_TOKENS:
         source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
-    dtype_b = compute_dtype_bytes(model, config.model.dtype)
     activations = activation_bytes(model, dtype_b, tokens)
     added = activations - activation_bytes(model, dtype_b, measured_chunk(model))
     return PrefillChunk(
