@@ -107,7 +107,7 @@ def test_a_host_extension_prefills_in_8192_token_chunks() -> None:
     assert plan.prefill.vllm_default_tokens == 2048
     assert plan.to_json()["prefill_chunk_added_bytes"] == 6144 * FORK_MOE_PER_TOKEN
     assert any(d.startswith("gpu.prefill_chunk_tokens auto -> 8,192") for d in plan.notes.decisions)
-    assert "4x fewer bytes cross PCIe than at vLLM's default 2,048" in render(plan)
+    assert "4x fewer chunks copy them than at vLLM's default 2,048" in render(plan)
     unstaged = plan_of(FORK_MODEL, **extended, **{"kv_offload.staged_prefill": False})
     assert unstaged.prefill.source == "vllm default" and unstaged.prefill.tokens == 2048
     assert unstaged.gpu.kv_pool_bytes > plan.gpu.kv_pool_bytes + plan.prefill.added_bytes // 2

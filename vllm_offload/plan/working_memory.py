@@ -67,17 +67,18 @@ def vllm_default_chunk(host: HostFacts, platform: Platform, world: int) -> int:
     return 2048
 
 
-def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int) -> int:
-    """One chunk's activation peak: a model with one measured point (the 8B shape, 0.8-0.9
-    GiB at 8,192 tokens). A dense MLP holds its gate/up output and the activation (3 x
-    intermediate) beside ~4 hidden-wide tensors (residual, norm, attention output) per
-    token; a mixture of experts holds vLLM's fused-MoE workspaces instead (Triton's and
-    Marlin's ``workspace_shapes``: tokens x top-k x (max(I, H) + max(2 I, H)))."""
+def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int, tp: int = 1) -> int:
+    """One chunk's activation peak on one rank: a model with one measured point (the 8B
+    shape, 0.8-0.9 GiB at 8,192 tokens). A dense MLP holds its gate/up output and the
+    activation (3 x intermediate, split over ``tp`` ranks) beside ~4 hidden-wide tensors
+    (residual, norm, attention output) per token; a mixture of experts holds vLLM's
+    fused-MoE workspaces instead (Triton's and Marlin's ``workspace_shapes``: tokens x
+    top-k x (max(I, H) + max(2 I, H)), I an expert's width on the rank)."""
     hidden = model.hidden_size
-    inter = model.intermediate_size or 4 * hidden
+    inter = (model.intermediate_size or 4 * hidden) // tp
     per_token = 3 * inter + 4 * hidden
     if model.experts:
-        expert = model.moe_intermediate_size or inter
+        expert = model.moe_intermediate_size // tp or inter
         workspaces = model.experts_per_token * (max(expert, hidden) + max(2 * expert, hidden))
         per_token = max(per_token, workspaces + 4 * hidden)  # dense layers may peak higher
     return per_token * dtype_bytes * tokens
@@ -100,8 +101,9 @@ def prefill_chunk(
         source, tokens = "configured", asked
     elif staged and default < STAGED_PREFILL_CHUNK_TOKENS:
         source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
-    activations = activation_bytes(model, dtype_b, tokens)
-    added = activations - activation_bytes(model, dtype_b, measured_chunk(model))
+    tp = config.parallel.tensor_parallel_size
+    activations = activation_bytes(model, dtype_b, tokens, tp)
+    added = activations - activation_bytes(model, dtype_b, measured_chunk(model), tp)
     return PrefillChunk(
         tokens=tokens,
         source=source,
@@ -120,10 +122,10 @@ def chunk_notes(chunk: PrefillChunk) -> Notes:
         decisions=(
             f"gpu.prefill_chunk_tokens auto -> {chunk.tokens:,}: a spilled request's staged "
             "prefill copies its host blocks once per layer and chunk, so "
-            f"{chunk.tokens / chunk.vllm_default_tokens:g}x fewer bytes cross PCIe than at "
-            f"vLLM's default {chunk.vllm_default_tokens:,} here (an H100's TTFT floor at 65,536 "
-            "tokens: 1.13x the all-GPU time against 1.48x at 2,048; "
-            "docs/design/long-context.md)",
+            f"{chunk.tokens / chunk.vllm_default_tokens:g}x fewer chunks copy them than at "
+            f"vLLM's default {chunk.vllm_default_tokens:,} here (65,536 tokens on an H100: "
+            "24.9 GB instead of 89.0, a TTFT floor of 1.13x the all-GPU time instead of "
+            "1.48x; docs/design/long-context.md)",
         )
     )
 
