@@ -82,7 +82,10 @@ def test_8b_at_2048_and_8192_keeps_the_measured_working_memory(llama_8b: Path) -
     assert "prefill chunk" not in render(at["auto"])
     row = next(line for line in render(at[8192]).splitlines() if line.startswith("prefill chunk"))
     assert "8,192 tokens (configured; vLLM's default here 2,048)" in row
-    assert "0.68 GiB more than at 2,048" in row and "measured at 8,192 tokens" in row
+    assert (
+        "0.68 GiB more than at 2,048" in row
+        and "within the working memory the plan counts (measured at 8,192 tokens)" in row
+    )
 
 
 def test_the_fork_s_moe_pays_for_8192_from_its_pool() -> None:

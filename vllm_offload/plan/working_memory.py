@@ -140,9 +140,13 @@ def chunk_words(chunk: PrefillChunk) -> str:
     pays = (
         f"+{gib(chunk.added_bytes)} of working memory, taken from the GPU KV pool"
         if chunk.added_bytes
-        else f"within the working memory measured at {chunk.measured_tokens:,} tokens"
+        else "within the working memory the plan counts (measured at "
+        f"{chunk.measured_tokens:,} tokens)"
     )
-    return (
-        f"{chunk.tokens:,} tokens ({chunk.source}; vLLM's default here {default:,}): "
-        f"activations ~{gib(chunk.activation_bytes)}{versus}; {pays}"
+    why = (
+        "vLLM's default here"
+        if chunk.source == "vllm default"
+        else f"{chunk.source}; vLLM's default here {default:,}"
     )
+    activations = f"activations ~{gib(chunk.activation_bytes)}{versus}"
+    return f"{chunk.tokens:,} tokens ({why}): {activations}; {pays}"
