@@ -67,3 +67,23 @@ def test_fork_case_script_parses_its_options() -> None:
     script = ROOT / "benchmarks/gpu/fork_case.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--extension-gib" in out.stdout, out.stderr
+
+
+def test_the_script_plans_and_serves_its_chunk(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #41: fork_case.py gives each arm `--gpu-prefill-chunk-tokens` (vLLM's
+    --max-num-batched-tokens, owned by the launcher: it is refused after `--`), so the plan
+    it records is the plan of the chunk it serves: 8,192 costs this MoE ~0.47 GiB of pool
+    against 2,048 (the MoE constant's chunk)."""
+    from argparse import Namespace
+
+    from tests.scripts import load_script
+
+    script = load_script(ROOT / "benchmarks/gpu/fork_case.py")
+    pools = {}
+    for chunk in (2048, 8192):
+        arms = script.settings(Namespace(reference_gib=6.0, extension_gib=2.0, chunk_tokens=chunk))
+        assert all(arm[-2:] == ["--gpu-prefill-chunk-tokens", str(chunk)] for arm in arms.values())
+        plan = plan_json(capsys, *arms["fp8"])
+        assert plan["prefill_chunk_tokens"] == chunk
+        pools[chunk] = plan["gpu_kv_pool_bytes"]
+    assert pools[2048] - pools[8192] == 6144 * (8 * (2048 + 2048) + 4 * 2048) * 2

@@ -470,3 +470,46 @@ def test_the_old_cache_name_never_reaches_vllm(demo_dir: Path, tmp_path: Path) -
         [sys.executable, "-c", code, str(spec_file)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_planned_prefill_chunk_reaches_vllm_as_one_token(tmp_path: Path) -> None:
+    """Issue #41: a host-extended pool on a 24 GiB card prefills in 8,192-token chunks (vLLM's
+    default there: 2,048): the launcher writes `--max-num-batched-tokens=8192`, one token,
+    and vLLM's own parser and EngineArgs read 8,192; vLLM's default is left to vLLM."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from tests.shapes import LLAMA3_8B, write_shape
+    from vllm_offload import argv_check
+
+    model = write_shape(tmp_path / "llama-8b", LLAMA3_8B)
+
+    def args_for(overrides: dict[str, object]) -> tuple[str, ...]:
+        config = with_overrides(DeploymentConfig(), {"model.path": str(model), **overrides})
+        plan = make_plan(config, model_facts.read(model), make_host(24), "cuda")
+        spec = launch.build(config, plan, model, "0.33.0")
+        argv_check.check(spec)  # vLLM's parser reads what the plan says, or this exits 2
+        return spec.args
+
+    extended = args_for({"kv_offload.host_extension_gib": 2.0})
+    assert [a for a in extended if "batched" in a] == ["--max-num-batched-tokens=8192"]
+    parsed = argv_check._parser().parse_args(list(extended))
+    assert AsyncEngineArgs.from_cli_args(parsed).max_num_batched_tokens == 8192
+    configured = args_for({"gpu.prefill_chunk_tokens": 4096})
+    assert [a for a in configured if "batched" in a] == ["--max-num-batched-tokens=4096"]
+    assert not [a for a in args_for({}) if "batched" in a]  # vLLM's default: vLLM's
+    unstaged = args_for({"kv_offload.host_extension_gib": 2.0, "kv_offload.staged_prefill": False})
+    assert not [a for a in unstaged if "batched" in a]
+
+
+def test_a_passed_through_chunk_is_refused_naming_the_key() -> None:
+    """The planner counts the chunk's activations, so `serve -- --max-num-batched-tokens`
+    (or an abbreviation) is refused for gpu.prefill_chunk_tokens, like every owned flag."""
+    from vllm_offload.config import ConfigError
+
+    for extra in (["--max-num-batched-tokens", "4096"], ["--max-num-batched=4096"]):
+        with pytest.raises(ConfigError) as info:
+            with_overrides(DeploymentConfig(), {"extra_args": extra})
+        assert info.value.field == "extra_args"
+        assert "gpu.prefill_chunk_tokens (`serve --gpu-prefill-chunk-tokens`)" in (
+            info.value.message
+        )

@@ -64,6 +64,21 @@ def test_mixtral_experts_are_counted(tmp_path: Path) -> None:
     assert facts.weight_bytes == pytest.approx(93.4e9, rel=0.02)  # 46.7 B params in bf16
 
 
+def test_mlp_widths_and_experts_per_token(tmp_path: Path) -> None:
+    """What the prefill chunk's activations are planned from (issue #41): the MLP widths and
+    the experts a token goes through; an MoE naming none is planned as 8, and says so."""
+    dense = model_facts.read(write_shape(tmp_path / "d", LLAMA3_8B))
+    assert (dense.intermediate_size, dense.experts_per_token) == (14336, 0)
+    moe = model_facts.read(write_shape(tmp_path / "m", QWEN3_30B_A3B))
+    assert (moe.moe_intermediate_size, moe.experts_per_token, moe.unknown) == (768, 8, ())
+    mixtral = dict(QWEN3_30B_A3B, num_experts_per_tok=2)
+    assert model_facts.read(write_shape(tmp_path / "x", mixtral)).experts_per_token == 2
+    unnamed = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts_per_tok"}
+    unread = model_facts.read(write_shape(tmp_path / "u", unnamed))
+    assert unread.experts_per_token == 8
+    assert unread.unknown == ("experts per token (num_experts_per_tok; planned as 8)",)
+
+
 def test_linear_layers_have_no_per_token_kv(tmp_path: Path) -> None:
     hybrid = dict(
         LLAMA3_8B,

@@ -18,7 +18,7 @@ from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.model_config import ModelFactsError
 from vllm_offload.plan import make_plan
-from vllm_offload.plan.gpu import decoder_layer_bytes
+from vllm_offload.plan.budget import decoder_layer_bytes
 
 QWEN25_VL_7B = Path(__file__).parents[1] / "benchmarks/models/qwen2.5-vl-7b"
 PLAN = ["plan", "--gpu-mem-gib", "24", "--ram-gib", "64", "--model-max-model-len", "32768"]

@@ -243,6 +243,9 @@ def build(
         options.add("--kv-cache-dtype", plan.kv.cache_dtype)
     if plan.platform == "cuda":
         options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
+    # vLLM's default chunk, and the adjustments vLLM makes to it, stay vLLM's
+    if plan.prefill.source != "vllm default":
+        options.add("--max-num-batched-tokens", plan.prefill.tokens)
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
         options.add("--kv-cache-memory-bytes", plan.gpu.kv_pool_bytes)
     parallel = config.parallel

@@ -127,6 +127,13 @@ def routed_experts(cfg: dict[str, Any]) -> int:
     return next((n for n in (optional_number(cfg, key, 0) for key in keys) if n), 0)
 
 
+def experts_per_token(cfg: dict[str, Any]) -> int:
+    """Routed experts each token goes through, under the names Qwen-MoE, DeepSeek,
+    Mixtral and gpt-oss give them; 0 where none is named."""
+    keys = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+    return next((n for n in (optional_number(cfg, key, 0) for key in keys) if n), 0)
+
+
 def parameter_shape(
     cfg: dict[str, Any], *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
 ) -> weight_estimate.Shape:

@@ -23,6 +23,7 @@ from vllm_offload.model_config import (
     MAX_VOCAB,
     LayerKind,
     ModelFactsError,
+    experts_per_token,
     layer_kinds,
     optional_number,
     parameter_shape,
@@ -45,6 +46,10 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# A mixture of experts whose config.json names no experts per token: planned as the
+# widest common routing (Qwen3-MoE, Mixtral's 2 is narrower), so its workspaces are not
+# undercounted.
+MOE_TOP_K_UNREAD = 8
 MAX_WEIGHT_FILES = 4096
 
 
@@ -68,6 +73,9 @@ class ModelFacts:
     vocab_size: int = 0
     tie_word_embeddings: bool = False
     experts: int = 0  # routed experts a layer (0: a dense model)
+    experts_per_token: int = 0  # routed experts a token goes through (0: a dense model)
+    intermediate_size: int = 0  # the dense MLP's width (0: not read; 4 x hidden)
+    moe_intermediate_size: int = 0  # one expert's width (0: not read; intermediate_size)
     max_len_key: str = "max_position_embeddings"
     unknown: tuple[str, ...] = ()  # what could not be read, in words
     # vision/audio towers, projector, language model: their bytes and what the offloader
@@ -187,6 +195,11 @@ def facts_of(
     limit, limit_key = model_limit.max_len_limit(cfg)
     optional_number(cfg, "max_position_embeddings", 0, MAX_TOKENS)  # a crafted one is refused
     model_type = short_text(raw, "model_type", "unknown")
+    inter = optional_number(cfg, "intermediate_size", 4 * hidden)
+    experts, top_k = routed_experts(cfg), experts_per_token(cfg)
+    if experts and not top_k:
+        top_k = MOE_TOP_K_UNREAD
+        unknown.append(f"experts per token (num_experts_per_tok; planned as {top_k})")
     if headers:
         try:
             sizes = safetensors_header.tensor_sizes(headers)
@@ -230,7 +243,10 @@ def facts_of(
         weight_bytes_source=source,
         vocab_size=optional_number(cfg, "vocab_size", 0, MAX_VOCAB),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
-        experts=routed_experts(cfg),
+        experts=experts,
+        experts_per_token=top_k,
+        intermediate_size=inter,
+        moe_intermediate_size=optional_number(cfg, "moe_intermediate_size", inter),
         unknown=tuple(unknown),
         fingerprint=print_,
         components=parts,

@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shares", default="0.25")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
+    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--arms", help="a comma-separated subset (default: all)")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     args = parser.parse_args()
@@ -174,11 +174,11 @@ def main() -> None:
             "--kv-offload-backend",
             "none",
             *flags[name],
+            "--gpu-prefill-chunk-tokens",
+            str(args.chunk_tokens),
             "--",
             "--load-format",
             "dummy",
-            "--max-num-batched-tokens",
-            str(args.chunk_tokens),
         ]
 
     servers = {

@@ -64,17 +64,21 @@ PLAN_KEYS = (
     "longest_request_tokens",
     "host_extension_bytes",
     "staging_scratch_bytes",
+    "prefill_chunk_tokens",
+    "prefill_chunk_added_bytes",
     "spilled_decode_steps_per_s_ceiling",
     "h2d_bytes_per_s",
 )
 
 
 def settings(args: argparse.Namespace) -> dict[str, list[str]]:
-    """Each arm's own `vllm-offload serve` flags: what `plan` is asked about too."""
+    """Each arm's own `vllm-offload serve` flags: what `plan` is asked about too (the
+    chunk too: the plan counts its activations)."""
+    chunk = ["--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
     return {
-        "reference": ["--gpu-kv-cache-memory-bytes", str(int(args.reference_gib * GIB))],
-        "bf16-ext": ["--kv-offload-host-extension-gib", str(args.extension_gib)],
-        "fp8": ["--model-kv-cache-dtype", "fit"],
+        "reference": ["--gpu-kv-cache-memory-bytes", str(int(args.reference_gib * GIB)), *chunk],
+        "bf16-ext": ["--kv-offload-host-extension-gib", str(args.extension_gib), *chunk],
+        "fp8": ["--model-kv-cache-dtype", "fit", *chunk],
     }
 
 
@@ -211,7 +215,7 @@ def main() -> None:
     parser.add_argument("--arms", default="reference,bf16-ext,fp8")
     parser.add_argument("--long-tokens", type=int, default=52000)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--chunk-tokens", type=int, default=2048, help="--max-num-batched-tokens")
+    parser.add_argument("--chunk-tokens", type=int, default=2048, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--card-gib", type=float, default=24.0)
     parser.add_argument("--ram-gib", type=float, default=64.0, help="the card's host, for plan")
@@ -234,8 +238,7 @@ def main() -> None:
     own = settings(args)
     common = ["--model", str(model), "--model-max-model-len", str(args.long_tokens)]
     common += ["--kv-offload-backend", "none"]
-    theirs = ["--", "--load-format", "dummy", "--max-num-batched-tokens", str(args.chunk_tokens)]
-    theirs += ["--max-num-seqs", str(args.max_num_seqs)]
+    theirs = ["--", "--load-format", "dummy", "--max-num-seqs", str(args.max_num_seqs)]
     rng = random.Random(0)
     # prompt + output = max_model_len: one token more and vLLM answers 400 (as it did here)
     prompt = [rng.randrange(1000, 100000) for _ in range(args.long_tokens - args.output_tokens)]

@@ -225,7 +225,7 @@ def main() -> None:
     parser.add_argument("--long-tokens", type=int, default=65536)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--short-repeats", type=int, default=4)
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
+    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--arms", default="reference,extended,ext-none")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")
     args = parser.parse_args()
@@ -251,7 +251,7 @@ def main() -> None:
         "8",
     ]
     dummy = [] if args.weights else ["--load-format", "dummy"]
-    vllm = ["--", *dummy, "--enforce-eager", "--max-num-batched-tokens", str(args.chunk_tokens)]
+    vllm = ["--gpu-prefill-chunk-tokens", str(args.chunk_tokens), "--", *dummy, "--enforce-eager"]
     pool = {
         name: ["--gpu-kv-cache-memory-bytes", str(int(gib * GIB))]
         for name, gib in (

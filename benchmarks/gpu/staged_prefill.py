@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--reference-gib", type=float, default=12.0)
     parser.add_argument("--long-tokens", type=int, default=65536)
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="--max-num-batched-tokens")
+    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--arms", default="reference,staged")
     parser.add_argument("--utilization", default="reference=0.45,staged=0.3,in-place=0.3")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")
@@ -120,10 +120,10 @@ def main() -> None:
             "--kv-offload-backend",
             "none",
             *flags[name],
+            "--gpu-prefill-chunk-tokens",
+            str(args.chunk_tokens),
             "--",
             *dummy,
-            "--max-num-batched-tokens",
-            str(args.chunk_tokens),
         ]
 
     def env(name: str) -> dict[str, str] | None:

@@ -21,6 +21,7 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--kv-cache-memory-bytes": "gpu.kv_cache_memory_bytes",
     "--num-gpu-blocks-override": "gpu.kv_cache_memory_bytes",
     "--block-size": "kv_offload.block_size",
+    "--max-num-batched-tokens": "gpu.prefill_chunk_tokens",
     "--kv-transfer-config": "kv_offload",
     "--additional-config": "kv_offload.host_extension_gib",
     "--scheduler-cls": "kv_offload.spilled_step_share",

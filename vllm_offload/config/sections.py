@@ -20,6 +20,9 @@ MAX_STRING_CHARS = 4096
 MAX_GIB = 1 << 20  # 1 PiB, for every *_gib key
 MAX_BYTES = MAX_GIB << 30
 MAX_TOKENS = 1 << 28  # 268M tokens, for max_model_len
+# gpu.prefill_chunk_tokens: vLLM's smallest default chunk (a TPU's) to 16x an H100's;
+# past it the activations of an 8B model alone take ~14 GiB.
+PREFILL_CHUNK_RANGE = (256, 1 << 17)
 
 # Values the launcher writes into vLLM's argv. vLLM's parser reads a token that starts with
 # "-" as an option, and one that also holds a "." as a dotted JSON option that takes the
@@ -164,12 +167,31 @@ class GpuSection(_Section):
         "must hold at once. With max_model_len a number and weights_offload.cpu_gib = "
         "'auto', the planner offloads the fewest weights that make room for them.",
     )
+    prefill_chunk_tokens: int | Auto = Field(
+        "auto",
+        description="Most tokens vLLM computes in one step (vLLM --max-num-batched-tokens): "
+        "a longer prompt is prefilled in chunks of this many. Larger: fewer steps per long "
+        "prompt, and with kv_offload.host_extension_gib fewer copies of a spilled "
+        "request's host blocks (they fall as 1/chunk); the cost is activation memory, "
+        "about (3 x intermediate_size + 4 x hidden_size) x 2 bytes a token (an 8B model: "
+        "~0.9 GiB at 8,192), which the planner takes from the GPU KV pool. 'auto': vLLM's "
+        "own default (2,048; 8,192 on cards of 70 GiB or more but the A100; 16,384 from "
+        "160 GiB), but at least 8,192 with a host extension and kv_offload.staged_prefill.",
+    )
 
     @model_validator(mode="after")
     def _positive_pool(self) -> GpuSection:
         if isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be a positive number of bytes or 'auto'")
         return self
+
+    @field_validator("prefill_chunk_tokens")
+    @classmethod
+    def _chunk_in_range(cls, value: int | str) -> int | str:
+        low, high = PREFILL_CHUNK_RANGE
+        if isinstance(value, int) and not low <= value <= high:
+            raise ValueError(f"must be {low:,} to {high:,} tokens, or 'auto'")
+        return value
 
     @field_validator("kv_cache_memory_bytes")
     @classmethod

@@ -39,7 +39,6 @@ TUNING_FLAGS = frozenset(
     {
         "--enforce-eager",
         "--max-num-seqs",
-        "--max-num-batched-tokens",
         "--enable-prefix-caching",
         "--no-enable-prefix-caching",
         "--enable-chunked-prefill",

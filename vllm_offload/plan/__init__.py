@@ -11,7 +11,9 @@ backend, blocks, chunks, KV dtype), ``gpu`` (the GPU budget and the weights), ``
 CPU tier), ``disk`` (the disk tier), ``checks`` (combinations vLLM refuses or runs badly),
 ``costs`` (what offload costs in decode speed), ``parts`` (weights_offload.params against
 the model's components), ``staging`` (the GPU scratch a spilled
-request's prefill stages its host blocks in); ``records`` says what a plan is and
+request's prefill stages its host blocks in), ``working_memory`` (vLLM's GPU working
+memory and the prefill chunk it grows with; ``budget`` puts it beside the weights);
+``records`` says what a plan is and
 ``render`` prints it. A new tier is a module here with a step called from ``make_plan``.
 """
 
@@ -22,10 +24,11 @@ from dataclasses import replace
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import DiskFacts, HostFacts
 from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
-from vllm_offload.plan.gpu import place_weights, served_weight_bytes
+from vllm_offload.plan.gpu import place_weights
 from vllm_offload.plan.host import cpu_backend_ram_check, extension_bytes, size_cpu_tier
 from vllm_offload.plan.kv import (
     KvSizing,
@@ -59,6 +62,7 @@ from vllm_offload.plan.records import (
 )
 from vllm_offload.plan.render import render
 from vllm_offload.plan.staging import staging_scratch
+from vllm_offload.plan.working_memory import chunk_notes, prefill_chunk
 
 __all__ = [
     "Plan",
@@ -95,6 +99,8 @@ def make_plan(
     # The steps after the layout plan the model as vLLM does with its backend.
     planned = planned_model(model, layout.backend)
     inputs = replace(asked, model=planned)
+    chunk = prefill_chunk(config, planned, host, platform)  # its activations: in place_weights
+    notes += chunk_notes(chunk)
     memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
     if platform == "cpu":
@@ -150,6 +156,7 @@ def make_plan(
             kv_pool_blocks=shape.gpu_blocks,
             kv_pool_tokens=shape.gpu_tokens,
         ),
+        prefill=chunk,
         length=length,
         extension=HostExtension(
             bytes=extension,

@@ -1,6 +1,6 @@
-"""One GPU's budget: what vLLM may use, its working memory, the weights (as configured, or
-the fewest whole layers that leave a pool for the target), and the KV pool left; what no
-offload can reach is refused with the longest length that is reachable."""
+"""One GPU's weights (as configured, or the fewest whole layers that leave a pool for the
+target) and the KV pool left of its budget (plan.budget); what no offload can reach is
+refused with the longest length that is reachable."""
 
 from __future__ import annotations
 
@@ -8,30 +8,12 @@ import math
 from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import GIB, HostFacts
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.host import (
-    ram_that_holds,
-    ram_words,
-    tenths,
-    weights_ram_refusal,
-    weights_room_bytes,
-)
-from vllm_offload.plan.kv import KvSizing, compute_dtype_bytes, longest_for, pool_bytes_for
+from vllm_offload.hardware import GIB
+from vllm_offload.plan.budget import gpu_budget, served_weight_bytes
+from vllm_offload.plan.host import ram_that_holds, ram_words, tenths, weights_ram_refusal
+from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for
 from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
 
-# GPU memory vLLM uses besides weights and the KV pool: CUDA context, activation
-# peak during profiling and CUDA graphs. Measured on an H100 with an 8B shape
-# (docs/benchmarks.md); scaled with the model's hidden size.
-GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
-GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
-# A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
-# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), H100,
-# vLLM 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: vLLM measured a
-# 4.22 GiB pool where the plan at that budget said 4.70: its weights (15.65 GiB) and the
-# working memory of the two constants above (1.25 GiB) came 0.48 GiB short of what vLLM
-# kept (benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log).
-GPU_OVERHEAD_MOE_BYTES = int(0.5 * GIB)
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
 # Offloading weights 'auto' without a length to reach leaves room for one request this long.
@@ -55,65 +37,6 @@ class GpuMemory:
     offloaded_layers: int = 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuBudget:
-    """One rank's GPU memory before the KV pool: what vLLM may use, its working memory,
-    and the weights (whole decoder layers are what can be offloaded)."""
-
-    total_bytes: int
-    budget_bytes: int
-    overhead_bytes: int  # without the prefetch backend's layer buffers
-    weights_bytes: int
-    layer_bytes: int
-    layers: int  # decoder layers on this rank
-    prefetch_buffer_bytes: int  # the prefetch backend's GPU buffers, when it offloads
-    ram_room_bytes: int  # the most offloaded weights host RAM holds for this rank
-
-    @property
-    def offloadable_bytes(self) -> int:
-        return min(self.weights_bytes, self.layer_bytes * self.layers, self.ram_room_bytes)
-
-    @property
-    def ram_bound(self) -> bool:
-        """Whether host RAM, not the decoder layers, bounds the weights offloaded."""
-        return self.ram_room_bytes < min(self.weights_bytes, self.layer_bytes * self.layers)
-
-    def largest_pool_bytes(self) -> int:
-        """The KV pool left with every decoder layer's weights in host RAM."""
-        return (
-            self.budget_bytes
-            - (self.weights_bytes - self.offloadable_bytes)
-            - self.overhead_bytes
-            - self.prefetch_buffer_bytes
-        )
-
-
-def served_weight_bytes(config: DeploymentConfig, model: ModelFacts) -> int:
-    """The checkpoint's bytes at the dtype vLLM runs it in (a float32 checkpoint is served
-    in 16 bits); quantised weights stay as stored."""
-    if model.quantization is not None:
-        return model.weight_bytes
-    return int(
-        model.weight_bytes * compute_dtype_bytes(model, config.model.dtype) / model.dtype_bytes
-    )
-
-
-def gpu_overhead_bytes(model: ModelFacts) -> int:
-    moe = GPU_OVERHEAD_MOE_BYTES if model.experts else 0
-    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES + moe
-
-
-def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) -> int:
-    """Weight bytes of one decoder layer: all weights less the embeddings (and an untied
-    LM head) and any vision/audio towers, shared evenly; the unit the prefetch backend
-    moves."""
-    embeddings = model.vocab_size * model.hidden_size * dtype_bytes
-    embeddings *= 1 if model.tie_word_embeddings else 2
-    towers = sum(p.bytes for p in model.components if p.kind != "language model")
-    towers = towers * weight_bytes // max(1, model.weight_bytes)  # at the served dtype
-    return max(1, (weight_bytes - towers - embeddings) // max(1, model.num_layers))
-
-
 def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]:
     """(group size, layers offloaded per group, layers offloaded): the fewest layers that
     cover ``layers_needed``, in the smallest groups (spread evenly, so each copy has
@@ -126,30 +49,6 @@ def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]
             if layers_needed <= count < best[2]:
                 best = (group, in_group, count)
     return best
-
-
-def gpu_budget(
-    config: DeploymentConfig, model: ModelFacts, host: HostFacts, weight_bytes: int
-) -> GpuBudget:
-    tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
-    if not host.gpus:
-        raise PlanError("gpu", "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N")
-    total = min(g.total_bytes for g in host.gpus)
-    # Tensor parallelism splits every layer; pipeline stages hold whole layers.
-    layer = decoder_layer_bytes(model, weight_bytes, compute_dtype_bytes(model, config.model.dtype))
-    layer //= tp
-    prefetch = config.weights_offload.backend == "prefetch"
-    return GpuBudget(
-        total_bytes=total,
-        budget_bytes=int(total * config.gpu.memory_utilization),
-        overhead_bytes=gpu_overhead_bytes(model),
-        weights_bytes=weight_bytes // (tp * pp),
-        layer_bytes=layer,
-        layers=max(1, model.num_layers // pp),
-        # the GPU buffers offloaded layers are copied into
-        prefetch_buffer_bytes=config.weights_offload.prefetch_step * layer if prefetch else 0,
-        ram_room_bytes=weights_room_bytes(host, tp * pp),
-    )
 
 
 def cpu_platform_memory(

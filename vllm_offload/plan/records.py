@@ -101,6 +101,26 @@ class GpuPool:
     )  # vLLM's "KV cache size: N tokens"
 
 
+ChunkSource = Literal["vllm default", "host extension", "configured"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillChunk:
+    """The most tokens vLLM computes in one step (--max-num-batched-tokens: a long prompt's
+    prefill chunk), vLLM's own default for this card, and the working memory it costs."""
+
+    tokens: int = field(metadata=_key("prefill_chunk_tokens"))
+    source: ChunkSource = field(metadata=_key("prefill_chunk_source"))
+    vllm_default_tokens: int = field(metadata=_key("vllm_default_chunk_tokens"))
+    # the chunk the working memory's constants were measured at
+    measured_tokens: int = field(metadata=_key("working_memory_measured_chunk_tokens"))
+    # the activations of one chunk, as plan.working_memory models them
+    activation_bytes: int = field(metadata=_key("prefill_chunk_activation_bytes"))
+    # what they add to the working memory measured at the constants' own chunk (taken
+    # from the GPU KV pool); 0 at or below it
+    added_bytes: int = field(metadata=_key("prefill_chunk_added_bytes"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lengths:
     """How long one request may be, and how many such the pool holds."""
@@ -182,6 +202,7 @@ class Plan:
     kv: KvLayout
     weights: Weights
     gpu: GpuPool
+    prefill: PrefillChunk
     length: Lengths
     extension: HostExtension
     cpu_tier: CpuTier

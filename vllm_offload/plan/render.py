@@ -4,6 +4,7 @@ request can be, then the decisions, warnings and problems."""
 from __future__ import annotations
 
 from vllm_offload.plan.records import Plan, gib
+from vllm_offload.plan.working_memory import chunk_words
 
 
 def render(plan: Plan) -> str:
@@ -51,6 +52,7 @@ def render(plan: Plan) -> str:
             ),
         ),
         ("KV cache dtype", f"{kv.cache_dtype} ({kv.dtype_bytes} bytes per element)"),
+        *_chunk_rows(plan),
         (
             "host extension",
             f"{gib(ext.bytes)} = {ext.tokens:,} tokens per GPU "
@@ -111,3 +113,11 @@ def _staging_rows(plan: Plan) -> list[tuple[str, str]]:
             "at a time)",
         )
     ]
+
+
+def _chunk_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The prefill chunk, where it is not vLLM's own default or costs the pool something."""
+    chunk = plan.prefill
+    if chunk.source == "vllm default" and not chunk.added_bytes:
+        return []
+    return [("prefill chunk", chunk_words(chunk))]

@@ -18,15 +18,17 @@ from collections.abc import Mapping
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB
 from vllm_offload.model_facts import ModelFacts
-from vllm_offload.plan.gpu import gpu_overhead_bytes, served_weight_bytes
+from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.kv import KvSizing, pool_bytes_for
 from vllm_offload.plan.lengths import target
 from vllm_offload.plan.records import FleetInputs, Notes, Plan, gib
+from vllm_offload.plan.working_memory import gpu_overhead_bytes
 
 
 def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
     """GPU bytes ``model`` needs on one card with no weights offloaded by 'auto': its
-    weights (less a configured offload), vLLM's working memory and its target pool."""
+    weights (less a configured offload), vLLM's working memory (at its prefill chunk) and
+    its target pool."""
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     weights = served_weight_bytes(config, model) // (tp * pp)
     offload = config.weights_offload.cpu_gib
@@ -39,7 +41,7 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
             model=model, dtype_bytes=plan.kv.dtype_bytes, block_tokens=plan.kv.block_tokens, tp=tp
         )
         pool = pool_bytes_for(kv, tokens, requests)
-    return weights + gpu_overhead_bytes(model) + pool
+    return weights + gpu_overhead_bytes(model) + plan.prefill.added_bytes + pool
 
 
 def resident_models(

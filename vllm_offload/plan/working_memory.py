@@ -1,0 +1,152 @@
+"""vLLM's GPU working memory besides the weights and the KV pool (CUDA context, the
+activation peak of its profile run, CUDA graphs), and the prefill chunk it grows with
+(vLLM's max_num_batched_tokens: the profile run pushes one chunk of that many tokens
+through the model).
+
+The constants are measurements, each taken at one chunk. A larger planned chunk adds its
+extra activations (``activation_bytes``, a model with one measured point) to them; a
+smaller one keeps the measured figure (the model is not trusted to take memory away from
+a measurement, and vLLM measures the real pool at start-up anyway)."""
+
+from __future__ import annotations
+
+from vllm_offload.config import DeploymentConfig
+from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.model_facts import ModelFacts
+from vllm_offload.plan.kv import compute_dtype_bytes
+from vllm_offload.plan.records import ChunkSource, Notes, Platform, PrefillChunk, gib
+
+# Measured on an H100 with an 8B shape (docs/benchmarks.md), scaled with the model's
+# hidden size; vLLM's API server chunk there was its default for cards of 70 GiB or more.
+GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
+GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
+DENSE_MEASURED_CHUNK_TOKENS = 8192
+# A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
+# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), H100,
+# vLLM 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: vLLM measured a
+# 4.22 GiB pool where the plan at that budget said 4.70: its weights (15.65 GiB) and the
+# working memory of the two constants above (1.25 GiB) came 0.48 GiB short of what vLLM
+# kept (benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log). All three together are
+# that model's working memory at 2,048 tokens.
+GPU_OVERHEAD_MOE_BYTES = int(0.5 * GIB)
+MOE_MEASURED_CHUNK_TOKENS = 2048
+# With a host extension and staged prefill, each prefill chunk copies the host part of a
+# spilled request's context once per layer, so the bytes over PCIe fall as 1/chunk. The
+# TTFT floor on an H100 (docs/design/long-context.md, "The chunk decides the floor"):
+# 2,048 tokens 1.48x/1.80x the all-GPU time at 65,536/130,000 tokens, 8,192 1.13x/1.21x
+# (measured: 1.14x/1.20x), 16,384 1.08x/1.11x. 8,192 is the smallest chunk inside the
+# 1.5x goal at both lengths, and the one measured; each doubling past it buys less time
+# for twice the activations (an 8B model: +0.9 GiB of pool at 16,384).
+STAGED_PREFILL_CHUNK_TOKENS = 8192
+
+
+def gpu_overhead_bytes(model: ModelFacts) -> int:
+    """The measured working memory, at the constants' own chunk (``measured_chunk``)."""
+    moe = GPU_OVERHEAD_MOE_BYTES if model.experts else 0
+    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES + moe
+
+
+def measured_chunk(model: ModelFacts) -> int:
+    return MOE_MEASURED_CHUNK_TOKENS if model.experts else DENSE_MEASURED_CHUNK_TOKENS
+
+
+def vllm_default_chunk(host: HostFacts, platform: Platform, world: int) -> int:
+    """vLLM 0.32.0's max_num_batched_tokens for its OpenAI server when none is given
+    (EngineArgs.get_batch_defaults, by the first GPU's NVML total and name; 0.33.0 also
+    keeps a GB10 on the smallest). vLLM lowers it further only for a max_model_len x
+    max_num_seqs below it, and raises it without chunked prefill or with
+    `--performance-mode throughput`, none of which the planner sees."""
+    if platform == "cpu":
+        return 2048 * world
+    memory = host.gpus[0].total_bytes if host.gpus else 0
+    name = host.gpus[0].name.lower() if host.gpus else ""
+    if memory >= 160 * GIB:
+        return 16384
+    if memory >= 70 * GIB and "a100" not in name:
+        return 8192
+    return 2048
+
+
+def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int, tp: int = 1) -> int:
+    """One chunk's activation peak on one rank: a model with one measured point (the 8B
+    shape, 0.8-0.9 GiB at 8,192 tokens). A dense MLP holds its gate/up output and the
+    activation (3 x intermediate, split over ``tp`` ranks) beside ~4 hidden-wide tensors
+    (residual, norm, attention output) per token; a mixture of experts holds vLLM's
+    fused-MoE workspaces instead (Triton's and Marlin's ``workspace_shapes``: tokens x
+    top-k x (max(I, H) + max(2 I, H)), I an expert's width on the rank)."""
+    hidden = model.hidden_size
+    inter = (model.intermediate_size or 4 * hidden) // tp
+    per_token = 3 * inter + 4 * hidden
+    if model.experts:
+        expert = model.moe_intermediate_size // tp or inter
+        workspaces = model.experts_per_token * (max(expert, hidden) + max(2 * expert, hidden))
+        per_token = max(per_token, workspaces + 4 * hidden)  # dense layers may peak higher
+    return per_token * dtype_bytes * tokens
+
+
+def prefill_chunk(
+    config: DeploymentConfig, model: ModelFacts, host: HostFacts, platform: Platform
+) -> PrefillChunk:
+    """gpu.prefill_chunk_tokens resolved, and what it adds to the working memory."""
+    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    default = vllm_default_chunk(host, platform, world)
+    asked = config.gpu.prefill_chunk_tokens
+    dtype_b = compute_dtype_bytes(model, config.model.dtype)
+    # staged prefill extends FlashAttention, which vLLM does not run a float32 model with
+    staged = config.kv_offload.host_extension_gib > 0 and config.kv_offload.staged_prefill
+    staged = staged and platform == "cuda" and dtype_b <= 2
+    source: ChunkSource = "vllm default"
+    tokens = default
+    if asked != "auto":
+        source, tokens = "configured", asked
+    elif staged and default < STAGED_PREFILL_CHUNK_TOKENS:
+        source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
+    tp = config.parallel.tensor_parallel_size
+    activations = activation_bytes(model, dtype_b, tokens, tp)
+    added = activations - activation_bytes(model, dtype_b, measured_chunk(model), tp)
+    return PrefillChunk(
+        tokens=tokens,
+        source=source,
+        vllm_default_tokens=default,
+        measured_tokens=measured_chunk(model),
+        activation_bytes=activations,
+        added_bytes=max(0, added) if platform == "cuda" else 0,
+    )
+
+
+def chunk_notes(chunk: PrefillChunk) -> Notes:
+    """Why 'auto' left vLLM's default (a host extension's staged prefill)."""
+    if chunk.source != "host extension":
+        return Notes()
+    return Notes(
+        decisions=(
+            f"gpu.prefill_chunk_tokens auto -> {chunk.tokens:,}: a spilled request's staged "
+            "prefill copies its host blocks once per layer and chunk, so "
+            f"{chunk.tokens / chunk.vllm_default_tokens:g}x fewer chunks copy them than at "
+            f"vLLM's default {chunk.vllm_default_tokens:,} here (65,536 tokens on an H100: "
+            "24.9 GB instead of 89.0, a TTFT floor of 1.13x the all-GPU time instead of "
+            "1.48x; docs/design/long-context.md)",
+        )
+    )
+
+
+def chunk_words(chunk: PrefillChunk) -> str:
+    """The chunk, what its activations cost against vLLM's default, and whether the pool
+    pays for it (a row of `plan`)."""
+    default = chunk.vllm_default_tokens
+    apart = chunk.activation_bytes * abs(chunk.tokens - default) // chunk.tokens
+    more = "more" if chunk.tokens > default else "less"
+    versus = f" ({gib(apart)} {more} than at {default:,})" if apart else ""
+    pays = (
+        f"+{gib(chunk.added_bytes)} of working memory, taken from the GPU KV pool"
+        if chunk.added_bytes
+        else "within the working memory the plan counts (measured at "
+        f"{chunk.measured_tokens:,} tokens)"
+    )
+    why = (
+        "vLLM's default here"
+        if chunk.source == "vllm default"
+        else f"{chunk.source}; vLLM's default here {default:,}"
+    )
+    activations = f"activations ~{gib(chunk.activation_bytes)}{versus}"
+    return f"{chunk.tokens:,} tokens ({why}): {activations}; {pays}"
