@@ -75,14 +75,15 @@ class FairScheduler(Scheduler):
         others = len(spilled) < len(self.running) or self.get_request_counts()[1] > 0
         hidden = [] if not spilled or self.spill_share.admit(others=others) else spilled
         output = self._schedule_without(hidden, *args, **kwargs)
-        self.spill_share.scheduled(
-            spilled=any(
-                self.holds_host_blocks(self.requests[i])
-                for i in output.num_scheduled_tokens
-                if i in self.requests
-            )
-        )
+        ran = (self.requests[i] for i in output.num_scheduled_tokens if i in self.requests)
+        self.spill_share.started(output, spilled=any(self.holds_host_blocks(r) for r in ran))
         return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
+    ) -> Any:
+        self.spill_share.ended(scheduler_output)  # the step's length, host reads included
+        return super().update_from_output(scheduler_output, *args, **kwargs)
 
     def _schedule_without(
         self, hidden: list[Request], *args: Any, **kwargs: Any

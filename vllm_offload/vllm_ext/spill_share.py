@@ -45,27 +45,54 @@ def host_first(gpu_blocks_held: int, gpu_blocks: int) -> bool:
     return gpu_blocks_held >= gpu_blocks * MAX_GPU_PART_OF_ONE_REQUEST
 
 
+@dataclass(frozen=True)
+class Step:
+    """A step scheduled and not yet ended: when it was scheduled, whether it includes a
+    spilled request."""
+
+    key: object
+    at: float
+    spilled: bool
+
+
 @dataclass(kw_only=True)
 class SpillShare:
-    """The time-share rule. Call ``admit`` when a step is being scheduled, then
-    ``scheduled`` with whether that step included a spilled request; a step's length is
-    the time to the next ``admit`` (the engine schedules its next step when one ends)."""
+    """The time-share rule. Call ``admit`` when a step is being scheduled, ``started``
+    once it is (with a key for it and whether it includes a spilled request), and
+    ``ended`` with that key when its output arrives; steps end in the order they were
+    scheduled.
+
+    A step's length is the time from the later of its scheduling and the previous step's
+    end to its own end. Not the time between two schedulings: with async scheduling
+    (vLLM 0.33's default on CUDA) vLLM schedules a step while the one before it runs, so
+    that gap is ~0 after one step and two steps long after the next; measured on the GPU,
+    a spilled request got into every other step, 92 % of the time at a share of 0.25.
+    For the same reason no spilled step is admitted while another is still running: it
+    would be scheduled before the first one's length is known."""
 
     share: float
     clock: Callable[[], float] = time.monotonic
-    _started: float | None = field(default=None, init=False)
-    _spilled: bool = field(default=False, init=False)
+    _running: list[Step] = field(default_factory=list, init=False)
+    _last_end: float = field(default=-math.inf, init=False)
     _not_before: float = field(default=-math.inf, init=False)
 
     def admit(self, *, others: bool) -> bool:
         """Whether the spilled requests go into the step now scheduled; ``others``:
         whether any other request is running or waiting."""
-        now = self.clock()
-        if self._started is not None and self._spilled:
-            took = now - self._started
-            self._not_before = now + took * (1 - self.share) / self.share
-        self._started = None
-        return not others or now >= self._not_before
+        if not others:
+            return True
+        return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
-    def scheduled(self, *, spilled: bool) -> None:
-        self._started, self._spilled = self.clock(), spilled
+    def started(self, key: object, *, spilled: bool) -> None:
+        self._running.append(Step(key=key, at=self.clock(), spilled=spilled))
+
+    def ended(self, key: object) -> None:
+        at = next((n for n, s in enumerate(self._running) if s.key is key), None)
+        if at is None:
+            return
+        step, now = self._running[at], self.clock()
+        del self._running[: at + 1]  # any before it ended unseen (steps end in order)
+        took = now - max(step.at, self._last_end)
+        self._last_end = now
+        if step.spilled:
+            self._not_before = now + took * (1 - self.share) / self.share
