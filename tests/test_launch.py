@@ -258,9 +258,14 @@ def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path
     without = spec_for(demo_dir, {})
     assert without.option("--additional-config") is None
     assert without.option("--scheduler-cls") is None
-    alone = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})  # the share's default: 1
+    alone = spec_for(
+        demo_dir, {"kv_offload.host_extension_gib": 1.5, "kv_offload.spilled_step_share": 1.0}
+    )  # share 1: patch 0006 alone
     assert json.loads(flag(alone, "--additional-config")) == {"kv_host_extension_bytes": 3 << 29}
     assert alone.option("--scheduler-cls") is None
+    default = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})  # measured: 0.25
+    assert json.loads(flag(default, "--additional-config"))["kv_spilled_step_share"] == 0.25
+    assert default.option("--scheduler-cls") is not None
 
 
 def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) -> None:
@@ -278,13 +283,17 @@ def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) ->
     assert json.loads(flag(spec, "--additional-config")) == {
         "kv_host_extension_bytes": 8 << 20,
         "kv_staging_tokens": 2048,
+        "kv_spilled_step_share": 0.25,
     }
     assert spec.env[STAGED_PREFILL_ENV] == "1"
     for off in (
         spec_for(demo_dir, small, version="0.32.0"),
         spec_for(demo_dir, {**small, "kv_offload.staged_prefill": False}, version="0.33.0"),
     ):
-        assert json.loads(flag(off, "--additional-config")) == {"kv_host_extension_bytes": 8 << 20}
+        assert json.loads(flag(off, "--additional-config")) == {
+            "kv_host_extension_bytes": 8 << 20,
+            "kv_spilled_step_share": 0.25,
+        }
         assert STAGED_PREFILL_ENV not in off.env
 
 

@@ -79,7 +79,7 @@ def expected_offload(plan: Plan, cfg: dict[str, Any], tokens: int, requests: int
     block = plan.kv.block_tokens
     blocks = requests * math.ceil(kv_bytes(cfg, tokens, block) / per_block(cfg, block)) + 1
     working = 1 * GIB + cfg["hidden_size"] * 128 * 1024  # vLLM's working memory, as planned
-    working += GIB // 2 if cfg.get("num_experts") or cfg.get("n_routed_experts") else 0  # MoE
+    working += int(0.65 * GIB) if cfg.get("num_experts") or cfg.get("n_routed_experts") else 0
     need = plan.weights.bytes + working + blocks * per_block(cfg, block) - plan.gpu.budget_bytes
     return 0 if need <= 0 else math.ceil(need / GIB * 10) * GIB // 10
 

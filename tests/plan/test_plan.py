@@ -189,9 +189,13 @@ def test_the_host_extension_lengthens_one_request_and_says_what_it_costs(
         and "beside other requests, whose steps it joins in at most 25% of the time" in d
         for d in plan.notes.decisions
     )
-    # share 1 (the default until measured): it keeps all 896 GPU blocks, the others wait
+    # share 1: it keeps all 896 GPU blocks, the others wait
     alone = make_plan(
-        config_for(model, **extended, **{"model.max_model_len": 65536}),
+        config_for(
+            model,
+            **extended,
+            **{"model.max_model_len": 65536, "kv_offload.spilled_step_share": 1.0},
+        ),
         facts,
         make_host(24),
         "cuda",

@@ -50,7 +50,8 @@ def offload_costs(
     # The GPU part as aligned for the extension; below share 1 a spilled request keeps at
     # most half of it (fair_scheduler: later requests find GPU blocks); the rest it reads
     # every step.
-    gpu_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
+    whole_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
+    gpu_part = whole_part
     if extension and inputs.config.kv_offload.spilled_step_share < 1:
         gpu_part = int(shape.gpu_blocks * MAX_GPU_PART_OF_ONE_REQUEST) * layout.bytes_per_block
     max_len = lengths.max_model_len
@@ -71,6 +72,7 @@ def offload_costs(
                 extension=extension,
                 extension_tokens=shape.extension_blocks * layout.block_tokens,
                 spilled=spilled,
+                spilled_alone=min(spilled, max(0, request - whole_part)),
                 link=(speed, source),
             )
         )
@@ -96,11 +98,13 @@ def extension_decision(
     extension: int,
     extension_tokens: int,
     spilled: int,
+    spilled_alone: int,
     link: tuple[float, str],
 ) -> str:
     """What the host extension holds, and what a max_model_len request spilled into it
     decodes at, alone and beside others (kv_offload.spilled_step_share); ``link``: the
-    host-to-GPU speed and where it is from."""
+    host-to-GPU speed and where it is from; ``spilled_alone``: what it would put there
+    holding the whole GPU part (share 1: one user's speed, everyone else's wait)."""
     speed, source = link
     head = (
         f"host extension: {gib(extension)} per GPU = {extension_tokens:,} tokens of KV in host RAM "
@@ -115,5 +119,12 @@ def extension_decision(
         + f", which every decode step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({source}): "
         f"at most {ceiling:.1f} tokens/s for it alone, {ceiling * share:.1f} beside other "
         f"requests, whose steps it joins in at most {share:.0%} of the time "
-        "(kv_offload.spilled_step_share); its prefill reads it many times over"
+        "(kv_offload.spilled_step_share)"
+        + (
+            f"; at share 1 it would take the whole GPU part first: {gib(spilled_alone)} "
+            f"there, {speed / spilled_alone:.1f} tokens/s alone, but every request batched "
+            "with it waits for its host reads"
+            if share < 1 and spilled_alone and spilled_alone < spilled
+            else ""
+        )
     )

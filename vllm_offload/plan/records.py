@@ -101,7 +101,7 @@ class GpuPool:
     )  # vLLM's "KV cache size: N tokens"
 
 
-ChunkSource = Literal["vllm default", "host extension", "configured"]
+ChunkSource = Literal["vllm default", "host extension", "kept: larger costs pool", "configured"]
 
 
 @dataclass(frozen=True, kw_only=True)

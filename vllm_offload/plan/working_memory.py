@@ -22,13 +22,14 @@ GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
 GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
 DENSE_MEASURED_CHUNK_TOKENS = 8192
 # A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
-# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), H100,
-# vLLM 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: vLLM measured a
-# 4.22 GiB pool where the plan at that budget said 4.70: its weights (15.65 GiB) and the
-# working memory of the two constants above (1.25 GiB) came 0.48 GiB short of what vLLM
-# kept (benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log). All three together are
-# that model's working memory at 2,048 tokens.
-GPU_OVERHEAD_MOE_BYTES = int(0.5 * GIB)
+# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), vLLM
+# 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: on an H100 vLLM kept a
+# 4.22 GiB pool where the two constants above alone gave 4.70 (0.48 GiB short,
+# benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log); on an H200 at the same budget,
+# 4.09 GiB (fork-case-h200-vllm-0.33.0/fp8-bf16-model/fp8.log), 0.61 GiB short. The larger
+# of the two, rounded up: all three together are that model's working memory at 2,048
+# tokens, so that the pool the plan prints is one vLLM gives on both.
+GPU_OVERHEAD_MOE_BYTES = int(0.65 * GIB)
 MOE_MEASURED_CHUNK_TOKENS = 2048
 # With a host extension and staged prefill, each prefill chunk copies the host part of a
 # spilled request's context once per layer, so the bytes over PCIe fall as 1/chunk. The
@@ -99,9 +100,17 @@ def prefill_chunk(
     tokens = default
     if asked != "auto":
         source, tokens = "configured", asked
-    elif staged and default < STAGED_PREFILL_CHUNK_TOKENS:
-        source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
     tp = config.parallel.tensor_parallel_size
+    if asked == "auto" and staged and default < STAGED_PREFILL_CHUNK_TOKENS:
+        # Only where the working memory already counts its activations: one that takes
+        # them from the pool puts more of a long request in host RAM, which every decode
+        # step reads (measured on the fork's MoE: 8,192 cut its first token by 8 % and
+        # its decode by 21 %, fork-case-h200-vllm-0.33.0).
+        larger = activation_bytes(model, dtype_b, STAGED_PREFILL_CHUNK_TOKENS, tp)
+        if larger <= activation_bytes(model, dtype_b, measured_chunk(model), tp):
+            source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
+        else:
+            source = "kept: larger costs pool"
     activations = activation_bytes(model, dtype_b, tokens, tp)
     added = activations - activation_bytes(model, dtype_b, measured_chunk(model), tp)
     return PrefillChunk(
@@ -116,6 +125,17 @@ def prefill_chunk(
 
 def chunk_notes(chunk: PrefillChunk) -> Notes:
     """Why 'auto' left vLLM's default (a host extension's staged prefill)."""
+    if chunk.source == "kept: larger costs pool":
+        return Notes(
+            decisions=(
+                f"gpu.prefill_chunk_tokens auto stays at vLLM's {chunk.tokens:,} beside the "
+                f"host extension: {STAGED_PREFILL_CHUNK_TOKENS:,} tokens' activations (this "
+                "model's expert workspaces) would come out of the GPU pool and put more of "
+                "a long request in host RAM, read every decode step; on the fork's "
+                "Qwen3-Coder-30B-A3B (H200, vLLM 0.33.0) 8,192 cut the first token by 8 % "
+                "and decode by 21 %. Set it to trade one for the other",
+            )
+        )
     if chunk.source != "host extension":
         return Notes()
     return Notes(
