@@ -122,7 +122,26 @@ def choose_layout(inputs: PlanInputs) -> tuple[KvLayout, Notes]:
             inputs, layout_for(inputs, backend, reason, block, "auto")
         )
         notes += Notes(decisions=(f"model.kv_cache_dtype fit -> {cache_dtype}: {why}",))
+    notes += fp8_beside_float16(inputs, cache_dtype)
     return layout_for(inputs, backend, reason, block, cache_dtype), notes
+
+
+def fp8_beside_float16(inputs: PlanInputs, cache_dtype: str) -> Notes:
+    """vLLM 0.33.0 on a Hopper GPU (H100/H200) serves an fp8 KV cache with FlashAttention 3,
+    which refuses float16 activations: the engine fails at its first profile step
+    ("For FP8 input, output must have dtype BF16"; the fork's AWQ model, float16 in its
+    config.json, fork-case-h200-vllm-0.33.0/chunk-2048/fp8.log). It served in bfloat16."""
+    dtype = inputs.config.model.dtype
+    float16 = dtype == "float16" or (dtype == "auto" and inputs.model.torch_dtype == "float16")
+    if inputs.platform != "cuda" or not cache_dtype.startswith("fp8") or not float16:
+        return Notes()
+    return Notes(
+        warnings=(
+            "fp8 KV with a float16 model: on a Hopper GPU (H100, H200) vLLM 0.33.0's "
+            'FlashAttention 3 refuses it at start-up; set model.dtype = "bfloat16" there '
+            "(the same bytes: the plan does not change)",
+        )
+    )
 
 
 def fit_kv_cache_dtype(
