@@ -16,14 +16,13 @@ from vllm_offload import real_model
 from vllm_offload.config.cluster import ClusterSection
 from vllm_offload.config.flags import refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
+from vllm_offload.config.offload_sections import KvOffloadSection, WeightsOffloadSection
 from vllm_offload.config.sections import (
     GpuSection,
-    KvOffloadSection,
     ManagerSection,
     ModelSection,
     ParallelSection,
     ServerSection,
-    WeightsOffloadSection,
     _Section,
 )
 from vllm_offload.errors import FieldError
