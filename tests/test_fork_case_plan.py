@@ -102,12 +102,59 @@ def test_the_script_plans_and_serves_its_chunk(capsys: pytest.CaptureFixture[str
 def test_fp8_beside_a_float16_model_warns_of_hopper(capsys: pytest.CaptureFixture[str]) -> None:
     """The fork's AWQ model is float16 in its config.json: with fp8 KV vLLM 0.33.0 failed
     to start on the H200 (FlashAttention 3: 'For FP8 input, output must have dtype BF16')
-    and served with model.dtype bfloat16. The plan says so; bfloat16 or bf16 KV: no word."""
+    and served with model.dtype bfloat16. A declared card (its kind unknown): the plan
+    warns; bfloat16 or bf16 KV: no word."""
     log = ROOT / "benchmarks/results/fork-case-h200-vllm-0.33.0/chunk-2048/fp8.log.xz"
     assert "output must have dtype BF16" in lzma.decompress(log.read_bytes()).decode()
     fit = ["--model-kv-cache-dtype", "fit"]
     assert main([*CARD, *LONG, *fit]) == 0
-    assert "fp8 KV with a float16 model: on a Hopper GPU" in capsys.readouterr().out
+    assert "fp8 KV with a float16 model: vLLM 0.33.0's FlashAttention 3" in capsys.readouterr().out
     for flags in ([*fit, "--model-dtype", "bfloat16"], ["--kv-offload-host-extension-gib", "2"]):
         assert main([*CARD, *LONG, *flags]) == 0
         assert "float16 model" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 4090"]
+)
+def test_on_a_named_hopper_gpu_fp8_beside_float16_is_not_planned(name: str) -> None:
+    """On an H100/H200 'fit' keeps the model's dtype (and says how to allow fp8) and an
+    explicit fp8 is refused naming model.dtype; on another card fit may choose fp8."""
+    from dataclasses import replace
+
+    from tests.conftest import make_host
+    from vllm_offload import model_facts
+    from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.plan import PlanError, make_plan
+
+    host = make_host(24, ram_gib=64)
+    host = replace(host, gpus=(replace(host.gpus[0], name=name),), gpu_source="nvml")
+    facts = model_facts.read(MODEL)
+    hopper = "H100" in name or "H200" in name
+
+    def plan(**overrides: object) -> object:
+        config = with_overrides(
+            DeploymentConfig(),
+            {"model.path": str(MODEL), "model.max_model_len": 40000, **overrides},
+        )
+        return make_plan(config, facts, host, "cuda")
+
+    fitted = (
+        plan(**{"model.kv_cache_dtype": "fit", "model.max_model_len": 52000})
+        if not hopper
+        else None
+    )
+    if hopper:
+        with pytest.raises(PlanError) as refused:  # kept at bf16: 52,000 tokens do not fit
+            plan(**{"model.kv_cache_dtype": "fit", "model.max_model_len": 52000})
+        assert refused.value.field == "model.max_model_len"
+        kept = plan(**{"model.kv_cache_dtype": "fit"})
+        assert kept.kv.cache_dtype == "auto"  # type: ignore[attr-defined]
+        (problem,) = plan(**{"model.kv_cache_dtype": "fp8"}).notes.problems  # type: ignore[attr-defined]
+        assert problem["field"] == "model.kv_cache_dtype"
+        assert 'set model.dtype = "bfloat16"' in problem["message"]
+        allowed = plan(**{"model.kv_cache_dtype": "fp8", "model.dtype": "bfloat16"})
+        assert allowed.kv.cache_dtype == "fp8"  # type: ignore[attr-defined]
+    else:
+        assert fitted.kv.cache_dtype == "fp8"  # type: ignore[attr-defined]
+        assert not any("float16" in w for w in fitted.notes.warnings)  # type: ignore[attr-defined]

@@ -508,6 +508,19 @@ def test_the_planned_prefill_chunk_reaches_vllm_as_one_token(tmp_path: Path) -> 
     assert not [a for a in args_for({}) if "batched" in a]  # vLLM's default: vLLM's
     unstaged = args_for({"kv_offload.host_extension_gib": 2.0, "kv_offload.staged_prefill": False})
     assert not [a for a in unstaged if "batched" in a]
+    # a MoE's larger chunk would come out of its pool: the plan keeps vLLM's, and so vLLM does
+    fork = Path(__file__).parents[1] / "benchmarks/models/qwen3-coder-30b-a3b-awq"
+    config = with_overrides(
+        DeploymentConfig(),
+        {
+            "model.path": str(fork),
+            "model.max_model_len": 52000,
+            "kv_offload.host_extension_gib": 2.0,
+        },
+    )
+    plan = make_plan(config, model_facts.read(fork), make_host(24), "cuda")
+    assert plan.prefill.source == "kept: larger costs pool"
+    assert not [a for a in launch.build(config, plan, fork, "0.33.0").args if "batched" in a]
 
 
 def test_a_passed_through_chunk_is_refused_naming_the_key() -> None:

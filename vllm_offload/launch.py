@@ -244,7 +244,7 @@ def build(
     if plan.platform == "cuda":
         options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
     # vLLM's default chunk, and the adjustments vLLM makes to it, stay vLLM's
-    if plan.prefill.source != "vllm default":
+    if plan.prefill.source in ("configured", "host extension"):
         options.add("--max-num-batched-tokens", plan.prefill.tokens)
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
         options.add("--kv-cache-memory-bytes", plan.gpu.kv_pool_bytes)

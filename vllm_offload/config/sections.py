@@ -176,7 +176,9 @@ class GpuSection(_Section):
         "about (3 x intermediate_size + 4 x hidden_size) x 2 bytes a token (an 8B model: "
         "~0.9 GiB at 8,192), which the planner takes from the GPU KV pool. 'auto': vLLM's "
         "own default (2,048; 8,192 on cards of 70 GiB or more but the A100; 16,384 from "
-        "160 GiB), but at least 8,192 with a host extension and kv_offload.staged_prefill.",
+        "160 GiB), but 8,192 with a host extension and kv_offload.staged_prefill where the "
+        "plan already counts its activations (dense models); otherwise vLLM's, and plan "
+        "says why (a mixture of experts would pay for it from the pool).",
     )
 
     @model_validator(mode="after")

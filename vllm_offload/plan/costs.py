@@ -117,7 +117,7 @@ def extension_decision(
         f"a {max_len:,}-token request puts {gib(spilled)} there"
         + (" (host blocks first once it holds half the GPU pool)" if share < 1 else "")
         + f", which every decode step reads over PCIe at ~{speed / 1e9:.1f} GB/s ({source}): "
-        f"at most {ceiling:.1f} tokens/s for it alone, {ceiling * share:.1f} beside other "
+        f"at most {ceiling:.1f} tokens/s for it alone, about {ceiling * share:.1f} beside other "
         f"requests, whose steps it joins in at most {share:.0%} of the time "
         "(kv_offload.spilled_step_share)"
         + (

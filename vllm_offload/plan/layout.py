@@ -4,6 +4,7 @@ dtype would need more weights offloaded to hold the target)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Literal
 
@@ -117,31 +118,56 @@ def choose_layout(inputs: PlanInputs) -> tuple[KvLayout, Notes]:
     block, step = choose_block(config, inputs.model, backend, platform)
     notes += step
     cache_dtype = config.model.kv_cache_dtype
+    refused = fp8_refused(inputs)
     if cache_dtype == "fit":
         cache_dtype, why = fit_kv_cache_dtype(
             inputs, layout_for(inputs, backend, reason, block, "auto")
         )
+        if cache_dtype == "fp8" and refused == "refused":
+            cache_dtype = "auto"
+            why += (
+                f", but {FP8_FLOAT16_HOPPER}: kept at the model's dtype "
+                '(model.dtype = "bfloat16" lets fit choose fp8)'
+            )
         notes += Notes(decisions=(f"model.kv_cache_dtype fit -> {cache_dtype}: {why}",))
-    notes += fp8_beside_float16(inputs, cache_dtype)
+    if cache_dtype.startswith("fp8") and refused == "refused":
+        notes += Notes.problem(
+            "model.kv_cache_dtype",
+            f'{FP8_FLOAT16_HOPPER}; set model.dtype = "bfloat16" (the same bytes per value)',
+        )
+    elif cache_dtype.startswith("fp8") and refused == "unknown":
+        notes += Notes(
+            warnings=(
+                f"fp8 KV with a float16 model: {FP8_FLOAT16_HOPPER}; on one, set "
+                'model.dtype = "bfloat16"',
+            )
+        )
     return layout_for(inputs, backend, reason, block, cache_dtype), notes
 
 
-def fp8_beside_float16(inputs: PlanInputs, cache_dtype: str) -> Notes:
-    """vLLM 0.33.0 on a Hopper GPU (H100/H200) serves an fp8 KV cache with FlashAttention 3,
-    which refuses float16 activations: the engine fails at its first profile step
-    ("For FP8 input, output must have dtype BF16"; the fork's AWQ model, float16 in its
-    config.json, fork-case-h200-vllm-0.33.0/chunk-2048/fp8.log). It served in bfloat16."""
+# vLLM 0.33.0 serves an fp8 KV cache on a Hopper GPU with FlashAttention 3, which refuses
+# float16 activations at the engine's first profile step ("For FP8 input, output must have
+# dtype BF16"; the fork's AWQ model, float16 in its config.json, on an H200:
+# benchmarks/results/fork-case-h200-vllm-0.33.0/chunk-2048/fp8.log.xz). It served in bfloat16.
+FP8_FLOAT16_HOPPER = (
+    "vLLM 0.33.0's FlashAttention 3 on a Hopper GPU (H100, H200) refuses fp8 KV beside "
+    "float16 activations"
+)
+HOPPER = re.compile(r"\b(GH200|H100|H200|H800|H20)\b")
+
+
+def fp8_refused(inputs: PlanInputs) -> Literal["no", "refused", "unknown"]:
+    """Whether fp8 KV would fail to start for this model on this GPU: 'refused' on a
+    Hopper GPU with float16 activations, 'unknown' where the GPU is not named (a declared
+    one), 'no' otherwise."""
     dtype = inputs.config.model.dtype
     float16 = dtype == "float16" or (dtype == "auto" and inputs.model.torch_dtype == "float16")
-    if inputs.platform != "cuda" or not cache_dtype.startswith("fp8") or not float16:
-        return Notes()
-    return Notes(
-        warnings=(
-            "fp8 KV with a float16 model: on a Hopper GPU (H100, H200) vLLM 0.33.0's "
-            'FlashAttention 3 refuses it at start-up; set model.dtype = "bfloat16" there '
-            "(the same bytes: the plan does not change)",
-        )
-    )
+    if inputs.platform != "cuda" or not float16:
+        return "no"
+    gpus = inputs.host.gpus
+    if not gpus or inputs.host.gpu_source == "declared":
+        return "unknown"
+    return "refused" if HOPPER.search(gpus[0].name.upper()) else "no"
 
 
 def fit_kv_cache_dtype(

@@ -26,7 +26,7 @@ DENSE_MEASURED_CHUNK_TOKENS = 8192
 # 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: on an H100 vLLM kept a
 # 4.22 GiB pool where the two constants above alone gave 4.70 (0.48 GiB short,
 # benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log); on an H200 at the same budget,
-# 4.09 GiB (fork-case-h200-vllm-0.33.0/fp8-bf16-model/fp8.log), 0.61 GiB short. The larger
+# 4.09 GiB (fork-case-h200-vllm-0.33.0/fp8-bf16-model/fp8.log.xz), 0.61 GiB short. The larger
 # of the two, rounded up: all three together are that model's working memory at 2,048
 # tokens, so that the pool the plan prints is one vLLM gives on both.
 GPU_OVERHEAD_MOE_BYTES = int(0.65 * GIB)
