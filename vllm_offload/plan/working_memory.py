@@ -100,17 +100,17 @@ def prefill_chunk(
     tokens = default
     if asked != "auto":
         source, tokens = "configured", asked
-    tp = config.parallel.tensor_parallel_size
     if asked == "auto" and staged and default < STAGED_PREFILL_CHUNK_TOKENS:
-        # Only where the working memory already counts its activations: one that takes
-        # them from the pool puts more of a long request in host RAM, which every decode
-        # step reads (measured on the fork's MoE: 8,192 cut its first token by 8 % and
-        # its decode by 21 %, fork-case-h200-vllm-0.33.0).
-        larger = activation_bytes(model, dtype_b, STAGED_PREFILL_CHUNK_TOKENS, tp)
-        if larger <= activation_bytes(model, dtype_b, measured_chunk(model), tp):
+        # Only where the working memory was measured at a chunk this large (its
+        # activations already counted): one that takes them from the pool puts more of a
+        # long request in host RAM, which every decode step reads (measured on the fork's
+        # MoE: 8,192 cut its first token by 8 % and its decode by 21 %,
+        # fork-case-h200-vllm-0.33.0).
+        if measured_chunk(model) >= STAGED_PREFILL_CHUNK_TOKENS:
             source, tokens = "host extension", STAGED_PREFILL_CHUNK_TOKENS
         else:
             source = "kept: larger costs pool"
+    tp = config.parallel.tensor_parallel_size
     activations = activation_bytes(model, dtype_b, tokens, tp)
     added = activations - activation_bytes(model, dtype_b, measured_chunk(model), tp)
     return PrefillChunk(
