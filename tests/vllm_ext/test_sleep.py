@@ -105,3 +105,37 @@ def test_a_level_2_sleep_keeps_only_graphs_and_runtime(allocator: StandInAllocat
     backend.resume(None)
     assert read(runtime, 100) == b"R" * 100
     assert read(weights, 5000) == b"\xee" * 5000  # vLLM reloads weights after level 2
+
+
+def test_weights_are_copied_out_once_while_they_stay_the_same(
+    allocator: StandInAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_offload.vllm_ext import sleep
+
+    weights = allocator.allocate("weights", b"W" * 5000)
+    graphs = allocator.allocate("cudagraph", b"G" * 3000)
+    copied_out: list[int] = []
+
+    def memcpy(dst: int, src: int, n: int) -> None:
+        if src in allocator.pointer_to_data:
+            copied_out.append(src)
+        ctypes.memmove(dst, src, n)
+
+    monkeypatch.setattr(sleep, "libcudart", SimpleNamespace(cudaMemcpy=memcpy))
+    backend = sleep.ArenaBackend()
+    backend.suspend(level=1)
+    assert copied_out == [weights, graphs]
+    backend.resume(None)
+    ctypes.memmove(graphs, b"g" * 3000, 3000)  # the graph pools change while serving
+    backend.suspend(level=1)  # the weights' copy is still the weights: not copied again
+    assert copied_out == [weights, graphs, graphs]
+    backend.resume(None)
+    assert read(weights, 5000) == b"W" * 5000 and read(graphs, 3000) == b"g" * 3000
+    backend.suspend(level=2)  # weights read again at the wake: their copy is no longer kept
+    backend.resume(None)
+    ctypes.memmove(weights, b"V" * 5000, 5000)  # as vLLM loads them again
+    copied_out.clear()
+    backend.suspend(level=1)
+    assert copied_out == [weights, graphs]
+    backend.resume(None)
+    assert read(weights, 5000) == b"V" * 5000

@@ -7,7 +7,11 @@ wake: an 8B model's engine grew 17.6 GiB for 15.6 GiB of weights (H200, issue #3
 held it. This backend copies the same allocations into one exact-size buffer of pageable
 memory registered with the GPU (made at the first sleep, kept for the next ones, which
 then cost only the copies), and lets vLLM's allocator release them without a backup of
-its own; at the wake it copies them back into the memory the allocator maps again.
+its own; at the wake it copies them back into the memory the allocator maps again. The
+weights are copied out once: they do not change while the engine serves (the front door
+sends engines no route that reloads them), so a later level-1 sleep of the same
+allocations finds their copy still valid and releases them at once; a level-2 sleep
+(weights read again at the wake) or other allocations copy them again.
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
 "cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
@@ -69,26 +73,39 @@ class ArenaBackend(CuMemBackend):
         super().__init__(*args, **kwargs)
         self._arena: HostArena | None = None
         self._saved: list[Saved] = []
+        # The weights as the arena holds them since the last level-1 sleep: weights do not
+        # change while an engine serves, so the next level-1 sleep skips their copy (the
+        # bulk of a put-away) where the same allocations are asleep again.
+        self._weights_kept: list[Saved] = []
 
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
-        tags = BACKED_UP_AT_EVERY_LEVEL + (("weights",) if level == 1 else ())
-        kept = [
-            (ptr, data.handle[1])
+        awake = [
+            (ptr, data.handle[1], data.tag)
             for ptr, data in allocator.pointer_to_data.items()
-            if not data.is_asleep and data.tag in tags
+            if not data.is_asleep
         ]
-        total = sum(size for _ptr, size in kept)
+        weights = (
+            [(ptr, size) for ptr, size, tag in awake if tag == "weights"] if level == 1 else []
+        )
+        others = [(ptr, size) for ptr, size, tag in awake if tag in BACKED_UP_AT_EVERY_LEVEL]
+        kept_weights = [(s.ptr, s.size) for s in self._weights_kept]
+        copy_weights = bool(weights) and weights != kept_weights
+        total = sum(size for _ptr, size in weights + others)
         if self._arena is None or self._arena.size < total:
             if self._arena is not None:
                 self._arena.close()
             self._arena = HostArena(total)
+            copy_weights = bool(weights)
             logger.info("vllm-offload sleep arena: %.2f GiB registered", total / (1 << 30))
+        arena = self._arena
         self._saved, offset = [], 0
-        for ptr, size in kept:
-            libcudart.cudaMemcpy(self._arena.ptr + offset, ptr, size)
+        for index, (ptr, size) in enumerate(weights + others):  # weights first: offsets kept
+            if copy_weights or index >= len(weights):
+                libcudart.cudaMemcpy(arena.ptr + offset, ptr, size)
             self._saved.append(Saved(ptr, offset, size))
             offset += size
+        self._weights_kept = self._saved[: len(weights)]  # none after a level-2 sleep
         self._state = "SUSPENDED"
         allocator.sleep(offload_tags=())  # all released: the arena holds what is kept
 
