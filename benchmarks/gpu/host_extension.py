@@ -86,15 +86,20 @@ def write_model(
 
 
 def stream(
-    http: httpx.Client, prompt: list[int], max_tokens: int, model: str = "m"
+    http: httpx.Client,
+    prompt: list[int],
+    max_tokens: int,
+    model: str = "m",
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Greedy, exactly max_tokens, 5 logprobs a token; TTFT and each token's arrival."""
+    """Greedy, exactly max_tokens, 5 logprobs a token; TTFT and each token's arrival.
+    ``extra``: more fields of the body."""
     began = time.perf_counter()
     times: list[float] = []
     tokens: list[str] = []
     logprobs: list[float] = []
     top: list[dict[str, float]] = []
-    body = fixed_length_body(prompt, max_tokens, model) | {"logprobs": 5}
+    body = fixed_length_body(prompt, max_tokens, model) | {"logprobs": 5} | (extra or {})
     with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():

@@ -11,6 +11,14 @@ not loaded). Writes $OUT-style JSON:
                one put away, the other brought in, the prefill), and the front door's own
                put-away / bring-in times
   rss          each engine's process tree (psutil RSS) at each point, and its weight bytes
+  same         the same greedy request (64 token ids, 32 tokens, 5 logprobs a token) asked
+               of each model at its first turn and again after each later switch brings it
+               in: tokens and logprobs against that first answer (weights restored from
+               the sleep's copy, or read again at level 2); a control (the prompt with one
+               token changed) shows the comparison is sensitive. Random weights make it
+               mean something (dummy weights repeat one token); the arms' first answers
+               compare across arms (level 2 reads the weights from the checkpoint)
+  plan         `vllm-offload plan` for the config, beside the engines' RSS
   tier         a 4,000-token document read by 'a', then 'a' switched out and back: its
                TTFT again (a CPU-tier hit if the tier survived) against a new document's,
                and the CPU-tier hit tokens vLLM counted
@@ -37,6 +45,7 @@ from typing import Any
 
 import httpx
 import psutil
+from host_extension import compare, stream  # the same greedy request and comparison
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
@@ -153,21 +162,37 @@ def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
     }
 
 
-async def switches(front: httpx.AsyncClient, run_dir: Path, count: int) -> list[dict[str, Any]]:
+SAME_PROMPT = 64  # token ids of the sameness request (seed 4242)
+SAME_TOKENS = 32
+
+
+def same_answer(port: int, model: str, prompt: list[int]) -> dict[str, Any]:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:
+        # logprobs from an engine with no tokenizer (--skip-tokenizer-init)
+        return stream(http, prompt, SAME_TOKENS, model, {"return_tokens_as_token_ids": True})
+
+
+async def switches(
+    front: httpx.AsyncClient, port: int, run_dir: Path, count: int, same: dict[str, Any]
+) -> list[dict[str, Any]]:
     out = []
     for k in range(count):
         model = "b" if k % 2 == 0 else "a"
         before = len(control(run_dir)["events"])
         ttft, _ = await first_token(front, model, tokens(64, 1000 + k))
         events = control(run_dir)["events"][before:]
+        answer = same_answer(port, model, same["prompt"])
+        reference = same["first"].setdefault(model, answer)
         out.append(
             {
                 "to": model,
                 "first_token_s": round(ttft, 4),
                 "steps": [(e["text"], e["seconds"]) for e in events],
+                "same": compare(answer, reference) | {"tokens": answer["tokens"][:8]},
             }
         )
         print(f"switch to {model}: {ttft * 1000:.0f} ms {out[-1]['steps']}", flush=True)
+        print(f"  same as its first answer: {out[-1]['same']}", flush=True)
     return out
 
 
@@ -247,7 +272,17 @@ async def measure(
     front = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600)
     result["rss"] = [rss_now(run_dir, "after start")]
     await first_token(front, "a", tokens(64, 1))
-    result["switches"] = await switches(front, run_dir, args.switches)
+    prompt = tokens(SAME_PROMPT, 4242)
+    first = same_answer(port, "a", prompt)
+    changed = [*prompt[:32], prompt[32] + 1, *prompt[33:]]
+    result["same"] = same = {
+        "prompt": prompt,
+        "first": {"a": first},
+        "control": compare(same_answer(port, "a", changed), first),
+    }
+    print(f"control (one prompt token changed): {same['control']}", flush=True)
+    result["switches"] = await switches(front, port, run_dir, args.switches, same)
+    same["a_vs_b"] = compare(same["first"]["a"], same["first"]["b"])
     result["rss"].append(rss_now(run_dir, f"after {args.switches} switches"))
     if args.idle == "sleep":
         result["tier"] = await tier_survives(front)
@@ -295,6 +330,14 @@ def main() -> int:
         env["VLLM_PLUGINS"] = "none"  # vLLM's own sleep backend
     log = args.out.with_suffix(".log")
     result: dict[str, Any] = {"arm": name, "config": config.read_text()}
+    planned = subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "plan", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    result["plan"] = planned.stdout + planned.stderr
     began = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(
