@@ -13,10 +13,13 @@ through `vllm-offload serve` (Llama-3-8B shape, dummy weights, a GPU pool of
 
 Arms: layerwise (kv_offload.layerwise_loads = true, the default) and async (false: vLLM's
 own way). A load that did not wait for its layer would read blocks not yet copied and
-change the tokens. With --cuda-graphs (no --enforce-eager), --tail-tokens 1 and
---decoy-tokens N, each CPU hit has one token to compute while another request decodes:
-vLLM runs such a step as a full CUDA graph, where no layer waits for its own copy. Writes
-OUT/layerwise_check.json and each server's log.
+change the tokens. Dummy weights barely depend on the context (they repeat one token):
+--checkpoint DIR serves random weights instead (random_checkpoint.py, std 0.02), each
+answer's logprobs are compared too, and a control (the document with one token changed,
+computed) shows how far a wrong document moves them. With --cuda-graphs (no
+--enforce-eager), --tail-tokens 1 and --decoy-tokens N, each CPU hit has one token to
+compute while another request decodes: vLLM runs such a step as a full CUDA graph, where
+no layer waits for its own copy. Writes OUT/layerwise_check.json and each server's log.
 
     benchmarks/gpu/layerwise_check.py --out DIR [--cuda-graphs --tail-tokens 1 --decoy-tokens 400]
 """
@@ -40,10 +43,13 @@ DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B, bf16
 
 
-def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[int]:
-    """The output's token ids. Dummy weights barely depend on the context, so equal tokens
-    alone could hide KV that was never loaded (vLLM refuses logprobs without a tokenizer):
-    the loaded bytes are checked too."""
+Answer = dict[str, list[Any]]
+
+
+def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> Answer:
+    """The output's token ids and their logprobs (as token ids: no tokenizer). Dummy
+    weights barely depend on the context, so equal tokens alone could hide KV that was
+    never loaded: the loaded bytes are checked too."""
     response = http.post(
         "/v1/completions",
         json={
@@ -54,10 +60,17 @@ def complete(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[int
             "ignore_eos": True,
             "temperature": 0.0,
             "return_token_ids": True,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
         },
     )
     response.raise_for_status()
-    return list(response.json()["choices"][0]["token_ids"])
+    choice = response.json()["choices"][0]
+    return {"ids": list(choice["token_ids"]), "logprobs": choice["logprobs"]["token_logprobs"]}
+
+
+def logprob_diff(a: Answer, b: Answer) -> float:
+    return max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=True))
 
 
 def loaded_bytes(http: httpx.Client) -> float:
@@ -73,6 +86,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default=MODEL, help="a model folder (config.json suffices)")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="a random checkpoint's folder: served instead of dummy"
+    )
     parser.add_argument("--pool-tokens", type=int, default=32768)
     parser.add_argument("--doc-tokens", type=int, default=8000)
     parser.add_argument("--fillers", type=int, default=5)
@@ -100,6 +116,10 @@ def main() -> None:
     )
     decoy = tokens(64)
     dummy = [a for a in DUMMY if not (args.cuda_graphs and a == "--enforce-eager")]
+    if args.checkpoint:
+        args.model = str(args.checkpoint)
+        dummy = [a for a in dummy if a not in ("--load-format", "dummy")]
+    changed = [*doc[:100], doc[100] + 1, *doc[101:]]  # the control's document
     fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
@@ -121,7 +141,7 @@ def main() -> None:
                 for filler in fillers:
                     complete(http, filler, 1)
 
-            def beside_a_decode(prompt: list[int], http: httpx.Client = http) -> list[int]:
+            def beside_a_decode(prompt: list[int], http: httpx.Client = http) -> Answer:
                 if not args.decoy_tokens:
                     return complete(http, prompt, args.output_tokens)
                 other = httpx.Client(base_url=http.base_url, timeout=600)
@@ -132,7 +152,7 @@ def main() -> None:
                 decoding.join()
                 return answer
 
-            steps: dict[str, list[int]] = {}
+            steps: dict[str, Answer] = {}
             loads: dict[str, float] = {}
             steps["cold_a"] = complete(http, doc + tail_a, args.output_tokens)
             steps["gpu_hit_a"] = complete(http, doc + tail_a, args.output_tokens)
@@ -145,11 +165,19 @@ def main() -> None:
             steps["cpu_hit_b"] = beside_a_decode(doc + tail_b)
             loads["cpu_hit_b"] = loaded_bytes(http) - before
             steps["gpu_hit_b"] = complete(http, doc + tail_b, args.output_tokens)
+            steps["control"] = complete(http, changed + tail_a, args.output_tokens)
             arm["tokens"] = steps
             arm["loaded_bytes"] = loads
             arm["cpu_hit_a_equals_gpu_hit"] = steps["cpu_hit_a"] == steps["gpu_hit_a"]
             arm["cpu_hit_b_equals_gpu_hit"] = steps["cpu_hit_b"] == steps["gpu_hit_b"]
             arm["cold_equals_gpu_hit"] = steps["cold_a"] == steps["gpu_hit_a"]
+            arm["max_logprob_diff"] = {
+                "cpu_hit_a_vs_gpu_hit": logprob_diff(steps["cpu_hit_a"], steps["gpu_hit_a"]),
+                "cpu_hit_b_vs_gpu_hit": logprob_diff(steps["cpu_hit_b"], steps["gpu_hit_b"]),
+                "cold_vs_gpu_hit": logprob_diff(steps["cold_a"], steps["gpu_hit_a"]),
+                "control_vs_gpu_hit": logprob_diff(steps["control"], steps["gpu_hit_a"]),
+            }
+            arm["control_same_tokens"] = steps["control"]["ids"] == steps["gpu_hit_a"]["ids"]
             # the tier holds the document's whole 256-token chunks
             expected = args.doc_tokens // 256 * 256 * KV_BYTES_PER_TOKEN
             arm["loaded_whole_document"] = all(b == expected for b in loads.values())
