@@ -85,24 +85,27 @@ def checkpoint(args: argparse.Namespace) -> tuple[Path, float | None]:
     return folder, spent
 
 
-def gpu_mib(server: ServerProcess) -> float | None:
-    """GPU memory (MiB) the server's processes hold, as nvidia-smi counts it."""
+def smi(query: str) -> str:
+    """nvidia-smi's CSV answer to ``query`` (no header, no units); '' where it fails."""
+    argv = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def gpu_mib(server: ServerProcess) -> dict[str, Any]:
+    """GPU memory (MiB) the server's processes hold, as nvidia-smi counts it, and every
+    process nvidia-smi lists (in a container it may list host PIDs: then mib is None)."""
     import psutil
 
     assert server.proc is not None
     root = psutil.Process(server.proc.pid)
     pids = {root.pid, *(p.pid for p in root.children(recursive=True))}
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    out = smi("--query-compute-apps=pid,used_memory")
     rows = [line.split(",") for line in out.strip().splitlines() if "," in line]
-    return sum(float(mib) for pid, mib in rows if int(pid) in pids)
+    ours = [float(mib) for pid, mib in rows if int(pid) in pids]
+    return {"mib": sum(ours) if ours else None, "apps": out.splitlines()}
 
 
 def plan(ours: list[str]) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def run_group(
             arms[name] |= servers[name].log_facts() | {
                 "kv_cache_gib_logged": float(pool.group(1)) if pool else None,
                 "weights_gib_logged": float(weights.group(1)) if weights else None,
-                "gpu_mib": None if args.cpu else gpu_mib(servers[name]),
+                "gpu_memory": None if args.cpu else gpu_mib(servers[name]),
             }
         interleave(args, servers, live, arms)
     finally:
@@ -269,8 +272,9 @@ def summarize(result: dict[str, Any]) -> None:
 
         pool = (arm.get("plan") or {}).get("gpu_kv_pool_bytes")
         kv = f"{arm.get('kv_cache_gib_logged')}/{pool / GIB:.2f}" if pool else "-"
+        mib = (arm.get("gpu_memory") or {}).get("mib")
         print(
-            f"{name:8} {arm.get('gpu_mib')!s:>9} {arm.get('weights_gib_logged')!s:>11} {kv:>16} "
+            f"{name:8} {mib!s:>9} {arm.get('weights_gib_logged')!s:>11} {kv:>16} "
             f"{ms('text_ttft_s'):>20} {ms('text_tpot_s'):>18} {ms('image_ttft_s'):>20}"
         )
     print(
@@ -325,11 +329,7 @@ def main() -> None:
     if not args.cpu:
         link = subprocess.run([sys.executable, "-c", LINK], capture_output=True, text=True)
         result["h2d_gbps"] = float(link.stdout) if link.returncode == 0 else None
-        result["gpu"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        result["gpu"] = smi("--query-gpu=name,memory.total,driver_version")
     names = args.arms.split(",")
     for group in [[n] for n in names] if args.sequential else [names]:
         run_group(args, folder, group, result["tower_bytes"], result["arms"])
