@@ -6,6 +6,7 @@ safetensors headers written as its checkpoints name their tensors."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,29 @@ def test_a_checkpoint_whose_layers_are_not_recognised_refuses_no_pattern(tmp_pat
     )
     plan = make_plan(config, facts, make_host(24, ram_gib=64), "cuda")
     assert plan.notes.problems == ()
+
+
+def test_the_random_vlm_checkpoint_has_the_components_the_plan_counts() -> None:
+    """benchmarks/gpu/random_checkpoint.py's Qwen2.5-VL-7B tensors (the GPU measurement's
+    checkpoint, issue #46), read as a checkpoint's headers are: the same components, the
+    towers with the bytes config.json alone gives them (the language model's estimate
+    leaves out its norms and q/k/v biases: 0.3 M of 7.6 B), and 'visual' takes every tower
+    tensor."""
+    from tests.scripts import load_script
+    from vllm_offload.model_parts import from_tensors, matching
+
+    script = load_script(Path(__file__).parents[1] / "benchmarks/gpu/random_checkpoint.py")
+    config = json.loads((QWEN25_VL_7B / "config.json").read_text())
+    shapes = script.shapes(config)
+    sizes = {name: 2.0 * math.prod(shape) for name, shape in shapes.items()}
+    from_files = {p.name: p for p in from_tensors("qwen2_5_vl", sizes)}
+    from_config = {p.name: p.bytes for p in model_facts.read(QWEN25_VL_7B).components}
+    assert list(from_files) == list(from_config)
+    for name in ("visual", "visual.merger"):
+        assert from_files[name].bytes == from_config[name]
+    language = from_files["language_model"].bytes
+    assert language == pytest.approx(from_config["language_model"], rel=1e-4)
+    tower = [p.name for p in matching("visual", from_files.values())]
+    assert tower == ["visual", "visual.merger"]
+    visual = sum(size for name, size in sizes.items() if name.startswith("visual."))
+    assert visual == sum(from_files[name].bytes for name in tower)

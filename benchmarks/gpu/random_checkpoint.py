@@ -7,6 +7,11 @@ page cache, so every arm reads them warm.
 
     benchmarks/gpu/random_checkpoint.py benchmarks/models/llama-3-8b/config.json /root/ckpt
 
+A Qwen2.5-VL config (model_type qwen2_5_vl, issue #46) gets the vision tower and its patch
+merger too (``visual.*``, as the original checkpoints name them; vLLM's hf_to_vllm_mapper
+maps ``model.`` to ``language_model.model.``) and Qwen2's q/k/v biases. --device cpu writes
+one without a GPU (the CPU dry run of benchmarks/gpu/vlm_parts.py).
+
 --std S draws matrices from a normal of that deviation and sets the norms to 1 instead
 (issue #22): vLLM's dummy values (+-1e-3) make attention near uniform, so the output does
 not move when one token of a long prompt changes; at 0.02 it does.
@@ -18,12 +23,19 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 
-def shapes(config: dict) -> dict[str, tuple[int, ...]]:
+def shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    if config.get("model_type") == "qwen2_5_vl":
+        return qwen25_vl_shapes(config)
+    return decoder_shapes(config)
+
+
+def decoder_shapes(config: dict[str, Any], qkv_bias: bool = False) -> dict[str, tuple[int, ...]]:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
@@ -42,9 +54,89 @@ def shapes(config: dict) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (hidden,),
             p + "post_attention_layernorm.weight": (hidden,),
         }
+        if qkv_bias:
+            out |= {
+                p + "self_attn.q_proj.bias": (heads * head_dim,),
+                p + "self_attn.k_proj.bias": (kv_heads * head_dim,),
+                p + "self_attn.v_proj.bias": (kv_heads * head_dim,),
+            }
     if not config.get("tie_word_embeddings"):
         out["lm_head.weight"] = (vocab, hidden)
     return out
+
+
+def qwen25_vl_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Qwen2.5-VL: the vision transformer (a 3-D patch embedding, blocks with a fused qkv
+    and a gated MLP, all with biases), the patch merger, then Qwen2's language model."""
+    vc = config["vision_config"]
+    h, inter, out_hidden = vc["hidden_size"], vc["intermediate_size"], vc["out_hidden_size"]
+    patch, temporal = vc.get("patch_size", 14), vc.get("temporal_patch_size", 2)
+    merged = h * vc.get("spatial_merge_size", 2) ** 2
+    channels = vc.get("in_channels", vc.get("in_chans", 3))
+    out: dict[str, tuple[int, ...]] = {
+        "visual.patch_embed.proj.weight": (h, channels, temporal, patch, patch)
+    }
+    for i in range(vc["depth"]):
+        p = f"visual.blocks.{i}."
+        out |= {
+            p + "norm1.weight": (h,),
+            p + "norm2.weight": (h,),
+            p + "attn.qkv.weight": (3 * h, h),
+            p + "attn.qkv.bias": (3 * h,),
+            p + "attn.proj.weight": (h, h),
+            p + "attn.proj.bias": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.gate_proj.bias": (inter,),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.up_proj.bias": (inter,),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "mlp.down_proj.bias": (h,),
+        }
+    out |= {
+        "visual.merger.ln_q.weight": (h,),
+        "visual.merger.mlp.0.weight": (merged, merged),
+        "visual.merger.mlp.0.bias": (merged,),
+        "visual.merger.mlp.2.weight": (out_hidden, merged),
+        "visual.merger.mlp.2.bias": (out_hidden,),
+    }
+    return out | decoder_shapes(config, qkv_bias=True)
+
+
+def write_checkpoint(
+    config_path: Path, out: Path, *, std: float | None, shard_gib: float = 4, device: str = "cuda"
+) -> int:
+    """The random checkpoint of ``config_path`` under ``out``; how many tensors."""
+    config = json.loads(config_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    if config_path.resolve() != (out / "config.json").resolve():
+        shutil.copy(config_path, out / "config.json")
+    shard: dict[str, torch.Tensor] = {}
+    index: dict[str, str] = {}
+    files = 0
+
+    def flush() -> None:
+        nonlocal shard, files
+        name = f"model-{files:05d}.safetensors"
+        save_file({k: v.cpu() for k, v in shard.items()}, out / name)
+        index.update({k: name for k in shard})
+        shard, files = {}, files + 1
+
+    for name, shape in shapes(config).items():
+        if std is None:
+            shard[name] = (torch.rand(shape, device=device, dtype=torch.bfloat16) - 0.5) * 2e-3
+        elif name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
+            shard[name] = torch.ones(shape, device=device, dtype=torch.bfloat16)
+        else:
+            shard[name] = torch.randn(shape, device=device, dtype=torch.bfloat16) * std
+        if sum(t.numel() * 2 for t in shard.values()) >= shard_gib * (1 << 30):
+            flush()
+    if shard:
+        flush()
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": index}, indent=1)
+    )
+    print(f"{len(index)} tensors in {files} files under {out}")
+    return len(index)
 
 
 def main() -> None:
@@ -53,36 +145,11 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shard-gib", type=float, default=4)
     parser.add_argument("--std", type=float, help="normal matrices, norms 1 (default: +-1e-3)")
+    parser.add_argument("--device", default="cuda", help="where the random values are drawn")
     args = parser.parse_args()
-    config = json.loads(args.config.read_text())
-    args.out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(args.config, args.out / "config.json")
-    shard: dict[str, torch.Tensor] = {}
-    index: dict[str, str] = {}
-    files = 0
-
-    def flush() -> None:
-        nonlocal shard, files
-        name = f"model-{files:05d}.safetensors"
-        save_file({k: v.cpu() for k, v in shard.items()}, args.out / name)
-        index.update({k: name for k in shard})
-        shard, files = {}, files + 1
-
-    for name, shape in shapes(config).items():
-        if args.std is None:
-            shard[name] = (torch.rand(shape, device="cuda", dtype=torch.bfloat16) - 0.5) * 2e-3
-        elif name.endswith("norm.weight"):
-            shard[name] = torch.ones(shape, device="cuda", dtype=torch.bfloat16)
-        else:
-            shard[name] = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * args.std
-        if sum(t.numel() * 2 for t in shard.values()) >= args.shard_gib * (1 << 30):
-            flush()
-    if shard:
-        flush()
-    (args.out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": index}, indent=1)
+    write_checkpoint(
+        args.config, args.out, std=args.std, shard_gib=args.shard_gib, device=args.device
     )
-    print(f"{len(index)} tensors in {files} files under {args.out}")
 
 
 if __name__ == "__main__":

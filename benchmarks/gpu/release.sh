@@ -58,13 +58,19 @@
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
 #                                             # lmcache: reuse, chat, sweep, memory
+# Issue #46 (a vision-language model's vision tower offloaded; Qwen2.5-VL-7B shape, random
+# weights written once to /root/ckpt-qwen2.5-vl-7b; Pillow/torchvision wheels from .gpu/vlm
+# where the host lacks them):
+#   benchmarks/gpu/release.sh 0.33.0 vlm      # vlm_parts.py: arms gpu / visual, both up
+#                                             # at once, CUDA graphs (VLM_ARGS: more flags,
+#                                             # e.g. --enforce-eager)
 # Llama-3-8B shape, dummy weights, eager. H2D_GBPS (default: what the pinned case wrote
 # beside SITE, else 55.4) is pinned_memory's registered H2D figure; DEADLINE (s, default
 # 560) bounds the case so the call ends inside its limit.
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch|vlm}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -313,10 +319,17 @@ switch)  # issue #31: two models through the front door (switch.py), ARMS in thi
   done
   (cd "$out" && tar -cJf switch-logs.tar.xz ./*.log && rm -f ./*.log)
   ;;
+vlm)
+  patch apply
+  # shellcheck disable=SC2086  # VLM_ARGS: several flags
+  timeout -k 10 $(($(left) - 15)) python3 "$bench_dir/gpu/vlm_parts.py" --out "$out/vlm" \
+    --checkpoint /root/ckpt-qwen2.5-vl-7b ${VLM_ARGS:-}
+  leftovers
+  ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac
 for dir in "$out/decode" "$out/reuse" "$out/hits" "$out/saturated" "$out/check" "$out/lmcache" \
-  "$out/host-extension" "$out/blocks"; do
+  "$out/host-extension" "$out/blocks" "$out/vlm"; do
   [ -d "$dir" ] || continue
   [ -f "$dir/results.json" ] && rm -f "$dir/results.partial.json"
   rm -f "$dir"/summary.csv "$dir"/*.png
