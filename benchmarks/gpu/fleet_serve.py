@@ -55,7 +55,8 @@ def tokens(n: int, seed: int) -> list[int]:
 async def first_token(
     client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int = 8
 ) -> tuple[float, int]:
-    """(seconds to the first streamed token, tokens received)."""
+    """(seconds to the first streamed token, chunks received: each carries one token or
+    more, so the count is a floor on the tokens)."""
     body = {
         "model": model,
         "prompt": prompt,

@@ -10,11 +10,12 @@ token ids, fixed GPU pools, CPU tiers). Each arm its own server:
 Load per arm (issue #43's): two people for --run-s, one per model, each sending a
 --prompt-tokens prompt for a --answer-tokens answer (greedy, ignore_eos, min_tokens) and
 reading --think-s after it; one request per model first, outside the window (warm-up).
-Per request: model, when sent (from the window's start), TTFT, total. The switches: the
-front door's events in the window (control socket, read every few seconds), each bring-in
-with the put-away that made room for it. Writes OUT/turns-ARM.json (raw + summary) and
-prints a table. Arms run one after another; an arm that would not end inside --budget-s
-(judged by the longest arm so far) is skipped, so a bounded call keeps what finished.
+Per request: model, when sent (from the window's start), TTFT, total, stream chunks. The
+switches: the front door's events in the window (control socket, read every few seconds),
+each bring-in with the put-away that made room for it. Writes OUT/turns-ARM.json (raw +
+summary) and prints a table. Arms run one after another; an arm that would not end inside
+--budget-s (judged by the longest arm so far) is skipped, so a bounded call keeps what
+finished.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ POLL_S = 5.0  # the control socket keeps its last 200 events; read them this oft
 def residency(arm: str, args: argparse.Namespace) -> dict[str, str | int | float]:
     found = ARM.fullmatch(arm)
     if found is None:
-        raise SystemExit(f"--arms: '{arm}' is not an arm; give auto or turnN (N: seconds)")
+        raise ValueError(f"--arms: '{arm}' is not an arm; give auto or turnN (N: seconds)")
     settings: dict[str, str | int | float] = {"idle": args.idle, "sleep_level": args.level}
     if found.group(1) is None:
         return {"max_resident": "auto", **settings}
@@ -77,7 +78,7 @@ async def ask(
         ttft, got = await first_token(
             front, model, tokens(args.prompt_tokens, seed), args.answer_tokens
         )
-        row.update(ttft_s=round(ttft, 4), tokens=got)
+        row.update(ttft_s=round(ttft, 4), chunks=got)  # a chunk may carry several tokens
     except (httpx.HTTPError, AssertionError) as exc:  # a 503 (queue full), a broken stream
         row["error"] = repr(exc)[:300]
     row["total_s"] = round(time.perf_counter() - sent, 4)
@@ -271,8 +272,11 @@ def main() -> int:
     args = parser.parse_args()
     VOCAB[1] = args.vocab_high
     arms = args.arms.split(",")
-    for arm in arms:
-        residency(arm, args)  # every name checked before anything starts
+    for arm in arms:  # every name checked before anything starts
+        try:
+            residency(arm, args)
+        except ValueError as exc:
+            parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout: servers stopped
     began, longest, results = time.monotonic(), 0.0, []
