@@ -326,9 +326,10 @@ switch)  # issue #31: two models through the front door (switch.py), ARMS in thi
 turns)  # issue #43: switch rate against waiting (turns.py), ARMS (comma-separated) in this call
   patch apply
   fleet_setup
+  arms=${ARMS:-auto,turn0}
   # shellcheck disable=SC2086  # TURNS_ARGS: several flags
   timeout -k 10 $(($(left) - 20)) python3 "$bench_dir/gpu/turns.py" --checkpoint $ckpt \
-    --out "$out" --arms "${ARMS:-auto,turn0}" --budget-s $(($(left) - 40)) ${TURNS_ARGS:-}
+    --out "$out" --arms "${arms// /,}" --budget-s $(($(left) - 40)) ${TURNS_ARGS:-}
   leftovers
   (cd "$out" && tar -cJf turns-logs.tar.xz ./*.log && rm -f ./*.log)
   ;;
