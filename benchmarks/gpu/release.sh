@@ -54,6 +54,12 @@
 #                                             # hit after a switch, the front door's cost;
 #                                             # arms sleep1 (the arena), sleep1-vllm (vLLM's
 #                                             # own sleep backend), sleep2, stop
+# Issue #43 (1b, 1c: switch rate against waiting, two people on two models):
+#   ARMS=auto,turn0 benchmarks/gpu/release.sh 0.32.0 turns  # turns.py: per arm its own
+#                                             # server, 60 s of load; auto (max_resident
+#                                             # 'auto', 4 GiB pools: both resident), turnN
+#                                             # (max_resident 1, min_resident_s N); TURNS_ARGS:
+#                                             # more of its flags (--vllm-arg=--enforce-eager)
 # Issue #21 (the LMCache arm; LMSITE: torch 2.13 + LMCache 0.5.6 from .gpu/lmcache, put
 # ahead of SITE on PYTHONPATH):
 #   LMSITE=/root/lmsite benchmarks/gpu/release.sh 0.32.0 lmcache  # bench baseline / native /
@@ -70,7 +76,7 @@
 # At most 8 files come back from $OUT: JSON, the servers' key lines, the logs as one .tar.xz.
 set -uo pipefail
 release=${1:-0.32.0}
-case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch|vlm}
+case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch|vlm|turns}
 site=${SITE:-/root/site}
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
@@ -126,6 +132,20 @@ for p in stray:
         pass
 psutil.wait_procs(stray, timeout=20)
 EOF
+}
+# The several-models cases (switch, turns): the bundle's Python finds vllm_offload's vLLM
+# plugin (AMX, the sleep arena) by its entry point, as an installed package's: give it one;
+# the random Llama-3-8B-shaped checkpoint both models serve, made once per host.
+fleet_setup() {
+  local info=/root/vo/vllm_offload-0.1.0.dist-info
+  mkdir -p $info
+  printf 'Metadata-Version: 2.1\nName: vllm-offload\nVersion: 0.1.0\n' > $info/METADATA
+  printf '[vllm.general_plugins]\nvllm_offload = vllm_offload.vllm_ext.plugin:register\n' \
+    > $info/entry_points.txt
+  export PYTHONPATH=/root/vo:$PYTHONPATH
+  ckpt=/root/ckpt-llama-3-8b
+  [ -f $ckpt/model.safetensors.index.json ] || \
+    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
 }
 keylines() {  # the servers' key lines, then the whole logs as one archive
   local dir=$1
@@ -294,17 +314,7 @@ lmcache)
   ;;
 switch)  # issue #31: two models through the front door (switch.py), ARMS in this call
   patch apply
-  # The bundle's Python finds vllm_offload's vLLM plugin (AMX, the sleep arena) by its
-  # entry point, as an installed package's: give it one.
-  info=/root/vo/vllm_offload-0.1.0.dist-info
-  mkdir -p $info
-  printf 'Metadata-Version: 2.1\nName: vllm-offload\nVersion: 0.1.0\n' > $info/METADATA
-  printf '[vllm.general_plugins]\nvllm_offload = vllm_offload.vllm_ext.plugin:register\n' \
-    > $info/entry_points.txt
-  export PYTHONPATH=/root/vo:$PYTHONPATH
-  ckpt=/root/ckpt-llama-3-8b
-  [ -f $ckpt/model.safetensors.index.json ] || \
-    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
+  fleet_setup
   for arm in ${ARMS:-sleep1}; do
     case $arm in
     sleep1) flags=(--idle sleep --level 1 --front-windows "${WINDOWS:-2}") ;;
@@ -325,6 +335,16 @@ vlm)
   timeout -k 10 $(($(left) - 15)) python3 "$bench_dir/gpu/vlm_parts.py" --out "$out/vlm" \
     --checkpoint /root/ckpt-qwen2.5-vl-7b ${VLM_ARGS:-}
   leftovers
+  ;;
+turns)  # issue #43: switch rate against waiting (turns.py), ARMS (comma-separated) in this call
+  patch apply
+  fleet_setup
+  arms=${ARMS:-auto,turn0}
+  # shellcheck disable=SC2086  # TURNS_ARGS: several flags
+  timeout -k 10 $(($(left) - 20)) python3 "$bench_dir/gpu/turns.py" --checkpoint $ckpt \
+    --out "$out" --arms "${arms// /,}" --budget-s $(($(left) - 40)) ${TURNS_ARGS:-}
+  leftovers
+  (cd "$out" && tar -cJf turns-logs.tar.xz ./*.log && rm -f ./*.log)
   ;;
 *) echo "unknown case $case" >&2; exit 2 ;;
 esac

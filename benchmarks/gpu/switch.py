@@ -33,9 +33,7 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -47,66 +45,29 @@ import httpx
 import psutil
 from host_extension import compare, stream  # the same greedy request and comparison
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fleet_serve import VOCAB, control, first_token, fleet_config, serving, tokens
+
 REPO = Path(__file__).resolve().parents[2]
-VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
 
 
 def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
-    residency = (
-        # max_resident 1: both would fit together under 'auto' (the default since #43)
-        f'max_resident = 1\nidle = "{args.idle}"\nsleep_level = {args.level}\n'
-        f"min_resident_s = 0.0\n"
-        f'runtime_dir = "{run_dir}"\n'
-    )
-    model = f'path = "{args.checkpoint}"\n'
-    extra = json.dumps(["--skip-tokenizer-init", *args.vllm_arg])
-    return (
-        f"extra_args = {extra}\n[gpu]\n"
-        f"kv_cache_memory_bytes = {args.pool_bytes}\n"
-        f"[kv_offload]\ncpu_tier_gib = {args.tier_gib}\n[server]\nport = {port}\n"
-        f'[[models]]\n{model}served_name = "a"\n[[models]]\n{model}served_name = "b"\n'
-        f"[residency]\n{residency}"
-    )
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(*VOCAB) for _ in range(n)]
-
-
-async def first_token(
-    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int = 8
-) -> tuple[float, int]:
-    """(seconds to the first streamed token, tokens received)."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
+    # max_resident 1: both would fit together under 'auto' (the default since #43)
+    residency = {
+        "max_resident": 1,
+        "idle": args.idle,
+        "sleep_level": args.level,
+        "min_resident_s": 0.0,
     }
-    began = time.perf_counter()
-    ttft, got = None, 0
-    async with client.stream("POST", "/v1/completions", json=body, timeout=600) as answer:
-        answer.raise_for_status()
-        async for line in answer.aiter_lines():
-            if line.startswith("data: {"):
-                ttft = ttft or time.perf_counter() - began
-                got += 1
-    assert ttft is not None, "no token came"
-    return ttft, got
-
-
-def control(run_dir: Path) -> dict[str, Any]:
-    with httpx.Client(
-        transport=httpx.HTTPTransport(uds=str(run_dir / "control.sock")),
-        base_url="http://front",
-        timeout=30,
-    ) as c:
-        data: dict[str, Any] = c.get("/models").json()
-        return data
+    return fleet_config(
+        checkpoint=args.checkpoint,
+        port=port,
+        run_dir=run_dir,
+        pool_bytes=args.pool_bytes,
+        tier_gib=args.tier_gib,
+        vllm_args=args.vllm_arg,
+        residency=residency,
+    )
 
 
 def rss(pid: int | None) -> int | None:
@@ -338,44 +299,18 @@ def main() -> int:
         check=False,
     )
     result["plan"] = planned.stdout + planned.stderr
-    began = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_offload", "serve", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
     try:
-        while not healthy(args.port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited {proc.returncode}")
-            if time.monotonic() - began > args.start_timeout:
-                raise TimeoutError(f"not healthy in {args.start_timeout} s")
-            time.sleep(0.5)
-        result["start_s"] = round(time.monotonic() - began, 2)
-        print(f"{name}: healthy in {result['start_s']} s", flush=True)
-        asyncio.run(measure(args, args.port, run_dir, result))
-        result["events"] = control(run_dir)["events"]
+        with serving(config, log, args.port, args.start_timeout, env) as start_s:
+            result["start_s"] = start_s
+            print(f"{name}: healthy in {start_s} s", flush=True)
+            asyncio.run(measure(args, args.port, run_dir, result))
+            result["events"] = control(run_dir)["events"]
     except Exception as exc:  # write what there is, say what broke
         result["error"] = repr(exc)
         print("error:", repr(exc), flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
         args.out.write_text(json.dumps(result, indent=2))
     return 1 if "error" in result else 0
-
-
-def healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":
