@@ -123,7 +123,8 @@ def main() -> None:
     fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
-    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "arms": {}}
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result: dict[str, Any] = {"options": options, "arms": {}}
     for name in args.arms.split(","):
         flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
         server = ServerProcess(
