@@ -145,7 +145,7 @@ fleet_setup() {
   export PYTHONPATH=/root/vo:$PYTHONPATH
   ckpt=/root/ckpt-llama-3-8b
   [ -f $ckpt/model.safetensors.index.json ] || \
-    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
+    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
 }
 keylines() {  # the servers' key lines, then the whole logs as one archive
   local dir=$1
@@ -199,7 +199,7 @@ weights-files)
   # never pay. Random bf16 safetensors, read warm from the page cache by every arm.
   ckpt=/root/ckpt-llama-3-8b
   [ -f $ckpt/model.safetensors.index.json ] || \
-    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt
+    python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
   files=(--skip-tokenizer-init --enforce-eager)
   for round in 1 2; do  # interleaved: the first server after boot pays one-off costs
     patch apply
