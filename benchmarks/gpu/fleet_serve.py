@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from vllm_offload.bench.client import fixed_length_body
+
 VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
 
 
@@ -57,15 +59,7 @@ async def first_token(
 ) -> tuple[float, int]:
     """(seconds to the first streamed token, chunks received: each carries one token or
     more, so the count is a floor on the tokens)."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-    }
+    body = fixed_length_body(prompt, max_tokens, model)
     began = time.perf_counter()
     ttft, got = None, 0
     async with client.stream("POST", "/v1/completions", json=body, timeout=600) as answer:
