@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import signal
 import statistics
@@ -145,8 +146,9 @@ def switches(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def nearest_rank(values: list[float], q: float) -> float:
+    """The smallest value with at least ``q`` of them at or below it."""
     ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def summary(measured: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +161,8 @@ def summary(measured: dict[str, Any]) -> dict[str, Any]:
         "put_away_s_median": _median([m["put_away"]["s"] for m in moves if m["put_away"]]),
         "failures": [e["text"] for e in measured["events"] if e.get("step") is None],
     }
-    for model in "ab":
-        rows = [r for r in measured["requests"] if r["model"] == model]
+    for model in ("a", "b", "all"):
+        rows = [r for r in measured["requests"] if model in (r["model"], "all")]
         ttft = [r["ttft_s"] for r in rows if "ttft_s" in r]
         out[model] = {
             "requests": len(ttft),
@@ -233,7 +235,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{m}: {s[m]['requests']} requests, TTFT {_ms(s[m]['ttft_p50_s'])} / "
             f"{_ms(s[m]['ttft_p95_s'])} / {_ms(s[m]['ttft_max_s'])}"
             + (f" ({s[m]['errors']} errors)" if s[m]["errors"] else "")
-            for m in "ab"
+            for m in ("a", "b", "all")
         ]
         steps = f"{_ms(s['put_away_s_median'])} / {_ms(s['bring_in_s_median'])}"
         lines.append(

@@ -139,3 +139,20 @@ def test_weights_are_copied_out_once_while_they_stay_the_same(
     assert copied_out == [weights, graphs]
     backend.resume(None)
     assert read(weights, 5000) == b"V" * 5000
+
+
+def test_a_larger_arena_gets_the_weights_again(allocator: StandInAllocator) -> None:
+    """The pools grew while serving (a new CUDA-graph allocation): the arena is made again,
+    larger, and the weights are copied into it, not assumed to be there."""
+    from vllm_offload.vllm_ext.sleep import ArenaBackend
+
+    weights = allocator.allocate("weights", b"W" * 5000)
+    allocator.allocate("cudagraph", b"G" * 3000)
+    backend = ArenaBackend()
+    backend.suspend(level=1)
+    backend.resume(None)
+    more = allocator.allocate("cudagraph", b"H" * 4000)
+    backend.suspend(level=1)
+    assert allocator.buffers["registered"] == [8192, 12288]
+    backend.resume(None)
+    assert read(weights, 5000) == b"W" * 5000 and read(more, 4000) == b"H" * 4000

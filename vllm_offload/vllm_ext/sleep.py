@@ -11,7 +11,9 @@ its own; at the wake it copies them back into the memory the allocator maps agai
 weights are copied out once: they do not change while the engine serves (the front door
 sends engines no route that reloads them), so a later level-1 sleep of the same
 allocations finds their copy still valid and releases them at once; a level-2 sleep
-(weights read again at the wake) or other allocations copy them again.
+(weights read again at the wake), other allocations or a larger arena copy them again.
+(vLLM's expert load balancing, `--enable-eplb`, moves expert weights while serving: not
+for an engine that sleeps.)
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
 "cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
@@ -95,6 +97,7 @@ class ArenaBackend(CuMemBackend):
         if self._arena is None or self._arena.size < total:
             if self._arena is not None:
                 self._arena.close()
+                self._arena, self._weights_kept = None, []  # if the next one fails
             self._arena = HostArena(total)
             copy_weights = bool(weights)
             logger.info("vllm-offload sleep arena: %.2f GiB registered", total / (1 << 30))
