@@ -143,7 +143,7 @@ fleet_setup() {
   printf '[vllm.general_plugins]\nvllm_offload = vllm_offload.vllm_ext.plugin:register\n' \
     > $info/entry_points.txt
   export PYTHONPATH=/root/vo:$PYTHONPATH
-  ckpt=/root/ckpt-llama-3-8b
+  ckpt=/root/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
   [ -f $ckpt/model.safetensors.index.json ] || \
     python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
 }
@@ -197,7 +197,7 @@ weights-files)
   # The weights case's start times with real weight files: dummy weights fill CPU-resident
   # (prefetch-offloaded) parameters with the CPU's random generator, which UVA's GPU views
   # never pay. Random bf16 safetensors, read warm from the page cache by every arm.
-  ckpt=/root/ckpt-llama-3-8b
+  ckpt=/root/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
   [ -f $ckpt/model.safetensors.index.json ] || \
     python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
   files=(--skip-tokenizer-init --enforce-eager)

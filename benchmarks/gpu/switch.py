@@ -43,10 +43,10 @@ from typing import Any
 
 import httpx
 import psutil
-from host_extension import compare, stream  # the same greedy request and comparison
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleet_serve import VOCAB, control, first_token, fleet_config, serving, tokens
+from host_extension import compare, stream  # the same greedy request and comparison
 
 REPO = Path(__file__).resolve().parents[2]
 

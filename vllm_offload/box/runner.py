@@ -105,7 +105,7 @@ async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> N
     """The models that stay on the GPU in, the default first (then the front door is
     ready). Where not all of them fit at once, every model that sleeps is first brought in
     and put away once (preload), the default too, as any of them may be put away later: a
-    first sleep makes the host copy of its weights, 6-11 s for 16 GB on the H200 (the
+    first sleep makes the host copy of its weights, 5-11 s for 16 GB on the H200 (the
     default's first put-away made the first switch 6.3 s instead of 0.5), later ones take
     0.05 s. Where all fit, none sleeps: none keeps a host copy of its weights."""
     fleet = prepared.fleet

@@ -62,7 +62,7 @@ class ResidencySection(_Section):
     idle: Literal["auto", "sleep", "stop"] = Field(
         "auto",
         description="What a model that is not on the GPU is: 'sleep' (its engine keeps "
-        "running, its weights wait in host RAM and come back in about a second: vLLM's "
+        "running, its weights wait in host RAM and come back in under a second: vLLM's "
         "sleep mode, NVIDIA GPUs), 'stop' (its engine exits; the next request for it "
         "starts it again, a minute or more), or 'auto' (sleep on an NVIDIA GPU, stop "
         "elsewhere).",
@@ -104,9 +104,10 @@ class ResidencySection(_Section):
     )
     preload: bool = Field(
         True,
-        description="At start-up, start each model that sleeps when away and put it to sleep "
-        "once (the first switch to it then costs what later ones do), and start the models "
-        "that stay on the GPU beside the default (never slept); false: each starts on its "
+        description="At start-up, where not all models fit on the GPU at once, start each "
+        "model that sleeps when away, the default included, and put it to sleep once (a "
+        "first switch then costs what later ones do); then start the models that stay on "
+        "the GPU beside the default (where all fit, none sleeps); false: each starts on its "
         "first request. A model that stops when away starts on its first request either way.",
     )
     runtime_dir: str = Field(
