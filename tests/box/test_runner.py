@@ -12,6 +12,7 @@ from typing import Any
 from tests.box.test_residency import StandIn
 from tests.conftest import make_host
 from tests.plan.test_fleet import fleet_of, two_models
+from tests.shapes import LLAMA3_8B, write_shape
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.box.residency import Residency
@@ -74,3 +75,23 @@ def test_two_resident_models_that_sleep_when_away_are_not_slept_at_start(
     for entry in data["models"]:
         entry["gpu"] = {"memory_utilization": 0.45}
     assert started(tmp_path, data, gpu_gib=80) == ["in chat", "in coder"]
+
+
+def test_three_models_two_at_a_time_each_sleeps_once_then_two_come_in(tmp_path: Path) -> None:
+    """max_resident 2 of 3: each of them may be put away later, so each sleeps once, the
+    default last; then the default and the one beside it come in."""
+    data = two_models(tmp_path, max_resident=2)
+    third = write_shape(tmp_path / "notes", dict(LLAMA3_8B, max_position_embeddings=131072))
+    data["models"].append({"path": str(third)})
+    for entry in data["models"]:
+        entry["gpu"] = {"memory_utilization": 0.4}
+    assert started(tmp_path, data, gpu_gib=80) == [
+        "in notes",
+        "out notes",
+        "in coder",
+        "out coder",
+        "in chat",
+        "out chat",
+        "in chat",
+        "in coder",
+    ]
