@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "model_facts",
         "model_config",
         "model_parts",
+        "vision_profile",
         "safetensors_header",
         "model_limit",
         "weight_estimate",

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vllm_offload import model_limit, model_parts, safetensors_header, weight_estimate
+from vllm_offload import (
+    model_limit,
+    model_parts,
+    safetensors_header,
+    vision_profile,
+    weight_estimate,
+)
 from vllm_offload.model_config import (
     MAX_LAYERS,
     MAX_TOKENS,
@@ -81,6 +87,8 @@ class ModelFacts:
     # vision/audio towers, projector, language model: their bytes and what the offloader
     # matches weights_offload.params against (model_parts)
     components: tuple[model_parts.Component, ...] = ()
+    # a vision encoder vLLM profiles at start-up, and the largest image it profiles
+    vision: vision_profile.VisionProfile | None = None
     # config.json's bytes and every weight file's name, size and mtime, hashed: the disk
     # tier keeps a model's KV under it, so changed weights at the same path find none.
     fingerprint: str = ""
@@ -162,7 +170,19 @@ def read(model_dir: Path) -> ModelFacts:
         raw,
         read_safetensors_headers(model_dir),
         fingerprint(model_dir, config_bytes),
+        _read_preprocessor(model_dir),
     )
+
+
+def _read_preprocessor(model_dir: Path) -> dict[str, Any] | None:
+    """The image processor's preprocessor_config.json, where there is a readable one (a
+    planted, oversized or malformed file reads as none: the plan then takes the largest
+    image in use, vision_profile.DEFAULT_MAX_PIXELS)."""
+    path = model_dir / "preprocessor_config.json"
+    try:
+        return config_object(read_regular(path, MAX_CONFIG_BYTES), str(path))
+    except (OSError, ModelFactsError):
+        return None
 
 
 def config_object(data: bytes, what: str) -> dict[str, Any]:
@@ -174,11 +194,16 @@ def config_object(data: bytes, what: str) -> dict[str, Any]:
 
 
 def facts_of(
-    path: str, raw: dict[str, Any], headers: dict[str, dict[str, Any]] | None, print_: str
+    path: str,
+    raw: dict[str, Any],
+    headers: dict[str, dict[str, Any]] | None,
+    print_: str,
+    preprocessor: dict[str, Any] | None = None,
 ) -> ModelFacts:
     """The facts of config.json's object ``raw`` and its safetensors ``headers`` by file
     (None: none; the weights estimated from the parameter count), read from a folder or
-    from the hub (``path`` names which; ``print_`` its fingerprint)."""
+    from the hub (``path`` names which; ``print_`` its fingerprint; ``preprocessor``: the
+    image processor's config, where there is one)."""
     cfg = text_config(raw)
     archs = cfg.get("architectures")
     architecture = archs[0] if isinstance(archs, list) and archs else "unknown"
@@ -223,6 +248,12 @@ def facts_of(
         unknown += missing
         weight_bytes = sum(part.bytes for part in parts)  # the towers sit on the GPU too
         source = "parameter count"
+    vision = vision_profile.read(model_type, raw.get("vision_config"), preprocessor)
+    if vision is None and isinstance(raw.get("vision_config"), dict):
+        unknown.append(
+            f"the vision encoder's start-up profile of model_type {model_type[:40]!r} "
+            "(the pool planned without it: vLLM's may be smaller)"
+        )
     return ModelFacts(
         path=path,
         architecture=str(architecture)[:256],
@@ -247,6 +278,7 @@ def facts_of(
         experts_per_token=top_k,
         intermediate_size=inter,
         moe_intermediate_size=optional_number(cfg, "moe_intermediate_size", inter),
+        vision=vision,
         unknown=tuple(unknown),
         fingerprint=print_,
         components=parts,

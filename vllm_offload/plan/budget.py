@@ -86,7 +86,7 @@ def gpu_budget(
         budget_bytes=int(total * config.gpu.memory_utilization),
         # at the planned prefill chunk (plan.working_memory)
         overhead_bytes=gpu_overhead_bytes(model)
-        + prefill_chunk(config, model, host, "cuda").added_bytes,
+        + prefill_chunk(config, model, host, "cuda").working_bytes,
         weights_bytes=weight_bytes // (tp * pp),
         layer_bytes=layer,
         layers=max(1, model.num_layers // pp),

@@ -119,6 +119,18 @@ class PrefillChunk:
     # what they add to the working memory measured at the constants' own chunk (taken
     # from the GPU KV pool); 0 at or below it
     added_bytes: int = field(metadata=_key("prefill_chunk_added_bytes"))
+    # a vision encoder's profile beside it: the visual tokens of the one item vLLM encodes
+    # (0: none) and that pass's activations, also taken from the pool
+    encoder_tokens: int = field(default=0, metadata=_key("vision_encoder_profile_tokens"))
+    encoder_bytes: int = field(default=0, metadata=_key("vision_encoder_profile_bytes"))
+    # the largest image's visual tokens, and whether its processor's max_pixels said so
+    encoder_item_tokens: int = field(default=0, metadata=_key("vision_largest_image_tokens"))
+    encoder_pixels_read: bool = field(default=False, metadata=_key("vision_max_pixels_read"))
+
+    @property
+    def working_bytes(self) -> int:
+        """What the chunk and the encoder's profile add to the measured working memory."""
+        return self.added_bytes + self.encoder_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

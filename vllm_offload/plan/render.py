@@ -4,7 +4,7 @@ request can be, then the decisions, warnings and problems."""
 from __future__ import annotations
 
 from vllm_offload.plan.records import Plan, gib
-from vllm_offload.plan.working_memory import chunk_words
+from vllm_offload.plan.working_memory import chunk_words, encoder_words
 
 
 def render(plan: Plan) -> str:
@@ -118,6 +118,9 @@ def _staging_rows(plan: Plan) -> list[tuple[str, str]]:
 def _chunk_rows(plan: Plan) -> list[tuple[str, str]]:
     """The prefill chunk, where it is not vLLM's own default or costs the pool something."""
     chunk = plan.prefill
-    if chunk.source == "vllm default" and not chunk.added_bytes:
-        return []
-    return [("prefill chunk", chunk_words(chunk))]
+    rows = []
+    if chunk.source != "vllm default" or chunk.added_bytes:
+        rows.append(("prefill chunk", chunk_words(chunk)))
+    if chunk.encoder_bytes:
+        rows.append(("vision encoder", encoder_words(chunk)))
+    return rows

@@ -15,6 +15,7 @@ from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.kv import compute_dtype_bytes
 from vllm_offload.plan.records import ChunkSource, Notes, Platform, PrefillChunk, gib
+from vllm_offload.vision_profile import DEFAULT_MAX_PIXELS
 
 # Measured on an H100 with an 8B shape (docs/benchmarks.md), scaled with the model's
 # hidden size; vLLM's API server chunk there was its default for cards of 70 GiB or more.
@@ -31,6 +32,13 @@ DENSE_MEASURED_CHUNK_TOKENS = 8192
 # tokens, so that the pool the plan prints is one vLLM gives on both.
 GPU_OVERHEAD_MOE_BYTES = int(0.65 * GIB)
 MOE_MEASURED_CHUNK_TOKENS = 2048
+# A vision-language model's, besides its encoder's profile (``encoder_bytes``): a
+# Qwen2.5-VL-7B shape on an H200 (vLLM 0.33.0, CUDA graphs, utilization 0.42, chunks of
+# 8,192) kept a pool 0.84-0.92 GiB below what the constants above and the encoder's
+# activations gave, at three image budgets (vLLM counted 15.67 GiB of weights for 15.44
+# in the files, 0.95 GiB of non-torch memory and ~1.1 GiB of its language model's chunk;
+# benchmarks/results/vlm-h200-vllm-0.33.0/). The largest, rounded up.
+GPU_OVERHEAD_VISION_BYTES = int(0.95 * GIB)
 # With a host extension and staged prefill, each prefill chunk copies the host part of a
 # spilled request's context once per layer, so the bytes over PCIe fall as 1/chunk. The
 # TTFT floor on an H100 (docs/design/long-context.md, "The chunk decides the floor"):
@@ -44,7 +52,9 @@ STAGED_PREFILL_CHUNK_TOKENS = 8192
 def gpu_overhead_bytes(model: ModelFacts) -> int:
     """The measured working memory, at the constants' own chunk (``measured_chunk``)."""
     moe = GPU_OVERHEAD_MOE_BYTES if model.experts else 0
-    return GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES + moe
+    vision = GPU_OVERHEAD_VISION_BYTES if model.vision else 0
+    per_hidden = model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
+    return GPU_OVERHEAD_BASE_BYTES + per_hidden + moe + vision
 
 
 def measured_chunk(model: ModelFacts) -> int:
@@ -85,6 +95,16 @@ def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int, tp: int =
     return per_token * dtype_bytes * tokens
 
 
+def encoder_bytes(model: ModelFacts, dtype_bytes: int, tokens: int) -> int:
+    """The vision encoder's activations in vLLM's profile of ``tokens`` visual tokens: the
+    dense formula above on the vision transformer's shape, per patch (vision_profile)."""
+    vision = model.vision
+    if vision is None:
+        return 0
+    per_patch = 3 * vision.intermediate + 4 * vision.width
+    return tokens * vision.patches_per_token * per_patch * dtype_bytes
+
+
 def prefill_chunk(
     config: DeploymentConfig, model: ModelFacts, host: HostFacts, platform: Platform
 ) -> PrefillChunk:
@@ -113,6 +133,8 @@ def prefill_chunk(
     tp = config.parallel.tensor_parallel_size
     activations = activation_bytes(model, dtype_b, tokens, tp)
     added = activations - activation_bytes(model, dtype_b, measured_chunk(model), tp)
+    vision = model.vision if platform == "cuda" else None
+    encoder = vision.profile_tokens(tokens) if vision else 0
     return PrefillChunk(
         tokens=tokens,
         source=source,
@@ -120,6 +142,10 @@ def prefill_chunk(
         measured_tokens=measured_chunk(model),
         activation_bytes=activations,
         added_bytes=max(0, added) if platform == "cuda" else 0,
+        encoder_tokens=encoder,
+        encoder_bytes=encoder_bytes(model, dtype_b, encoder),
+        encoder_item_tokens=vision.max_item_tokens if vision else 0,
+        encoder_pixels_read=bool(vision and vision.max_pixels_from == "preprocessor_config.json"),
     )
 
 
@@ -170,3 +196,19 @@ def chunk_words(chunk: PrefillChunk) -> str:
     )
     activations = f"activations ~{gib(chunk.activation_bytes)}{versus}"
     return f"{chunk.tokens:,} tokens ({why}): {activations}; {pays}"
+
+
+def encoder_words(chunk: PrefillChunk) -> str:
+    """What the vision encoder's profile takes from the pool, and why that much (a row of
+    `plan`)."""
+    source = (
+        "preprocessor_config.json's max_pixels"
+        if chunk.encoder_pixels_read
+        else f"no max_pixels read: planned at {DEFAULT_MAX_PIXELS:,} pixels"
+    )
+    largest = f"; the largest image {chunk.encoder_item_tokens:,} tokens ({source})"
+    return (
+        f"{gib(chunk.encoder_bytes)} of working memory, taken from the GPU KV pool: vLLM "
+        f"profiles its encoder with one item of {chunk.encoder_tokens:,} visual tokens, the "
+        f"larger of the prefill chunk and the largest image{largest}"
+    )
