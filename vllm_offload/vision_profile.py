@@ -39,11 +39,15 @@ class VisionProfile:
         return max(chunk_tokens, self.max_item_tokens)
 
 
-def _whole(cfg: dict[str, Any], key: str, default: int, high: int = _WIDTH_HIGH) -> int | None:
-    value = cfg.get(key, default)
+def _bounded(value: object, high: int) -> int | None:
+    """``value`` if it is a whole number from 1 to ``high``, else None (untrusted files)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
         return None
     return value
+
+
+def _whole(cfg: dict[str, Any], key: str, default: int, high: int = _WIDTH_HIGH) -> int | None:
+    return _bounded(cfg.get(key, default), high)
 
 
 def _max_pixels(preprocessor: dict[str, Any] | None) -> int | None:
@@ -51,12 +55,8 @@ def _max_pixels(preprocessor: dict[str, Any] | None) -> int | None:
     if preprocessor is None:
         return None
     size = preprocessor.get("size")
-    value = preprocessor.get(
-        "max_pixels", size.get("longest_edge") if isinstance(size, dict) else None
-    )
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PIXELS_HIGH:
-        return None
-    return value
+    longest = size.get("longest_edge") if isinstance(size, dict) else None
+    return _bounded(preprocessor.get("max_pixels", longest), MAX_PIXELS_HIGH)
 
 
 def read(

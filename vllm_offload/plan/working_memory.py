@@ -15,7 +15,7 @@ from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.plan.kv import compute_dtype_bytes
 from vllm_offload.plan.records import ChunkSource, Notes, Platform, PrefillChunk, gib
-from vllm_offload.vision_profile import DEFAULT_MAX_PIXELS
+from vllm_offload.vision_profile import DEFAULT_MAX_PIXELS, VisionProfile
 
 # Measured on an H100 with an 8B shape (docs/benchmarks.md), scaled with the model's
 # hidden size; vLLM's API server chunk there was its default for cards of 70 GiB or more.
@@ -87,7 +87,7 @@ def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int, tp: int =
     top-k x (max(I, H) + max(2 I, H)), I an expert's width on the rank)."""
     hidden = model.hidden_size
     inter = (model.intermediate_size or 4 * hidden) // tp
-    per_token = 3 * inter + 4 * hidden
+    per_token = dense_elements(hidden, inter)
     if model.experts:
         expert = model.moe_intermediate_size // tp or inter
         workspaces = model.experts_per_token * (max(expert, hidden) + max(2 * expert, hidden))
@@ -95,13 +95,16 @@ def activation_bytes(model: ModelFacts, dtype_bytes: int, tokens: int, tp: int =
     return per_token * dtype_bytes * tokens
 
 
-def encoder_bytes(model: ModelFacts, dtype_bytes: int, tokens: int) -> int:
+def dense_elements(hidden: int, inter: int) -> int:
+    """A dense transformer layer's activations a token, in elements: the MLP's gate/up
+    output and the activation (3 x ``inter``) beside ~4 ``hidden``-wide tensors."""
+    return 3 * inter + 4 * hidden
+
+
+def encoder_bytes(vision: VisionProfile, dtype_bytes: int, tokens: int) -> int:
     """The vision encoder's activations in vLLM's profile of ``tokens`` visual tokens: the
-    dense formula above on the vision transformer's shape, per patch (vision_profile)."""
-    vision = model.vision
-    if vision is None:
-        return 0
-    per_patch = 3 * vision.intermediate + 4 * vision.width
+    dense formula on the vision transformer's shape, per patch (vision_profile)."""
+    per_patch = dense_elements(vision.width, vision.intermediate)
     return tokens * vision.patches_per_token * per_patch * dtype_bytes
 
 
@@ -143,7 +146,7 @@ def prefill_chunk(
         activation_bytes=activations,
         added_bytes=max(0, added) if platform == "cuda" else 0,
         encoder_tokens=encoder,
-        encoder_bytes=encoder_bytes(model, dtype_b, encoder),
+        encoder_bytes=encoder_bytes(vision, dtype_b, encoder) if vision else 0,
         encoder_item_tokens=vision.max_item_tokens if vision else 0,
         encoder_pixels_read=bool(vision and vision.max_pixels_from == "preprocessor_config.json"),
     )

@@ -78,7 +78,7 @@ class ArenaBackend(CuMemBackend):
         # The weights as the arena holds them since the last level-1 sleep: weights do not
         # change while an engine serves, so the next level-1 sleep skips their copy (the
         # bulk of a put-away) where the same allocations are asleep again.
-        self._weights_kept: list[Saved] = []
+        self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
 
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
@@ -91,8 +91,7 @@ class ArenaBackend(CuMemBackend):
             [(ptr, size) for ptr, size, tag in awake if tag == "weights"] if level == 1 else []
         )
         others = [(ptr, size) for ptr, size, tag in awake if tag in BACKED_UP_AT_EVERY_LEVEL]
-        kept_weights = [(s.ptr, s.size) for s in self._weights_kept]
-        copy_weights = bool(weights) and weights != kept_weights
+        copy_weights = bool(weights) and weights != self._weights_kept
         total = sum(size for _ptr, size in weights + others)
         if self._arena is None or self._arena.size < total:
             if self._arena is not None:
@@ -108,7 +107,7 @@ class ArenaBackend(CuMemBackend):
                 libcudart.cudaMemcpy(arena.ptr + offset, ptr, size)
             self._saved.append(Saved(ptr, offset, size))
             offset += size
-        self._weights_kept = self._saved[: len(weights)]  # none after a level-2 sleep
+        self._weights_kept = weights  # none after a level-2 sleep
         self._state = "SUSPENDED"
         allocator.sleep(offload_tags=())  # all released: the arena holds what is kept
 
