@@ -83,6 +83,19 @@ def control(run_dir: Path) -> dict[str, Any]:
         return data
 
 
+def plan(
+    config: Path, *flags: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`vllm-offload plan --config CONFIG FLAGS...`, its output captured (it may refuse)."""
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_offload", "plan", "--config", str(config), *flags],
+        capture_output=True,
+        text=True,
+        env=dict(env if env is not None else os.environ),
+        check=False,
+    )
+
+
 def healthy(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200

@@ -45,7 +45,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_serve import VOCAB, control, first_token, fleet_config, serving, tokens
+from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
 from host_extension import compare, stream  # the same greedy request and comparison
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,13 +291,7 @@ def main() -> int:
         env["VLLM_PLUGINS"] = "none"  # vLLM's own sleep backend
     log = args.out.with_suffix(".log")
     result: dict[str, Any] = {"arm": name, "config": config.read_text()}
-    planned = subprocess.run(
-        [sys.executable, "-m", "vllm_offload", "plan", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    planned = plan(config, env=env)
     result["plan"] = planned.stdout + planned.stderr
     try:
         with serving(config, log, args.port, args.start_timeout, env) as start_s:

@@ -27,7 +27,6 @@ import math
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_serve import VOCAB, control, first_token, fleet_config, serving, tokens
+from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
 
 ARM = re.compile(r"auto|turn(\d+(?:\.\d+)?)")
 POLL_S = 5.0  # the control socket keeps its last 200 events; read them this often
@@ -54,20 +53,15 @@ def residency(arm: str, args: argparse.Namespace) -> dict[str, str | int | float
 
 def planned(config: Path) -> dict[str, Any]:
     """`vllm-offload plan --json`: max_resident as resolved, the set's decisions."""
-    done = subprocess.run(
-        [sys.executable, "-m", "vllm_offload", "plan", "--config", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = plan(config, "--json")
     try:
-        plan = json.loads(done.stdout)
+        printed = json.loads(done.stdout)
     except json.JSONDecodeError:
         return {"exit": done.returncode, "stderr": done.stderr[-2000:]}
     keys = ("max_resident", "decisions", "warnings", "problems")
     each = ("gpu_budget_bytes", "weights_gpu_bytes", "gpu_kv_pool_bytes", "max_model_len")
-    models = {n: {k: m.get(k) for k in each} for n, m in plan["models"].items()}
-    return {"exit": done.returncode, **{k: plan[k] for k in keys}, "models": models}
+    models = {n: {k: m.get(k) for k in each} for n, m in printed["models"].items()}
+    return {"exit": done.returncode, **{k: printed[k] for k in keys}, "models": models}
 
 
 async def ask(
