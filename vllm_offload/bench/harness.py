@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -137,8 +138,16 @@ def run(options: BenchOptions) -> dict[str, Any]:
     return results
 
 
+EXIT_AFTER_ERROR_S = 10.0  # a server killed with its engine drops the connection first
+
+
 def failure(server: ServerProcess, repeat: int, exc: httpx.HTTPError) -> str:
-    code = server.proc.poll() if server.proc is not None else None
+    code = None
+    if server.proc is not None:
+        try:  # a reset connection can arrive before its killed server has exited
+            code = server.proc.wait(timeout=EXIT_AFTER_ERROR_S)
+        except subprocess.TimeoutExpired:
+            code = None  # still serving: the error was the request's own
     exited = f"; its server exited with code {code}" if code is not None else ""
     return f"repeat {repeat}: {type(exc).__name__}: {exc}{exited} (log: {server.log_path})"
 
