@@ -7,9 +7,9 @@ token ids, fixed GPU pools, CPU tiers). Each arm its own server:
             in `plan`, kept here): no switch expected
   turnN     max_resident 1, min_resident_s N (turn0, turn5, turn15, ...)
 
-Load per arm (issue #43's): two people for --run-s, one per model, each sending a
---prompt-tokens prompt for a --answer-tokens answer (greedy, ignore_eos, min_tokens) and
-reading --think-s after it; one request per model first, outside the window (warm-up).
+Load per arm (issue #43's): --people per model (1: issue #43's two people) for --run-s,
+each sending a --prompt-tokens prompt for a --answer-tokens answer (greedy, ignore_eos,
+min_tokens) and reading --think-s after it; one request per model first, outside the window (warm-up).
 Per request: model, when sent (from the window's start), TTFT, total, stream chunks. The
 switches: the front door's events in the window (control socket, read every few seconds),
 each bring-in with the put-away that made room for it. Writes OUT/turns-ARM.json (raw +
@@ -81,7 +81,7 @@ async def ask(
 
 
 async def load(run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Both people for --run-s (each finishes the request under way), the events seen."""
+    """Everyone for --run-s (each finishes the request under way), the events seen."""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=600) as front:
         return await people(front, run_dir, args)
 
@@ -112,7 +112,7 @@ async def people(
             await asyncio.sleep(POLL_S)
 
     watcher = asyncio.create_task(watch())
-    await asyncio.gather(*(person(i, m) for i, m in enumerate("ab")))
+    await asyncio.gather(*(person(i, m) for i, m in enumerate("ab" * args.people)))
     ended = time.perf_counter() - began
     watcher.cancel()
     for e in control(run_dir)["events"]:
@@ -188,7 +188,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
             residency=residency(arm, args),
         )
     )
-    load_args = ("run_s", "think_s", "prompt_tokens", "answer_tokens")
+    load_args = ("people", "run_s", "think_s", "prompt_tokens", "answer_tokens")
     result: dict[str, Any] = {
         "arm": arm,
         "config": config.read_text(),
@@ -252,6 +252,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="a folder")
     parser.add_argument("--run-s", type=float, default=60.0)
     parser.add_argument("--think-s", type=float, default=1.0)
+    parser.add_argument("--people", type=int, default=1, help="people per model")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--idle", choices=["sleep", "stop"], default="sleep", help="CPU: stop")
