@@ -39,6 +39,10 @@ class StandInAllocator:
             ctypes.memset(ptr, 0xEE, allocation.handle[1])  # released: its bytes are gone
             allocation.is_asleep = True
 
+    def wake_up(self, tags: list[str] | None) -> None:
+        for allocation in self.pointer_to_data.values():
+            if tags is None or allocation.tag in tags:
+                allocation.is_asleep = False
 
 
 @pytest.fixture
@@ -47,13 +51,8 @@ def allocator(monkeypatch: pytest.MonkeyPatch) -> StandInAllocator:
 
     stand_in = StandInAllocator()
     monkeypatch.setattr(sleep.CuMemAllocator, "get_instance", staticmethod(lambda: stand_in))
-    copies = SimpleNamespace(
-        cudaMemcpy=lambda dst, src, n: ctypes.memmove(dst, src, n),
-        cudaDeviceSynchronize=lambda: None,
-    )
+    copies = SimpleNamespace(cudaMemcpy=lambda dst, src, n: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(sleep, "libcudart", copies)
-    monkeypatch.setattr(sleep, "copy_in", lambda dst, src, n: ctypes.memmove(dst, src, n))
-    monkeypatch.setattr(sleep, "create_and_map", lambda handle: None)  # mapped where it was
     registered: list[int] = []
 
     class NoCudart:
@@ -85,9 +84,9 @@ def test_a_level_1_sleep_keeps_weights_and_graphs_in_one_arena(
     backend.suspend(level=1)
     assert allocator.buffers["registered"] == [8192]  # 8,000 bytes, page-rounded, once
     assert read(weights, 5000) == b"\xee" * 5000  # released
-    backend.resume(["kv_cache"])  # vLLM may wake the KV first (with what it never defers)...
-    assert read(weights, 5000) == b"\xee" * 5000 and read(graphs, 3000) == b"G" * 3000
-    backend.resume(["weights"])  # ...and the weights after
+    backend.resume(["kv_cache"])  # vLLM may wake the KV first...
+    assert read(weights, 5000) == b"\xee" * 5000 and read(graphs, 3000) == b"\xee" * 3000
+    backend.resume(["weights", "cudagraph"])  # ...and the rest after
     assert read(weights, 5000) == b"W" * 5000 and read(graphs, 3000) == b"G" * 3000
     assert read(kv, 4000) == b"\xee" * 4000  # the KV cache is discarded, as vLLM does
     backend.suspend(level=1)  # the next sleep reuses the arena
@@ -122,7 +121,7 @@ def test_weights_are_copied_out_once_while_they_stay_the_same(
             copied_out.append(src)
         ctypes.memmove(dst, src, n)
 
-    monkeypatch.setattr(sleep.libcudart, "cudaMemcpy", memcpy)
+    monkeypatch.setattr(sleep, "libcudart", SimpleNamespace(cudaMemcpy=memcpy))
     backend = sleep.ArenaBackend()
     backend.suspend(level=1)
     assert copied_out == [weights, graphs]

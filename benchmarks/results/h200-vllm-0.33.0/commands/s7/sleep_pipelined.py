@@ -1,0 +1,172 @@
+"""Sleep with one host arena (several models on one GPU, issue #31).
+
+vLLM's level-1 sleep backs each GPU allocation it keeps (the weights, and at every level
+its runtime and CUDA-graph pools) up in a torch-pinned host tensor of its own. torch's
+pinned allocator rounds each one up to a power of two and keeps the memory after the
+wake: an 8B model's engine grew 17.6 GiB for 15.6 GiB of weights (H200, issue #31), and
+held it. This backend copies the same allocations into one exact-size buffer of pageable
+memory registered with the GPU (made at the first sleep, kept for the next ones, which
+then cost only the copies), and lets vLLM's allocator release them without a backup of
+its own; at the wake it maps each allocation and starts its copy back at once, so the
+copies (the bulk of a wake: the weights at the link's speed) run while the allocations
+after it are mapped (vLLM's ``wake_up`` maps all of them first, behind a ``gc.collect``,
+then copies one by one). The weights are copied out once: they do not change while the
+engine serves (the front door sends engines no route that reloads them), so a later
+level-1 sleep of the same allocations finds their copy still valid and releases them at
+once; a level-2 sleep (weights read again at the wake), other allocations or a larger
+arena copy them again.
+(vLLM's expert load balancing, `--enable-eplb`, moves expert weights while serving: not
+for an engine that sleeps.)
+
+vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
+"cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
+the general plugin registers this class under that name, so vLLM's own worker picks it.
+vLLM 0.33 adds ``--sleep-mode-backend`` and ``SleepModeBackendFactory.register_backend``,
+but a backend of another name loses the CUDA-graph pool: ``VllmConfig.
+use_cumem_cudagraph_pool`` puts the graphs in the memory sleep releases only for the name
+"cumem", so this one keeps that name on both releases. Runs inside vLLM's worker; imports
+vLLM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.device_allocator import DEFERRABLE_TAGS
+from vllm.device_allocator.cumem import CuMemAllocator, create_and_map, libcudart
+from vllm.device_allocator.sleep_mode_backend import CuMemBackend
+from vllm.logger import init_logger
+
+from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
+
+logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
+
+BACKED_UP_AT_EVERY_LEVEL = ("runtime", "cudagraph")  # as vLLM's CuMemBackend keeps them
+PAGE = mmap.PAGESIZE
+HOST_TO_DEVICE = 1  # cudaMemcpyKind
+
+
+def copy_in(dst: int, src: int, size: int) -> None:
+    """Start a copy from the (registered) arena to the GPU and return: cudaMemcpyAsync on
+    the default stream (vLLM's wrapper binds only the synchronous cudaMemcpy)."""
+    copy = libcudart.lib.cudaMemcpyAsync
+    result = copy(
+        ctypes.c_void_p(dst),
+        ctypes.c_void_p(src),
+        ctypes.c_size_t(size),
+        HOST_TO_DEVICE,
+        ctypes.c_void_p(0),
+    )
+    if result != 0:
+        raise RuntimeError(f"cudaMemcpyAsync of {size} bytes failed (error {result})")
+
+
+@dataclass(frozen=True)
+class Saved:
+    ptr: int  # the allocation's GPU address (the allocator maps it there again)
+    offset: int  # where its bytes wait in the arena
+    size: int
+
+
+class HostArena:
+    """Pageable memory, registered with the GPU once, exactly as large as asked (page
+    rounded): no power-of-two rounding, no second copy."""
+
+    def __init__(self, size: int) -> None:
+        self.size = -(-size // PAGE) * PAGE
+        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.ptr = torch.frombuffer(self._map, dtype=torch.uint8).data_ptr()
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        result = cudart.cudaHostRegister(self.ptr, self.size, 0)
+        if int(getattr(result, "value", result)) != 0:
+            raise RuntimeError(f"cudaHostRegister of {self.size} bytes failed ({result})")
+
+    def close(self) -> None:
+        torch.cuda.cudart().cudaHostUnregister(self.ptr)  # type: ignore[no-untyped-call]
+        self._map.close()
+
+
+class ArenaBackend(CuMemBackend):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arena: HostArena | None = None
+        self._saved: list[Saved] = []
+        # The weights as the arena holds them since the last level-1 sleep: weights do not
+        # change while an engine serves, so the next level-1 sleep skips their copy (the
+        # bulk of a put-away) where the same allocations are asleep again.
+        self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
+
+    def suspend(self, level: int = 1) -> None:
+        allocator = CuMemAllocator.get_instance()
+        awake = [
+            (ptr, data.handle[1], data.tag)
+            for ptr, data in allocator.pointer_to_data.items()
+            if not data.is_asleep
+        ]
+        weights = (
+            [(ptr, size) for ptr, size, tag in awake if tag == "weights"] if level == 1 else []
+        )
+        others = [(ptr, size) for ptr, size, tag in awake if tag in BACKED_UP_AT_EVERY_LEVEL]
+        copy_weights = bool(weights) and weights != self._weights_kept
+        total = sum(size for _ptr, size in weights + others)
+        if self._arena is None or self._arena.size < total:
+            if self._arena is not None:
+                self._arena.close()
+                self._arena, self._weights_kept = None, []  # if the next one fails
+            self._arena = HostArena(total)
+            copy_weights = bool(weights)
+            logger.info("vllm-offload sleep arena: %.2f GiB registered", total / (1 << 30))
+        arena = self._arena
+        self._saved, offset = [], 0
+        for index, (ptr, size) in enumerate(weights + others):  # weights first: offsets kept
+            if copy_weights or index >= len(weights):
+                libcudart.cudaMemcpy(arena.ptr + offset, ptr, size)
+            self._saved.append(Saved(ptr, offset, size))
+            offset += size
+        self._weights_kept = weights  # none after a level-2 sleep
+        self._state = "SUSPENDED"
+        allocator.sleep(offload_tags=())  # all released: the arena holds what is kept
+
+    def resume(self, tags: list[str] | None = None) -> None:
+        """Wake what vLLM's ``wake_up`` would (the tags asked for, and every tag it never
+        defers), each allocation's copy started as soon as it is mapped."""
+        allocator = CuMemAllocator.get_instance()
+        self._state = "RESUMING"
+        began, arena = time.perf_counter(), self._arena
+        waiting = {saved.ptr: saved for saved in self._saved}
+        torch.cuda.empty_cache()  # memory the rest of the engine freed since it slept
+        copied = 0
+        for ptr, data in allocator.pointer_to_data.items():
+            if not data.is_asleep or not (
+                tags is None or data.tag in tags or data.tag not in DEFERRABLE_TAGS
+            ):
+                continue
+            create_and_map(data.handle)
+            data.is_asleep = False
+            saved = waiting.pop(ptr, None)
+            if saved is not None and arena is not None:
+                copy_in(ptr, arena.ptr + saved.offset, saved.size)
+                copied += saved.size
+        libcudart.cudaDeviceSynchronize()
+        self._saved = list(waiting.values())  # a tag woken later (kv_cache, then weights)
+        self._state = "RUNNING"
+        logger.info(
+            "vllm-offload sleep arena: woke %s, %.2f GiB copied in %.3f s",
+            "all" if tags is None else ",".join(tags),
+            copied / (1 << 30),
+            time.perf_counter() - began,
+        )
+
+
+def register() -> None:
+    """Make this the backend vLLM's default name selects."""
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+
+    SleepModeBackendFactory._registry["cumem"] = lambda: ArenaBackend
+    print(SLEEP_BACKEND_LINE, file=sys.stderr, flush=True)  # the front door waits for it
