@@ -9,7 +9,8 @@ token ids, fixed GPU pools, CPU tiers). Each arm its own server:
 
 Load per arm (issue #43's): --people per model (1: issue #43's two people) for --run-s,
 each sending a --prompt-tokens prompt for a --answer-tokens answer (greedy, ignore_eos,
-min_tokens) and reading --think-s after it; one request per model first, outside the window (warm-up).
+min_tokens) and reading --think-s after it; one request per model first, outside the
+window (warm-up).
 Per request: model, when sent (from the window's start), TTFT, total, stream chunks. The
 switches: the front door's events in the window (control socket, read every few seconds),
 each bring-in with the put-away that made room for it. Writes OUT/turns-ARM.json (raw +

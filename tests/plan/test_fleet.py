@@ -146,7 +146,7 @@ def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     assert prepared.problems == ()
     chat, coder = prepared.fleet.models["chat"], prepared.fleet.models["coder"]
     assert chat.idle == "sleep" and coder.plan.cpu_tier.bytes == 16 * GIB
-    assert coder.plan.length.max_model_len == 16384 <= chat.plan.length.max_model_len
+    assert coder.plan.length.max_model_len == 6144 <= chat.plan.length.max_model_len
 
 
 def test_auto_keeps_two_models_that_fit_together_on_the_gpu(tmp_path: Path) -> None:

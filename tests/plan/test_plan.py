@@ -109,7 +109,7 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
     assert plan.weights.offloaded_bytes == 0
     assert plan.kv.bytes_per_token == 131072  # 32 layers x 2 x 8 x 128 x 2 bytes
     # 21.6 GiB budget - 14.96 GiB weights - ~1.5 GiB working memory
-    assert 4 * GIB < plan.gpu.kv_pool_bytes < 6 * GIB
+    assert 3.5 * GIB < plan.gpu.kv_pool_bytes < 5 * GIB  # CUDA graphs counted (#43)
     assert plan.length.max_model_len == 8192  # the model's limit; the pool holds more
     assert plan.length.longest_request_tokens > 8192
     # vLLM maps the tier from /dev/shm, by default half the RAM: that bounds it here, less

@@ -85,7 +85,7 @@ def gpu_budget(
         total_bytes=total,
         budget_bytes=int(total * config.gpu.memory_utilization),
         # at the planned prefill chunk (plan.working_memory)
-        overhead_bytes=gpu_overhead_bytes(model)
+        overhead_bytes=gpu_overhead_bytes(model, config)
         + prefill_chunk(config, model, host, "cuda").working_bytes,
         weights_bytes=weight_bytes // (tp * pp),
         layer_bytes=layer,

@@ -41,7 +41,7 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
             model=model, dtype_bytes=plan.kv.dtype_bytes, block_tokens=plan.kv.block_tokens, tp=tp
         )
         pool = pool_bytes_for(kv, tokens, requests)
-    return weights + gpu_overhead_bytes(model) + plan.prefill.working_bytes + pool
+    return weights + gpu_overhead_bytes(model, config) + plan.prefill.working_bytes + pool
 
 
 def resident_models(

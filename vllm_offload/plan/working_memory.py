@@ -22,22 +22,33 @@ from vllm_offload.vision_profile import DEFAULT_MAX_PIXELS, VisionProfile
 GPU_OVERHEAD_BASE_BYTES = int(1.0 * GIB)
 GPU_OVERHEAD_PER_HIDDEN_BYTES = 128 * 1024
 DENSE_MEASURED_CHUNK_TOKENS = 8192
+# CUDA graphs (vLLM's default; none with --enforce-eager): since vLLM 0.21 the start-up
+# profile also takes the graphs' memory from the pool (vLLM estimated 0.52 GiB for a
+# Llama-3.2-1B shape, 0.91-0.92 for 3B and 8B). Measured on an H200 (vLLM 0.33.0, chunks of
+# 8,192), what a dense model's pool lost beside the constants above: Llama-3.2-1B shape
+# 0.75 GiB, 3B 1.08, Llama-3-8B 1.13-1.14 (at utilization 0.25 and 0.42), where the 8B
+# shape without graphs kept 117.37 GiB for 117.36 planned (benchmarks/results/
+# h200-vllm-0.33.0/dense-graphs/, weights/). A fixed part and a little per hidden unit,
+# above every point: 0.99 / 1.09 / 1.19 GiB.
+GPU_OVERHEAD_CUDA_GRAPHS_BYTES = int(0.8 * GIB)
+GPU_OVERHEAD_CUDA_GRAPHS_PER_HIDDEN_BYTES = 100 * 1024
 # A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
-# routing buffers). Measured: Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), vLLM
-# 0.33.0, CUDA graphs, 2,048 batched tokens, a 21.60 GiB budget: on an H100 vLLM kept a
-# 4.22 GiB pool where the two constants above alone gave 4.70 (0.48 GiB short,
-# benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log); on an H200 at the same budget,
-# 4.09 GiB (fork-case-h200-vllm-0.33.0/fp8-bf16-model/fp8.log.xz), 0.61 GiB short. The larger
-# of the two, rounded up: all three together are that model's working memory at 2,048
-# tokens, so that the pool the plan prints is one vLLM gives on both.
+# routing buffers). Measured with CUDA graphs, which this includes (eager not measured):
+# Qwen3-Coder-30B-A3B AWQ (hidden 2,048, 128 experts), vLLM 0.33.0, 2,048 batched tokens,
+# a 21.60 GiB budget: on an H100 vLLM kept a 4.22 GiB pool where the two base constants
+# alone gave 4.70 (0.48 GiB short, benchmarks/results/fork-case-h100-vllm-0.33.0/fp8.log);
+# on an H200 at the same budget, 4.09 GiB (fork-case-h200-vllm-0.33.0/fp8-bf16-model/
+# fp8.log.xz), 0.61 GiB short. The larger of the two, rounded up: all three together are
+# that model's working memory at 2,048 tokens, so that the pool the plan prints is one
+# vLLM gives on both.
 GPU_OVERHEAD_MOE_BYTES = int(0.65 * GIB)
 MOE_MEASURED_CHUNK_TOKENS = 2048
-# A vision-language model's, besides its encoder's profile (``encoder_bytes``): a
-# Qwen2.5-VL-7B shape on an H200 (vLLM 0.33.0, CUDA graphs, utilization 0.42, chunks of
-# 8,192) kept a pool 0.84-0.92 GiB below what the constants above and the encoder's
-# activations gave, at three image budgets (vLLM counted 15.67 GiB of weights for 15.44
-# in the files, 0.95 GiB of non-torch memory and ~1.1 GiB of its language model's chunk;
-# benchmarks/results/vlm-h200-vllm-0.33.0/). The largest, rounded up.
+# A vision-language model's, besides its encoder's profile (``encoder_bytes``), CUDA
+# graphs included (eager not measured): a Qwen2.5-VL-7B shape on an H200 (vLLM 0.33.0,
+# utilization 0.42, chunks of 8,192) kept a pool 0.84-0.92 GiB below what the base
+# constants and the encoder's activations gave, at three image budgets (vLLM counted 15.67
+# GiB of weights for 15.44 in the files, 0.95 GiB of non-torch memory and ~1.1 GiB of its
+# language model's chunk; benchmarks/results/vlm-h200-vllm-0.33.0/). The largest, rounded up.
 GPU_OVERHEAD_VISION_BYTES = int(0.95 * GIB)
 # With a host extension and staged prefill, each prefill chunk copies the host part of a
 # spilled request's context once per layer, so the bytes over PCIe fall as 1/chunk. The
@@ -49,12 +60,23 @@ GPU_OVERHEAD_VISION_BYTES = int(0.95 * GIB)
 STAGED_PREFILL_CHUNK_TOKENS = 8192
 
 
-def gpu_overhead_bytes(model: ModelFacts) -> int:
+def gpu_overhead_bytes(model: ModelFacts, config: DeploymentConfig) -> int:
     """The measured working memory, at the constants' own chunk (``measured_chunk``)."""
-    moe = GPU_OVERHEAD_MOE_BYTES if model.experts else 0
-    vision = GPU_OVERHEAD_VISION_BYTES if model.vision else 0
-    per_hidden = model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
-    return GPU_OVERHEAD_BASE_BYTES + per_hidden + moe + vision
+    base = GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
+    if model.experts:
+        return base + GPU_OVERHEAD_MOE_BYTES
+    if model.vision:
+        return base + GPU_OVERHEAD_VISION_BYTES
+    if not cuda_graphs(config):
+        return base
+    graphs = GPU_OVERHEAD_CUDA_GRAPHS_BYTES
+    return base + graphs + model.hidden_size * GPU_OVERHEAD_CUDA_GRAPHS_PER_HIDDEN_BYTES
+
+
+def cuda_graphs(config: DeploymentConfig) -> bool:
+    """Whether vLLM captures CUDA graphs: unless extra_args has --enforce-eager."""
+    eager = ("--enforce-eager", "--enforce-eager=true", "--enforce-eager=True")
+    return not any(arg in eager for arg in config.extra_args)
 
 
 def measured_chunk(model: ModelFacts) -> int:

@@ -128,8 +128,12 @@ class ArenaBackend(CuMemBackend):
         self._saved = waiting
         self._state = "RUNNING"
         torch.cuda.synchronize()
-        logger.info("vllm-offload sleep arena (serial): woke %s: mapped in %.3f s, copied by %.3f s",
-                    tags, mapped, time.perf_counter() - began)
+        logger.info(
+            "vllm-offload sleep arena (serial): woke %s: mapped in %.3f s, copied by %.3f s",
+            tags,
+            mapped,
+            time.perf_counter() - began,
+        )
 
 
 def register() -> None:
