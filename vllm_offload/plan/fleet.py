@@ -32,9 +32,9 @@ ASLEEP_GPU_BYTES = 3 * GIB
 MIN_GPU_SHARE = 0.05
 # residency.min_resident_s 'auto', by what a switch costs (H200, vLLM 0.33.0, two 8B
 # models, issue #43; docs/several-models.md, benchmarks/results/h200-vllm-0.33.0/turns/).
-# Level-1 sleep (a switch 0.5 s to first token): no turns served people best with 1 and 4
-# people per model (most requests, lowest mean and p95 first token). Level 2 (2.35 s) or 'stop' (a
-# minute or more): 5 s turns, which cut the switches 7 times at 2 people.
+# Level-1 sleep (a switch 0.5 s to first token): no turns served 1 and 4 people per model
+# best (most requests, lowest mean and p95 first token). Level 2 (2.35 s) or 'stop' (a
+# minute or more): 5 s turns, which cut the switches 7 times at one person per model.
 TURN_FAST_SWITCH_S = 0.0
 TURN_SLOW_SWITCH_S = 5.0
 
@@ -87,30 +87,23 @@ def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float,
     asked = config.residency.min_resident_s
     if asked != "auto":
         return asked, Notes()
-    if idle == "sleep" and config.residency.sleep_level == 1:
-        chosen, why = (
-            TURN_FAST_SWITCH_S,
-            (
-                "level-1 sleep: a switch is the weights' copy (0.5 s for an 8B model on an "
-                "H200); no turns served people best at every load measured"
-            ),
+    fast = idle == "sleep" and config.residency.sleep_level == 1
+    if fast:
+        why = (
+            "level-1 sleep: a switch is the weights' copy (0.5 s for an 8B model on an "
+            "H200); no turns served people best at every load measured"
         )
     elif idle == "sleep":
-        chosen, why = (
-            TURN_SLOW_SWITCH_S,
-            (
-                "level-2 sleep: a switch reads the weights again (2.35 s for an 8B model on an "
-                "H200); turns keep the box from switching for each request"
-            ),
+        why = (
+            "level-2 sleep: a switch reads the weights again (2.35 s for an 8B model on an "
+            "H200); turns keep the box from switching for each request"
         )
     else:
-        chosen, why = (
-            TURN_SLOW_SWITCH_S,
-            (
-                "stop: a switch restarts the engine (a minute or more); turns keep the box "
-                "from switching for each request"
-            ),
+        why = (
+            "stop: a switch restarts the engine (a minute or more); turns keep the box "
+            "from switching for each request"
         )
+    chosen = TURN_FAST_SWITCH_S if fast else TURN_SLOW_SWITCH_S
     line = f"residency.min_resident_s auto -> {chosen:g}: {why} (docs/several-models.md)"
     return chosen, Notes(decisions=(line,) if switches else ())
 
