@@ -8,6 +8,8 @@ import asyncio
 import heapq
 import time
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -58,7 +60,7 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 
 def test_a_request_for_another_model_switches() -> None:
     async def test() -> None:
-        residency, log, events, _ = fleet(ResidencySettings())
+        residency, log, events, _ = fleet(ResidencySettings(min_resident_s=5.0))
         await residency.bring_in("a")
         residency.start()
         async with residency.lease("b"):
@@ -161,7 +163,9 @@ def test_an_idle_model_goes_at_once() -> None:
 
 def test_a_full_queue_is_busy() -> None:
     async def test() -> None:
-        residency, _, _, _engines = fleet(ResidencySettings(queue_limit=2), move_s=5)
+        residency, _, _, _engines = fleet(
+            ResidencySettings(min_resident_s=5.0, queue_limit=2), move_s=5
+        )
         residency.start()
         waiting = [asyncio.create_task(residency.lease("a").__aenter__()) for _ in range(2)]
         await until(lambda: len(residency.slots["a"].queue) == 2, "two waiting")
@@ -177,7 +181,7 @@ def test_a_full_queue_is_busy() -> None:
 
 def test_a_model_that_cannot_come_in_fails_its_queue_and_is_tried_again() -> None:
     async def test() -> None:
-        residency, _log, events, engines = fleet(ResidencySettings())
+        residency, _log, events, engines = fleet(ResidencySettings(min_resident_s=5.0))
         residency.start()
         engines["a"].fail = "out of GPU memory"
         with pytest.raises(Unavailable, match="out of GPU memory"):
@@ -196,7 +200,7 @@ def test_a_model_that_cannot_come_in_fails_its_queue_and_is_tried_again() -> Non
 
 def test_an_engine_that_exits_frees_its_place_and_starts_again_when_asked() -> None:
     async def test() -> None:
-        residency, log, _events, _ = fleet(ResidencySettings())
+        residency, log, _events, _ = fleet(ResidencySettings(min_resident_s=5.0))
         await residency.bring_in("a")
         residency.start()
         residency.engine_exited("a")
@@ -214,7 +218,7 @@ def test_an_engine_that_exits_frees_its_place_and_starts_again_when_asked() -> N
 
 def test_keep_alive_puts_an_idle_model_away() -> None:
     async def test() -> None:
-        residency, log, events, _ = fleet(ResidencySettings(keep_alive_s=0.1))
+        residency, log, events, _ = fleet(ResidencySettings(min_resident_s=5.0, keep_alive_s=0.1))
         await residency.bring_in("a")
         residency.start()
         await until(lambda: residency.slots["a"].status == "away", "keep_alive")
@@ -315,8 +319,12 @@ class TimedStandIn:
 
 
 def test_the_switcher_s_defaults_are_the_config_s() -> None:
-    """One home per default (#45): ResidencySettings() is what [residency] says by default."""
+    """One home per default (#45): ResidencySettings' defaults are what [residency] says by
+    default; the turn has none of its own ([residency]'s 'auto' is the plan's to resolve)."""
     from vllm_offload.box.runner import settings
     from vllm_offload.config import DeploymentConfig
 
-    assert settings(DeploymentConfig(), max_resident=1) == ResidencySettings()
+    resolved: Any = SimpleNamespace(max_resident=1, min_resident_s=0.0)
+    assert settings(DeploymentConfig(), resolved) == ResidencySettings(min_resident_s=0.0)
+    with pytest.raises(TypeError, match="min_resident_s"):
+        ResidencySettings()  # type: ignore[call-arg]

@@ -35,7 +35,9 @@ def started(tmp_path: Path, data: dict[str, Any], gpu_gib: float) -> list[str]:
     )
     log: list[str] = []
     engines = {name: StandIn(name, log) for name in fleet.models}
-    settings = ResidencySettings(max_resident=fleet.max_resident)
+    settings = ResidencySettings(
+        max_resident=fleet.max_resident, min_resident_s=fleet.min_resident_s
+    )
     residency = Residency(engines, settings)
     front = FrontDoor(
         engines=engines, residency=residency, max_model_len={n: 8192 for n in engines}

@@ -68,6 +68,14 @@ def test_another_vllm_flag_is_shown_where_it_goes(capsys: pytest.CaptureFixture[
             '[model]\nmax_model_len = "4k"\n',
             'model.max_model_len: "4k" is neither "auto" nor a whole number of tokens (e.g. 4096)',
         ),
+        (
+            '[residency]\nmin_resident_s = "soon"\n',
+            'residency.min_resident_s: "soon" is neither "auto" nor a number of seconds',
+        ),
+        (
+            "[residency]\nmin_resident_s = -1\n",
+            "residency.min_resident_s: must be 0 to 3600 seconds, or 'auto'",
+        ),
     ],
 )
 def test_config_mistakes_name_the_fix(

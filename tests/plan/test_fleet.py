@@ -15,7 +15,7 @@ from vllm_offload import model_facts
 from vllm_offload.config import parse
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
-from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, plan_fleet
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, fleet_json, plan_fleet
 from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import FleetInputs, PlanError
@@ -206,3 +206,44 @@ def test_auto_is_one_when_no_two_fit_and_on_a_cpu_host(tmp_path: Path) -> None:
     on_cpu = fleet_of(data, make_host(None), "cpu")
     assert on_cpu.max_resident == 1
     assert any("auto -> 1: no NVIDIA GPU" in d for d in on_cpu.notes.decisions)
+
+
+def test_auto_turn_is_none_with_level_1_sleep_and_5_s_where_a_switch_is_slow(
+    tmp_path: Path,
+) -> None:
+    """Issue #43 (1b), measured on an H200 (benchmarks/results/h200-vllm-0.33.0/turns/):
+    with level-1 sleep (a switch 0.5 s) no turns served 1 and 4 people per model best;
+    where a switch reads the weights again (level 2) or restarts the engine (stop), 5 s
+    turns keep the box from switching for each request. `plan` says which, where models
+    switch; a number is kept as it is."""
+
+    def turn(platform: str = "cuda", **residency: Any) -> tuple[float, list[str]]:
+        data = two_models(tmp_path, max_resident=1, **residency)
+        host = big_host()
+        if platform == "cpu":
+            data["kv_offload"], host = {"backend": "none"}, make_host(None)
+        fleet = fleet_of(data, host, platform)
+        assert fleet_json(fleet)["min_resident_s"] == fleet.min_resident_s
+        said = [d for d in fleet.notes.decisions if d.startswith("residency.min_resident_s")]
+        return fleet.min_resident_s, said
+
+    assert turn() == (
+        0.0,
+        [
+            "residency.min_resident_s auto -> 0: level-1 sleep: a switch is the weights' copy "
+            "(0.5 s for an 8B model on an H200); no turns served people best at every load "
+            "measured (docs/several-models.md)"
+        ],
+    )
+    level_2, said = turn(sleep_level=2)
+    assert level_2 == 5.0 and said[0].startswith("residency.min_resident_s auto -> 5: level-2")
+    stop, said = turn(idle="stop")
+    assert stop == 5.0 and "restarts the engine" in said[0]
+    on_cpu, said = turn("cpu")  # idle 'auto' without an NVIDIA GPU: stop
+    assert on_cpu == 5.0 and "restarts the engine" in said[0]
+    assert turn(min_resident_s=2) == (2.0, [])
+    assert turn(min_resident_s=0, sleep_level=2) == (0.0, [])
+    # every model on the GPU: no switch, nothing to say about turns
+    data = two_models(tmp_path, max_resident=2)
+    together = fleet_of(data, big_host())
+    assert not any("min_resident_s" in d for d in together.notes.decisions)

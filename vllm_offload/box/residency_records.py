@@ -44,10 +44,12 @@ _SECTION = ResidencySection.model_fields
 
 @dataclass(frozen=True, kw_only=True)
 class ResidencySettings:
-    """The switcher's settings; their defaults are [residency]'s (one home: its schema)."""
+    """The switcher's settings; their defaults are [residency]'s (one home: its schema).
+    min_resident_s has none: [residency]'s is 'auto', which the plan resolves (by idle and
+    sleep_level); a default here would be a second answer that could disagree."""
 
     max_resident: int = 1  # models on the GPU at once, as the plan resolved it
-    min_resident_s: float = _SECTION["min_resident_s"].default  # a model's turn once used
+    min_resident_s: float  # a model's turn once used, as the plan resolved it
     keep_alive_s: float | None = None  # idle this long: put away; None ('forever'): until needed
     queue_limit: int = _SECTION["queue_limit"].default  # requests waiting, all models
     drain_timeout_s: float = _SECTION["drain_timeout_s"].default  # in flight, put away

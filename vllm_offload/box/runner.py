@@ -31,7 +31,7 @@ from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet,
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, ModelPlan
+from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, ModelPlan
 from vllm_offload.plan.fleet_host import holds
 
 ENGINE_MODULE = "vllm_offload.box.engine"
@@ -52,13 +52,13 @@ def say(text: str) -> None:
     print(f"vllm-offload: {text}", file=sys.stderr, flush=True)
 
 
-def settings(config: DeploymentConfig, max_resident: int) -> ResidencySettings:
-    """The switcher's settings: ``max_resident`` as the plan resolved it."""
+def settings(config: DeploymentConfig, fleet: FleetPlan) -> ResidencySettings:
+    """The switcher's settings: max_resident and min_resident_s as the plan resolved them."""
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
     return ResidencySettings(
-        max_resident=max_resident,
-        min_resident_s=residency.min_resident_s,
+        max_resident=fleet.max_resident,
+        min_resident_s=fleet.min_resident_s,
         keep_alive_s=keep,
         queue_limit=residency.queue_limit,
         drain_timeout_s=residency.drain_timeout_s,
@@ -198,8 +198,7 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
         say(f"{event.text}{took}")
 
-    resident = prepared.fleet.max_resident
-    residency = Residency(engines, settings(config, resident), on_event=record)
+    residency = Residency(engines, settings(config, prepared.fleet), on_event=record)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
     front = FrontDoor(
         engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key

@@ -72,14 +72,16 @@ class ResidencySection(_Section):
         description="vLLM's sleep level: 1 keeps the weights in host RAM (fast wake), 2 drops "
         "them and reads them again from disk at wake (less RAM, slower wake).",
     )
-    min_resident_s: float = Field(
-        5.0,
-        ge=0.0,
-        le=3600.0,
+    min_resident_s: float | Literal["auto"] = Field(
+        "auto",
         description="A model's turn on the GPU, in seconds: once used, it stays this long "
         "(between its users' requests too) before another model's waiting requests may take "
         "its place, and those then run together: at most one switch per turn. A model "
-        "nothing was asked of since it came in goes at once.",
+        "nothing was asked of since it came in goes at once. 0 to 3600, or 'auto': 0 where "
+        "models sleep at level 1 (a switch is the weights' copy, about 0.5 s; switching for "
+        "each request served people best at every load measured), else 5 (a switch reads "
+        "the weights again or restarts the engine); `plan` says which. Numbers: "
+        "docs/several-models.md.",
     )
     keep_alive_s: float | Literal["forever"] = Field(
         "forever",
@@ -122,6 +124,13 @@ class ResidencySection(_Section):
     def _resident_count(cls, value: int | str) -> int | str:
         if isinstance(value, int) and not 1 <= value <= 8:
             raise ValueError("must be 1 to 8, or 'auto'")
+        return value
+
+    @field_validator("min_resident_s")
+    @classmethod
+    def _turn_bounds(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and not 0 <= value <= 3600:
+            raise ValueError("must be 0 to 3600 seconds, or 'auto'")
         return value
 
     @field_validator("keep_alive_s")

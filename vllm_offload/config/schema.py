@@ -145,6 +145,8 @@ def _neither_auto_nor_number(errors: list[Any]) -> str | None:
         if key.endswith("_bytes")
         else " of GiB"
         if key.endswith("_gib")
+        else " of seconds"
+        if key.endswith("_s")
         else ""
     )
     return f'{json.dumps(errors[0]["input"], default=str)} is neither "auto" nor {number}{unit}'

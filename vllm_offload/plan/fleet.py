@@ -30,6 +30,13 @@ from vllm_offload.plan.together import resident_models
 ASLEEP_GPU_BYTES = 3 * GIB
 # The model on the GPU must keep at least this share of it.
 MIN_GPU_SHARE = 0.05
+# residency.min_resident_s 'auto', by what a switch costs (H200, vLLM 0.33.0, two 8B
+# models, issue #43; docs/several-models.md, benchmarks/results/h200-vllm-0.33.0/turns/).
+# Level-1 sleep (a switch 0.5 s to first token): no turns served 1 and 4 people per model
+# best (most requests, lowest mean and p95 first token). Level 2 (2.35 s) or 'stop' (a
+# minute or more): 5 s turns, which cut the switches 7 times at one person per model.
+TURN_FAST_SWITCH_S = 0.0
+TURN_SLOW_SWITCH_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +54,7 @@ class FleetPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
     max_resident: int  # models on the GPU at once ('auto' resolved)
+    min_resident_s: float  # a model's turn ('auto' resolved)
     notes: Notes
 
 
@@ -71,6 +79,33 @@ def idle_mode(
             "vLLM's sleep mode needs an NVIDIA GPU; set residency.idle = 'stop' (or 'auto')",
         )
     return idle, Notes()
+
+
+def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float, Notes]:
+    """residency.min_resident_s, 'auto' resolved by what a switch costs (H200 figures);
+    said where models switch (not where every one stays on the GPU)."""
+    asked = config.residency.min_resident_s
+    if asked != "auto":
+        return asked, Notes()
+    fast = idle == "sleep" and config.residency.sleep_level == 1
+    if fast:
+        why = (
+            "level-1 sleep: a switch is the weights' copy (0.5 s for an 8B model on an "
+            "H200); no turns served people best at every load measured"
+        )
+    elif idle == "sleep":
+        why = (
+            "level-2 sleep: a switch reads the weights again (2.35 s for an 8B model on an "
+            "H200); turns keep the box from switching for each request"
+        )
+    else:
+        why = (
+            "stop: a switch restarts the engine (a minute or more); turns keep the box "
+            "from switching for each request"
+        )
+    chosen = TURN_FAST_SWITCH_S if fast else TURN_SLOW_SWITCH_S
+    line = f"residency.min_resident_s auto -> {chosen:g}: {why} (docs/several-models.md)"
+    return chosen, Notes(decisions=(line,) if switches else ())
 
 
 def _gpu_share(
@@ -105,7 +140,8 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
     config, engines, host = inputs.config, inputs.engines, inputs.host
     resident, shares, notes = _resident(inputs)
     idle, step = idle_mode(config, inputs.platform, resident >= len(engines))
-    notes = step + notes
+    turn, said = turn_s(config, idle, switches=resident < len(engines))
+    notes = step + notes + said
     level = config.residency.sleep_level
     sleepers = len(engines) - resident if idle == "sleep" else 0
     if not shares:  # as configured: each model's share less what the sleepers keep
@@ -140,7 +176,13 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
             away_ram_bytes=held,
         )
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(models=planned, default=default, max_resident=resident, notes=notes)
+    return FleetPlan(
+        models=planned,
+        default=default,
+        max_resident=resident,
+        min_resident_s=turn,
+        notes=notes,
+    )
 
 
 def _resident(inputs: FleetInputs) -> tuple[int, dict[str, DeploymentConfig], Notes]:
@@ -250,6 +292,7 @@ def fleet_json(fleet: FleetPlan) -> dict[str, object]:
         "models": models,
         "default": fleet.default,
         "max_resident": fleet.max_resident,
+        "min_resident_s": fleet.min_resident_s,
         "decisions": list(fleet.notes.decisions),
         "warnings": list(fleet.notes.warnings),
         "problems": list(fleet.notes.problems),
