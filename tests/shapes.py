@@ -33,6 +33,23 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "mlp_only_layers": [],
     "norm_topk_prob": True,
 }
+# Qwen2.5-7B(-Instruct, -Coder): the two-model example's second model
+QWEN25_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+    "vocab_size": 152064,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
 GEMMA3_4B_TEXT: dict[str, Any] = {
     "architectures": ["Gemma3ForCausalLM"],
     "model_type": "gemma3_text",

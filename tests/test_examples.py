@@ -11,13 +11,14 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import make_host
 from tests.hub_server import Hub, Repo, serve_hub
 from tests.scripts import load_script
-from tests.shapes import LLAMA3_8B
+from tests.shapes import LLAMA3_8B, QWEN25_7B
 from tests.test_hub import _cli
 from vllm_offload.config import load
 
@@ -51,13 +52,18 @@ def hub_ids(config: Path) -> list[str]:
     return [p for p in paths if p]
 
 
+def shape(repo: str, llama: dict[str, Any]) -> dict[str, Any]:
+    return QWEN25_7B if repo.startswith("Qwen/Qwen2.5-") else llama
+
+
 def plan_from_loopback_hub(config: Path, argv: list[str], tmp_path: Path) -> None:
-    """`vllm-offload ARGV --json` with a hub on loopback serving (as 8B-shaped models) the
-    repos ``config`` names: it plans, and the only thing it says cannot start is a model
-    not pulled yet."""
-    shape = dict(LLAMA3_8B, max_position_embeddings=131072)
+    """`vllm-offload ARGV --json` with a hub on loopback serving (as 8B-shaped models, a
+    Qwen2.5-7B's shape for Qwen repos) the repos ``config`` names: it plans, and the only
+    thing it says cannot start is a model not pulled yet."""
+    llama = dict(LLAMA3_8B, max_position_embeddings=131072)
     repos = {
-        repo: Repo(files={"config.json": json.dumps(shape).encode()}) for repo in hub_ids(config)
+        repo: Repo(files={"config.json": json.dumps(shape(repo, llama)).encode()})
+        for repo in hub_ids(config)
     }
     with serve_hub(Hub(repos=repos)) as endpoint:
         env = {

@@ -83,7 +83,7 @@ def expected_offload(plan: Plan, cfg: dict[str, Any], tokens: int, requests: int
     if cfg.get("num_experts") or cfg.get("n_routed_experts"):
         working += int(0.65 * GIB)
     else:
-        working += int(0.8 * GIB) + cfg["hidden_size"] * 100 * 1024
+        working += int(0.9 * GIB) + cfg["hidden_size"] * 100 * 1024
     need = plan.weights.bytes + working + blocks * per_block(cfg, block) - plan.gpu.budget_bytes
     return 0 if need <= 0 else math.ceil(need / GIB * 10) * GIB // 10
 
@@ -128,7 +128,7 @@ def test_auto_offloads_the_fewest_weights_for_the_target(
 
 def test_the_numbers_of_a_70b_on_80_gib(tmp_path: Path) -> None:
     """The README's 80 GiB example, worked by hand: 131.41 GiB of bf16 weights, 72 GiB
-    budget, 3.8 GiB working memory (1.8 GiB + 228 KiB a hidden unit, CUDA graphs counted);
+    budget, 3.7 GiB working memory (1.9 GiB + 228 KiB a hidden unit, CUDA graphs counted);
     32,768 tokens x 320 KiB = 10 GiB (+ one block)."""
     plan = plan_of(
         LLAMA3_70B, 80, **{"model.max_model_len": 32768, "weights_offload.cpu_gib": "auto"}
@@ -136,10 +136,10 @@ def test_the_numbers_of_a_70b_on_80_gib(tmp_path: Path) -> None:
     cfg = model_facts.read(LLAMA3_70B)
     assert plan.kv.bytes_per_token == 80 * 2 * 8 * 128 * 2 == 327680
     pool_needed = (32768 // 128 + 1) * 128 * 327680
-    working = int(1.8 * GIB) + 8192 * 228 * 1024
+    working = int(1.9 * GIB) + 8192 * 228 * 1024
     need = plan.weights.bytes + working + pool_needed - int(80 * GIB * 0.9)
     assert plan.weights.offloaded_bytes == math.ceil(need / GIB * 10) * GIB // 10
-    assert plan.weights.offloaded_bytes == int(73.1 * GIB)
+    assert plan.weights.offloaded_bytes == int(73.2 * GIB)
     assert plan.length.longest_request_tokens >= 32768 and cfg.num_layers == 80
     # Before #18 'auto' left room for 4,096 tokens and 32,768 was refused.
     short = plan_of(LLAMA3_70B, 80, **{"weights_offload.cpu_gib": "auto"})
@@ -165,7 +165,7 @@ def test_unreachable_says_the_longest_reachable_and_what_else_helps(tmp_path: Pa
     facts = model_facts.read(directory)
     embeddings = 2 * 128256 * 4096 * 2
     layers = (facts.weight_bytes - embeddings) // 32 * 32
-    working = int(1.8 * GIB) + 4096 * 228 * 1024  # CUDA graphs counted
+    working = int(1.9 * GIB) + 4096 * 228 * 1024  # CUDA graphs counted
     pool = int(24 * GIB * 0.9) - (facts.weight_bytes - layers) - working
     per_request = (pool // (32 * 2 * 8 * 128 * 2 * 128) - 1) // 4  # blocks for each of 4
     assert f"set model.max_model_len <= {per_request * 128:,}" in info.value.message
@@ -180,7 +180,7 @@ def test_kv_cache_dtype_fit_picks_fp8_only_when_the_model_dtype_needs_more_offlo
 ) -> None:
     directory = write_shape(tmp_path / "m", dict(LLAMA3_8B, max_position_embeddings=131072))
     fit = {"model.kv_cache_dtype": "fit", "weights_offload.cpu_gib": "auto"}
-    # 24 GiB: 21.6 budget - 14.96 weights - 2.69 working (CUDA graphs counted) = ~3.95 GiB
+    # 24 GiB: 21.6 budget - 14.96 weights - 2.79 working (CUDA graphs counted) = ~3.85 GiB
     # of pool. 16k tokens of bf16 KV (2 GiB) fit: model dtype. 56k (7 GiB) do not, fp8's
     # 3.5 GiB do: fp8, nothing offloaded.
     short = plan_of(directory, 24, **fit, **{"model.max_model_len": 16384})
@@ -199,7 +199,7 @@ def test_kv_cache_dtype_fit_picks_fp8_only_when_the_model_dtype_needs_more_offlo
 
 def test_concurrent_requests_are_held_or_refused(tmp_path: Path) -> None:
     directory = write_shape(tmp_path / "m", dict(LLAMA3_8B, max_position_embeddings=131072))
-    with pytest.raises(PlanError) as info:  # no offload allowed: the pool is ~3.95 GiB
+    with pytest.raises(PlanError) as info:  # no offload allowed: the pool is ~3.85 GiB
         plan_of(directory, 24, **{"model.max_model_len": 16384, "gpu.min_concurrent_requests": 4})
     assert info.value.field == "gpu.min_concurrent_requests"
     assert "weights_offload.cpu_gib = 'auto'" in info.value.message
@@ -216,7 +216,7 @@ def test_plan_prints_its_decisions(tmp_path: Path) -> None:
     text = render(
         plan_of(LLAMA3_70B, 80, **{"model.max_model_len": 32768, "weights_offload.cpu_gib": "auto"})
     )
-    assert "chose: weights_offload.cpu_gib auto -> 73.10 GiB per GPU" in text
+    assert "chose: weights_offload.cpu_gib auto -> 73.20 GiB per GPU" in text
     assert "chose: decode speed cost:" in text and "PCIe Gen4 x16, assumed" in text
 
 

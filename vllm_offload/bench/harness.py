@@ -142,6 +142,7 @@ EXIT_AFTER_ERROR_S = 10.0  # a server killed with its engine drops the connectio
 
 
 def failure(server: ServerProcess, repeat: int, exc: httpx.HTTPError) -> str:
+    """What ended an arm: the error, and its server's exit code if it exited."""
     code = None
     if server.proc is not None:
         try:  # a reset connection can arrive before its killed server has exited

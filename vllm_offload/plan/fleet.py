@@ -91,7 +91,8 @@ def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float,
     if fast:
         why = (
             "level-1 sleep: a switch is the weights' copy (0.5 s for an 8B model on an "
-            "H200); no turns served people best at every load measured"
+            "H200, where no turns served people best at every load measured; a larger "
+            "model or a slower link: set seconds)"
         )
     elif idle == "sleep":
         why = (

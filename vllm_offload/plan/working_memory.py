@@ -26,11 +26,12 @@ DENSE_MEASURED_CHUNK_TOKENS = 8192
 # profile also takes the graphs' memory from the pool (vLLM estimated 0.52 GiB for a
 # Llama-3.2-1B shape, 0.91-0.92 for 3B and 8B). Measured on an H200 (vLLM 0.33.0, chunks of
 # 8,192), what a dense model's pool lost beside the constants above: Llama-3.2-1B shape
-# 0.75 GiB, 3B 1.08, Llama-3-8B 1.13-1.14 (at utilization 0.25 and 0.42), where the 8B
-# shape without graphs kept 117.37 GiB for 117.36 planned (benchmarks/results/
+# 0.75 GiB, 3B 1.08, Llama-3-8B 1.13-1.14 (at utilization 0.15, 0.25 and 0.42), where the
+# 8B shape without graphs kept 117.37 GiB for 117.36 planned (benchmarks/results/
 # h200-vllm-0.33.0/dense-graphs/, weights/). A fixed part and a little per hidden unit,
-# above every point: 0.99 / 1.09 / 1.19 GiB.
-GPU_OVERHEAD_CUDA_GRAPHS_BYTES = int(0.8 * GIB)
+# at least 0.1 GiB above every point (one run each; vLLM's graphs grow with its capture
+# sizes): 1.10 / 1.20 / 1.29 GiB.
+GPU_OVERHEAD_CUDA_GRAPHS_BYTES = int(0.9 * GIB)
 GPU_OVERHEAD_CUDA_GRAPHS_PER_HIDDEN_BYTES = 100 * 1024
 # A mixture-of-experts model's profile peaks higher (its fused-MoE kernels' workspaces and
 # routing buffers). Measured with CUDA graphs, which this includes (eager not measured):
@@ -61,22 +62,29 @@ STAGED_PREFILL_CHUNK_TOKENS = 8192
 
 
 def gpu_overhead_bytes(model: ModelFacts, config: DeploymentConfig) -> int:
-    """The measured working memory, at the constants' own chunk (``measured_chunk``)."""
-    base = GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
-    if model.experts:
-        return base + GPU_OVERHEAD_MOE_BYTES
-    if model.vision:
-        return base + GPU_OVERHEAD_VISION_BYTES
-    if not cuda_graphs(config):
-        return base
-    graphs = GPU_OVERHEAD_CUDA_GRAPHS_BYTES
-    return base + graphs + model.hidden_size * GPU_OVERHEAD_CUDA_GRAPHS_PER_HIDDEN_BYTES
+    """The measured working memory, at the constants' own chunk (``measured_chunk``). The
+    mixture-of-experts and vision constants were measured with CUDA graphs and include
+    them; a dense text model's graphs are counted apart (none with --enforce-eager)."""
+    working = GPU_OVERHEAD_BASE_BYTES + model.hidden_size * GPU_OVERHEAD_PER_HIDDEN_BYTES
+    working += GPU_OVERHEAD_MOE_BYTES if model.experts else 0
+    working += GPU_OVERHEAD_VISION_BYTES if model.vision else 0
+    if not model.experts and not model.vision and cuda_graphs(config):
+        working += GPU_OVERHEAD_CUDA_GRAPHS_BYTES
+        working += model.hidden_size * GPU_OVERHEAD_CUDA_GRAPHS_PER_HIDDEN_BYTES
+    return working
 
 
 def cuda_graphs(config: DeploymentConfig) -> bool:
-    """Whether vLLM captures CUDA graphs: unless extra_args has --enforce-eager."""
-    eager = ("--enforce-eager", "--enforce-eager=true", "--enforce-eager=True")
-    return not any(arg in eager for arg in config.extra_args)
+    """Whether vLLM captures CUDA graphs: unless extra_args turns --enforce-eager on (the
+    last of --enforce-eager / --no-enforce-eager wins, as in vLLM's parser, which reads
+    underscores as dashes). Other ways to turn graphs off (-O0, a compilation config) are
+    not read: the plan then counts graphs vLLM does not make, a smaller pool."""
+    eager = False
+    for arg in config.extra_args:
+        flag = arg.replace("_", "-")
+        if flag in ("--enforce-eager", "--no-enforce-eager"):
+            eager = flag == "--enforce-eager"
+    return not eager
 
 
 def measured_chunk(model: ModelFacts) -> int:

@@ -8,15 +8,15 @@ held it. This backend copies the same allocations into one exact-size buffer of 
 memory registered with the GPU (made at the first sleep, kept for the next ones, which
 then cost only the copies), and lets vLLM's allocator release them without a backup of
 its own; at the wake it copies them back into the memory the allocator maps again. In an
-engine the wake is the copy: an 8B model's 15.5 GiB mapped in 0.04 s and copied by 0.37 s
-on an H200; starting each copy as soon as its allocation was mapped changed nothing
-(benchmarks/results/h200-vllm-0.33.0/wake/). The weights are copied out once: they do not
-change while the engine serves (the front door sends engines no route that reloads them),
-so a later level-1 sleep of the same allocations finds their copy still valid and
-releases them at once; a level-2 sleep (weights read again at the wake), other
-allocations or a larger arena copy them again.
-(vLLM's expert load balancing, `--enable-eplb`, moves expert weights while serving: not
-for an engine that sleeps.)
+engine the wake is the copy: an 8B model's engine mapped its 23.5 GiB in 0.04 s and had
+copied its 15.5 GiB by 0.37 s on an H200; starting each copy as soon as its allocation was
+mapped changed nothing (benchmarks/results/h200-vllm-0.33.0/wake/). The weights are
+copied out once: they do not change while the engine serves (the front door sends
+engines no route that reloads them), so a later level-1 sleep of the same allocations
+finds their copy still valid and releases them at once; a level-2 sleep (weights read
+again at the wake), other allocations or a larger arena copy them again. (vLLM's expert
+load balancing, `--enable-eplb`, moves expert weights while serving: not for an engine
+that sleeps.)
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
 "cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
