@@ -9,7 +9,7 @@ from vllm_offload.plan.gpu import GpuMemory
 from vllm_offload.plan.kv import KvSizing, request_kv_bytes
 from vllm_offload.plan.lengths import PoolShape
 from vllm_offload.plan.records import Costs, KvLayout, Lengths, Notes, PlanInputs, gib
-from vllm_offload.vllm_ext.spill_share import MAX_GPU_PART_OF_ONE_REQUEST
+from vllm_offload.vllm_ext.spill_share import long_part
 
 # Host->GPU copy speed of registered memory over PCIe Gen5 x16, measured on an H200
 # (benchmarks/results/h200-vllm-0.32.0/weights/pinned_memory.json, 2 MiB blocks). Other
@@ -47,13 +47,13 @@ def offload_costs(
     speed, source = h2d_bytes_per_s(inputs.host) if inputs.platform == "cuda" else (0.0, "no GPU")
     offloaded = memory.weights_offloaded_bytes
     ceiling = speed / offloaded if offloaded and speed else None
-    # The GPU part as aligned for the extension; below share 1 a spilled request keeps at
+    # The GPU part as aligned for the extension; below share 1 the long requests keep at
     # most half of it (fair_scheduler: later requests find GPU blocks); the rest it reads
     # every step.
     whole_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
     gpu_part = whole_part
     if extension and inputs.config.kv_offload.spilled_step_share < 1:
-        gpu_part = int(shape.gpu_blocks * MAX_GPU_PART_OF_ONE_REQUEST) * layout.bytes_per_block
+        gpu_part = long_part(shape.gpu_blocks) * layout.bytes_per_block
     max_len = lengths.max_model_len
     kv = KvSizing(
         model=model, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp

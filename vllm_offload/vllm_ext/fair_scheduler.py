@@ -4,23 +4,28 @@
 A step whose spilled requests the time share keeps out hides them from vLLM's running
 list while vLLM schedules it (and lowers the running limit by as many, so none is
 admitted in their place), then puts them back in their order: vLLM's own loop, budgets
-and preemption decide everything else. Allocations for a request that holds its most of
-the GPU part take host blocks first (``DeviceFirstFreeBlockQueue.host_first``). Runs
-inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
+and preemption decide everything else. Allocations for a long request take GPU blocks up
+to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
+then host blocks; beside a spilled request a short one that would not find its GPU blocks
+is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
+Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_offload.vllm_ext import spill_share
 from vllm_offload.vllm_ext.knobs import SPILLED_STEP_SHARE_KEY
 from vllm_offload.vllm_ext.kv_host_extension import DeviceFirstFreeBlockQueue
+
+logger = init_logger("vllm.vllm_offload.fair_scheduler")  # printed as vLLM's own
 
 
 class FairScheduler(Scheduler):
@@ -34,30 +39,39 @@ class FairScheduler(Scheduler):
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self.host_blocks = getattr(kv_cache_config, "num_host_blocks", 0)  # patch 0006
         self.first_host_block = kv_cache_config.num_blocks - self.host_blocks
-        # Not given (the launcher always gives it): no time limit, host blocks last.
+        # Not given (the launcher always gives it): no time limit, GPU blocks first.
         additional = vllm_config.additional_config
         share = additional.get(SPILLED_STEP_SHARE_KEY, 1.0) if isinstance(additional, dict) else 1.0
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
+        # The long requests running as this step began, and those of them holding host blocks.
+        self.long: list[Request] = []
+        self.spilled: list[Request] = []
         if self.host_blocks and self.spill_share.share < 1:  # 1: patch 0006 alone
-            self._allocate_host_first_past_half()
+            self._keep_requests_to_their_parts()
 
-    def _allocate_host_first_past_half(self) -> None:
+    def _keep_requests_to_their_parts(self) -> None:
         queue = self.kv_cache_manager.block_pool.free_block_queue
         assert isinstance(queue, DeviceFirstFreeBlockQueue)  # patch 0006's, with host blocks
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
-            # Count its blocks (every step) only if its length could fill half the part.
-            at_most = -(-request.num_tokens_with_spec // self.block_size)
-            long = spill_share.host_first(at_most, self.first_host_block)
-            held = self._gpu_blocks_held(request) if long else 0
-            queue.host_first = spill_share.host_first(held, self.first_host_block)
+            if self.is_long(request):
+                longs = {id(r): r for r in [*self.long, request]}.values()
+                held = sum(self._gpu_blocks_held(r) for r in longs)
+                queue.gpu_allowance = spill_share.gpu_allowance(held, self.first_host_block)
+            elif self.spilled and request.status != RequestStatus.RUNNING:
+                if not self._fits_beside_spilled(request, queue.device.num_free_blocks):
+                    return None  # it waits, as for a full pool
             try:
                 return allocate(request, *args, **kwargs)
             finally:
-                queue.host_first = False
+                queue.gpu_allowance = None
 
         self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+
+    def is_long(self, request: Request) -> bool:
+        blocks = -(-request.num_tokens_with_spec // self.block_size)
+        return spill_share.is_long(blocks, self.first_host_block)
 
     def _block_ids(self, request: Request) -> list[int]:
         return [i for ids in self.kv_cache_manager.get_block_ids(request.request_id) for i in ids]
@@ -68,22 +82,56 @@ class FairScheduler(Scheduler):
     def holds_host_blocks(self, request: Request) -> bool:
         return any(i >= self.first_host_block for i in self._block_ids(request))
 
+    def _still_to_hold(self, request: Request) -> int:
+        """The blocks a short request is expected to take beyond those it holds."""
+        expected = spill_share.expected_blocks(
+            request.num_prompt_tokens, request.max_tokens, self.block_size
+        )
+        return max(0, expected - len(self._block_ids(request)))
+
+    def _fits_beside_spilled(self, request: Request, free_gpu_blocks: int) -> bool:
+        shorts = [r for r in self.running if not self.is_long(r)]
+        if not shorts:
+            return True  # none to keep apart from: it goes on, host blocks if it must
+        promised = sum(self._still_to_hold(r) for r in shorts)
+        return promised + self._still_to_hold(request) <= free_gpu_blocks
+
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.host_blocks:
             return super().schedule(*args, **kwargs)  # no host blocks: nothing to share
-        spilled = [r for r in self.running if self.holds_host_blocks(r)]
-        others = len(spilled) < len(self.running) or self.get_request_counts()[1] > 0
-        hidden = [] if not spilled or self.spill_share.admit(others=others) else spilled
-        output = self._schedule_without(hidden, *args, **kwargs)
-        ran = (self.requests[i] for i in output.num_scheduled_tokens if i in self.requests)
-        self.spill_share.started(output, spilled=any(self.holds_host_blocks(r) for r in ran))
+        self.long = [r for r in self.running if self.is_long(r)]
+        self.spilled = [r for r in self.long if self.holds_host_blocks(r)]
+        others = len(self.spilled) < len(self.running) or self.get_request_counts()[1] > 0
+        admit = not self.spilled or self.spill_share.admit(others=others)
+        output = self._schedule_without([] if admit else self.spilled, *args, **kwargs)
+        ran = [self.requests[i] for i in output.num_scheduled_tokens if i in self.requests]
+        spilled = any(self.is_long(r) and self.holds_host_blocks(r) for r in ran)
+        shared = bool(self.spilled) and others
+        self.spill_share.started(output, spilled=spilled, shared=shared)
         return output
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
     ) -> Any:
         self.spill_share.ended(scheduler_output)  # the step's length, host reads included
-        return super().update_from_output(scheduler_output, *args, **kwargs)
+        outputs = super().update_from_output(scheduler_output, *args, **kwargs)
+        ended = [r for r in self.spilled if r.is_finished()]
+        if ended:
+            self.spilled = [r for r in self.spilled if not r.is_finished()]
+            self._log_share()
+        return outputs
+
+    def _log_share(self) -> None:
+        """What the share gave so far, when a spilled request ends (the GPU benchmark reads
+        it: benchmarks/gpu/fairness.py)."""
+        share = self.spill_share
+        logger.info(
+            "spilled request ended; spilled steps took %.3f s of %.3f s of steps beside "
+            "others so far (kv_spilled_step_share %.2f)",
+            share.spilled_shared_s,
+            share.shared_s,
+            share.share,
+        )
 
     def _schedule_without(
         self, hidden: list[Request], *args: Any, **kwargs: Any

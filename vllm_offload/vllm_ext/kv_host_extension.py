@@ -174,13 +174,14 @@ class DeviceFirstFreeBlockQueue:
     FreeKVCacheBlockQueue for the GPU blocks and one for the host blocks, each in vLLM's
     eviction order, and GPU blocks handed out first, so that a request reads host memory
     only when the GPU part is full. ``blocks``: all blocks of the pool, by block ID;
-    ``first_host_block``: the ID of the first block backed by host RAM. ``host_first``:
-    set by the scheduler (fair_scheduler) while it allocates for a request that holds
-    its most of the GPU part, so that host blocks go to it before GPU ones."""
+    ``first_host_block``: the ID of the first block backed by host RAM.
+    ``gpu_allowance``: set by the scheduler (fair_scheduler) while it allocates for a
+    long request: the most GPU blocks it may still take, each one counted, before host
+    blocks (GPU ones again only once the host part is full); None: GPU blocks first."""
 
     def __init__(self, blocks: list[KVCacheBlock], first_host_block: int) -> None:
         self.first_host_block = first_host_block
-        self.host_first = False
+        self.gpu_allowance: int | None = None
         self.device = FreeKVCacheBlockQueue(blocks[:first_host_block])
         self.host = FreeKVCacheBlockQueue(blocks[first_host_block:])
 
@@ -196,18 +197,23 @@ class DeviceFirstFreeBlockQueue:
         host = [b for b in blocks if b.block_id >= self.first_host_block]
         return device, host
 
-    def _order(self) -> tuple[FreeKVCacheBlockQueue, FreeKVCacheBlockQueue]:
-        return (self.host, self.device) if self.host_first else (self.device, self.host)
+    def _from_device(self, n: int) -> int:
+        """How many of the next ``n`` blocks come from the GPU part."""
+        free = int(self.device.num_free_blocks)
+        allowed = free if self.gpu_allowance is None else min(free, self.gpu_allowance)
+        past = n - min(n, allowed)  # host blocks, while there are any
+        return n - min(past, int(self.host.num_free_blocks))
 
     def popleft(self) -> KVCacheBlock:
-        first, then = self._order()
-        return first.popleft() if first.num_free_blocks else then.popleft()
+        (block,) = self.popleft_n(1)
+        return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        first, then = self._order()
-        from_first = min(n, first.num_free_blocks)
-        got: list[KVCacheBlock] = first.popleft_n(from_first)
-        return got + then.popleft_n(n - from_first)
+        device = self._from_device(n)
+        if self.gpu_allowance is not None:
+            self.gpu_allowance = max(0, self.gpu_allowance - device)
+        got: list[KVCacheBlock] = self.device.popleft_n(device)
+        return got + self.host.popleft_n(n - device)
 
     def remove(self, block: KVCacheBlock) -> None:
         self._queue_of(block).remove(block)

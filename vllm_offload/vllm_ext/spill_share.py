@@ -3,21 +3,28 @@
 scheduler.
 
 Every step that includes such a request waits for its host reads (~0.14 s for 6 GB over
-PCIe), and so does every request batched with it. Two rules keep the others at GPU
+PCIe), and so does every request batched with it. Three rules keep the others at GPU
 speed:
 
 - **A time share.** While other requests are waiting or running, the steps that include
   a spilled request take at most ``share`` of wall time, their host reads included: after
   such a step of ``t`` seconds, the next one may start ``t * (1 - share) / share`` seconds
   later, and the steps in between run without it. Alone, it runs every step.
-- **One request holds at most half the GPU part.** Past that, its new blocks come from
-  host RAM first, so that a short request arriving later still finds GPU blocks instead
-  of host blocks that were free first (the GPU part full of the long request's blocks;
-  cached free GPU blocks are evicted before any host block is handed out anyway:
-  DeviceFirstFreeBlockQueue). Alone, such a request reads up to half the GPU part more
-  over PCIe every step.
+- **Long requests together hold at most half the GPU part** (a long request: one whose
+  length could fill that half). Past it their new blocks come from host RAM, counted block
+  by block (a prefill chunk larger than what is left of the half takes the rest from host
+  RAM), so that the requests beside them find GPU blocks. Alone, such a request reads up
+  to half the GPU part more over PCIe every step.
+- **Beside a spilled request, the others keep to the GPU part.** Only a long request's
+  steps are time-shared. A short request is admitted while its prompt and its expected
+  answer (its max_tokens, at most ``GROWTH_RESERVE_TOKENS``) fit in the free GPU blocks
+  beside what the running short requests are expected to grow by; otherwise it waits, as
+  on a GPU pool of that size (a short request that reads host blocks slows every step it
+  is in, and with them the whole batch: issue #54 measured 28x). One that outgrows its
+  reserve takes host blocks rather than be preempted; with no short request running, one
+  is always admitted.
 
-A share of 1 turns both off: patch 0006 alone.
+A share of 1 turns them off: patch 0006 alone.
 """
 
 from __future__ import annotations
@@ -27,8 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# The most of the pool's GPU part one request holds before its new blocks come from host RAM.
-MAX_GPU_PART_OF_ONE_REQUEST = 0.5
+# The most of the pool's GPU part the long requests hold together before their new blocks
+# come from host RAM.
+MAX_GPU_PART_OF_LONG_REQUESTS = 0.5
+# The tokens an admitted short request is expected to add to its prompt beside a spilled
+# one (its max_tokens when smaller): a chat's answer; a longer one reads host blocks past it.
+GROWTH_RESERVE_TOKENS = 1024
 
 
 def read_share(value: object) -> float:
@@ -40,19 +51,35 @@ def read_share(value: object) -> float:
     return float(value)
 
 
-def host_first(gpu_blocks_held: int, gpu_blocks: int) -> bool:
-    """Whether a request holding this many of the pool's GPU blocks takes host ones first."""
-    return gpu_blocks_held >= gpu_blocks * MAX_GPU_PART_OF_ONE_REQUEST
+def long_part(gpu_blocks: int) -> int:
+    """The GPU blocks the long requests may hold together."""
+    return int(gpu_blocks * MAX_GPU_PART_OF_LONG_REQUESTS)
+
+
+def is_long(blocks: int, gpu_blocks: int) -> bool:
+    """Whether a request of this many blocks could fill the long requests' part."""
+    return blocks >= long_part(gpu_blocks)
+
+
+def gpu_allowance(long_blocks_held: int, gpu_blocks: int) -> int:
+    """The GPU blocks the long requests may still take (``long_blocks_held``: theirs now)."""
+    return max(0, long_part(gpu_blocks) - long_blocks_held)
+
+
+def expected_blocks(prompt_tokens: int, max_tokens: int, block_tokens: int) -> int:
+    """The blocks a short request is expected to hold beside a spilled one."""
+    return -(-(prompt_tokens + min(max_tokens, GROWTH_RESERVE_TOKENS)) // block_tokens)
 
 
 @dataclass(frozen=True)
 class Step:
     """A step scheduled and not yet ended: when it was scheduled, whether it includes a
-    spilled request."""
+    spilled request, and whether the share was in force (a spilled request and others)."""
 
     key: object
     at: float
     spilled: bool
+    shared: bool
 
 
 @dataclass(kw_only=True)
@@ -60,7 +87,9 @@ class SpillShare:
     """The time-share rule. Call ``admit`` when a step is being scheduled, ``started``
     once it is (with a key for it and whether it includes a spilled request), and
     ``ended`` with that key when its output arrives; steps end in the order they were
-    scheduled.
+    scheduled. ``shared_s`` and ``spilled_shared_s`` count the time of the steps taken
+    while the share was in force, and of those that included a spilled request: what the
+    rule gave, as the GPU's clock saw it.
 
     A step's length is the time from the later of its scheduling and the previous step's
     end to its own end. Not the time between two schedulings: with async scheduling
@@ -75,6 +104,8 @@ class SpillShare:
     _running: list[Step] = field(default_factory=list, init=False)
     _last_end: float = field(default=-math.inf, init=False)
     _not_before: float = field(default=-math.inf, init=False)
+    shared_s: float = field(default=0.0, init=False)
+    spilled_shared_s: float = field(default=0.0, init=False)
 
     def admit(self, *, others: bool) -> bool:
         """Whether the spilled requests go into the step now scheduled; ``others``:
@@ -83,8 +114,9 @@ class SpillShare:
             return True
         return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
-    def started(self, key: object, *, spilled: bool) -> None:
-        self._running.append(Step(key=key, at=self.clock(), spilled=spilled))
+    def started(self, key: object, *, spilled: bool, shared: bool = False) -> None:
+        """A step scheduled; ``shared``: a spilled request was running beside others."""
+        self._running.append(Step(key=key, at=self.clock(), spilled=spilled, shared=shared))
 
     def ended(self, key: object) -> None:
         at = next((n for n, s in enumerate(self._running) if s.key is key), None)
@@ -94,5 +126,8 @@ class SpillShare:
         del self._running[: at + 1]  # any before it ended unseen (steps end in order)
         took = now - max(step.at, self._last_end)
         self._last_end = now
+        if step.shared:
+            self.shared_s += took
+            self.spilled_shared_s += took if step.spilled else 0.0
         if step.spilled:
             self._not_before = now + took * (1 - self.share) / self.share
