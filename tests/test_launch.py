@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import make_host
 from vllm_offload import launch, model_facts, real_model, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.config.schema import ConfigError
 from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan, PlanError, make_plan
 
@@ -396,6 +397,23 @@ def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -
     assert refused - options == set()
     assert {o for o in options if refused_flag(o)} == refused
     assert refused_flag(["--max-model", "8192"][0])  # vLLM's parser takes the prefix
+
+
+def test_reproducible_pins_what_vllm_would_choose_by_timing(demo_dir: Path) -> None:
+    """Issue #54: server.reproducible (on by default) reaches vLLM as Inductor's
+    deterministic mode, its Triton autotuners' first config and no FlashInfer autotuning,
+    read back by vLLM's own parser; off, or on vLLM's CPU platform, none of it."""
+    from vllm_offload import argv_check
+
+    spec = spec_for(demo_dir, {})
+    assert spec.env.items() >= launch.REPRODUCIBLE_ENV.items()
+    assert spec.owned["enable_flashinfer_autotune"] is False
+    argv_check.check(spec)  # vLLM's own parser reads it so
+    for off in (spec_for(demo_dir, {"server.reproducible": False}), spec_for(demo_dir, {}, None)):
+        assert not set(off.env) & set(launch.REPRODUCIBLE_ENV)
+        assert not any("flashinfer-autotune" in a for a in off.args)
+    with pytest.raises(ConfigError, match=r"server\.reproducible"):
+        with_overrides(DeploymentConfig(), {"extra_args": ["--enable-flashinfer-autotune"]})
 
 
 def test_read_api_key(tmp_path: Path) -> None:

@@ -57,6 +57,10 @@ SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
 # vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
 # sleeps is reached through its own unix socket alone).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# server.reproducible: Inductor's deterministic mode (no combo-kernel benchmark, reduction
+# configs of one numeric result; read when torch._inductor.config is first imported, in
+# vLLM's processes) and vLLM's Triton autotuners on their first valid config.
+REPRODUCIBLE_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1", "VLLM_TRITON_FORCE_FIRST_CONFIG": "1"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +140,11 @@ class _Options:
         """A switch that takes no value (vLLM's store_true options)."""
         self.args.append(flag)
         self.owned[_dest(flag)] = True
+
+    def add_off(self, flag: str) -> None:
+        """``--no-flag``: a switch of vLLM's that its parser reads as ``flag`` False."""
+        self.args.append("--no-" + flag.removeprefix("--"))
+        self.owned[_dest(flag)] = False
 
     def add_list(self, flag: str, values: list[str]) -> None:
         """An option of several values (vLLM's nargs='+'), as separate tokens: config
@@ -243,6 +252,9 @@ def build(
         options.add("--kv-cache-dtype", plan.kv.cache_dtype)
     if plan.platform == "cuda":
         options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
+    if plan.reproducible:  # kernels chosen by rule, not by timing (plan/reproducible.py)
+        options.add_off("--enable-flashinfer-autotune")
+        env.update(REPRODUCIBLE_ENV)
     # vLLM's default chunk, and the adjustments vLLM makes to it, stay vLLM's
     if plan.prefill.source in ("configured", "host extension"):
         options.add("--max-num-batched-tokens", plan.prefill.tokens)

@@ -47,8 +47,13 @@ def test_dry_run_prints_command_and_kv_config(
     env, argv = shlex.split(command), []
     while "=" in env[0]:  # the environment the launcher sets, printed before the command
         argv.append(env.pop(0))
-    assert argv == [f"VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}"]
+    assert argv == [
+        "TORCHINDUCTOR_DETERMINISTIC=1",  # server.reproducible, on by default
+        "VLLM_TRITON_FORCE_FIRST_CONFIG=1",
+        f"VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}",
+    ]
     argv = env
+    assert "--no-enable-flashinfer-autotune" in argv
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert f"--model={demo_dir}" in argv
     assert argv[-1] == "--enforce-eager"
@@ -223,7 +228,12 @@ def test_config_show_merges_file_and_flags(
     path.write_text("[server]\nport = 9001\n[kv_offload]\ncpu_tier_gib = 4\n")
     assert main(["config", "show", "--config", str(path), "--host", "0.0.0.0", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["server"] == {"host": "0.0.0.0", "port": 9001, "api_key_file": ""}
+    assert shown["server"] == {
+        "host": "0.0.0.0",
+        "port": 9001,
+        "api_key_file": "",
+        "reproducible": True,
+    }
     assert shown["kv_offload"]["cpu_tier_gib"] == 4.0
 
 

@@ -444,6 +444,7 @@ def test_plan_json_is_stable(demo_dir: Path) -> None:
             "cpu_tier_room_ram_bytes",
             "cpu_tier_room_shm_bytes",
             "tensor_parallel_size",
+            "reproducible",
             "disk_tier_path",
             "disk_tier_root",
             "disk_tier_bytes",

@@ -44,6 +44,8 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--api-key": "server.api_key_file",
     "--uds": "residency.runtime_dir",
     "--enable-sleep-mode": "residency.idle",
+    "--enable-flashinfer-autotune": "server.reproducible",
+    "--no-enable-flashinfer-autotune": "server.reproducible",
 }
 # Flags the server entry point the launcher runs does not honour (they belong to `vllm
 # serve`'s multi-process front end), or that would read settings from elsewhere.

@@ -223,6 +223,14 @@ class ServerSection(_Section):
         description="File holding the API key clients must send. Empty: no key. "
         "The key reaches vLLM through its environment, never its command line.",
     )
+    reproducible: bool = Field(
+        True,
+        description="The same greedy answer (tokens and logprobs) after every start on a "
+        "GPU: kernels vLLM would choose by timing them at start-up are chosen by rule "
+        "(Inductor's deterministic mode, the first config of vLLM's Triton autotuners, no "
+        "FlashInfer autotuning). false: vLLM's choice by timing, which can move an answer "
+        "by one rounding step between cold starts.",
+    )
 
     _address = field_validator("host")(check_host)
 

@@ -61,6 +61,7 @@ from vllm_offload.plan.records import (
     plan_json,
 )
 from vllm_offload.plan.render import render
+from vllm_offload.plan.reproducible import kernel_choice
 from vllm_offload.plan.staging import staging_scratch
 from vllm_offload.plan.working_memory import chunk_notes, prefill_chunk
 
@@ -134,6 +135,8 @@ def make_plan(
     notes += combination_checks(asked, layout.backend)
     costs, spilled_ceiling, step = offload_costs(inputs, layout, memory, shape, length, extension)
     notes += step
+    reproducible, step = kernel_choice(config, platform)
+    notes += step
     return Plan(
         platform=platform,
         model_path=model.path,
@@ -170,5 +173,6 @@ def make_plan(
         disk=disk_tier,
         tensor_parallel_size=tp,
         costs=costs,
+        reproducible=reproducible,
         notes=notes,
     )

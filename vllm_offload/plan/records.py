@@ -222,6 +222,8 @@ class Plan:
     disk: DiskTier
     tensor_parallel_size: int
     costs: Costs
+    # Kernels chosen by rule, not by timing at start-up (server.reproducible, on a GPU).
+    reproducible: bool
     notes: Notes
 
     def to_json(self) -> dict[str, Any]:
