@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Issue #42 part 1 on the GPU host: chat streams beside one request spilled into the KV
-pool's host extension. Llama-3.1-8B shape, dummy weights, CUDA graphs, one server per arm
-through `vllm-offload serve`, all up at once, arms interleaved:
+"""Issues #42 and #54 on the GPU host: chats beside one request spilled into the KV pool's
+host extension, from every chat's first token. Llama-3.1-8B shape, dummy weights, CUDA
+graphs, one server per arm through `vllm-offload serve`, both up at once:
 
-  gpu-only   a GPU pool of --pool-gib, no extension: the long request is refused (b)
-  share-1    the same pool + --extension-gib of host RAM, kv_offload.spilled_step_share 1:
-             patch 0006 alone, every step waits for the spilled request's host reads (a)
-  share-S    the same with spilled_step_share S for each S in --shares (default 0.25,
-             the default a user gets): the spilled request's steps take at most S of the
-             time, and it holds at most half the GPU pool (vllm_ext/fair_scheduler.py) (c)
+  gpu-only   a GPU pool of --pool-gib, no extension (the chats' reference server)
+  share-S    the same GPU pool + --extension-gib of host RAM, kv_offload.spilled_step_share
+             S for each S in --shares (0.25: the default; 1: patch 0006 alone)
 
-Each round, on each arm in a rotating order: --chats chat streams (--chat-in random
-tokens in, --chat-out out) alone; then the long request (--long-tokens in, streamed) and,
-once its first token is out (it is decoding, spilled), the same number of new chats
-beside it. Per chat: TTFT and TPOT ((last token - first token) / (tokens - 1), vLLM's
-bench definition); the long request's decode rate while the chats ran and after. Goal:
-chat TPOT p50 beside the long request <= 1.5x gpu-only's chats alone. Writes
-OUT/fairness.json and each server's log.
+Scenarios (--scenarios), each with one long request (--long-tokens random ids in,
+--long-out out) and chats of --chat-in in / --chat-out out (greedy, ignore_eos):
+
+  wave16, wave32  16 or 32 chats at once at the long request's first token
+  before          16 chats, the long request 0.3 s after them (its prefill beside them)
+  with            16 chats and the long request at once
+  waves           4 waves of 8 chats, one every 2 s from the long request's first token
+  steady          chats arriving at --rate a second (seeded Poisson) for --steady-s
+
+Each scenario runs its chats twice on each arm, in turn: alone (the same arrival times, no
+long request) and beside the long request. Per chat, from its first token: mean time per
+token, p99 and worst gap (kit.stream.tail), and the ratios to the same chat alone; per
+scenario the long request's decode rate and the time share the scheduler measured
+(fair_scheduler's log line when a spilled request ends). Goals (#54): each chat's mean
+time per token <= 1.5x and p99 gap <= 3x alone; the share within +-20 % of the setting.
+Writes OUT/fairness.json and each server's log.
 
     benchmarks/gpu/fairness.py --out DIR
 """
@@ -24,8 +30,8 @@ OUT/fairness.json and each server's log.
 from __future__ import annotations
 
 import argparse
-import json
 import random
+import re
 import statistics
 import sys
 import threading
@@ -34,245 +40,223 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import GIB, split_line, write_model
+from kit.arms import Arm, serving
+from kit.model import GIB, VOCAB, split_line, write_model
+from kit.record import Record
+from kit.stream import Answer, stream
 
-from vllm_offload.bench.server_process import ServerProcess
-
-
-def token_times(
-    base_url: str, prompt: list[int], max_tokens: int, seen: list[tuple[float, int]] | None = None
-) -> dict[str, Any]:
-    """One streamed greedy completion of exactly max_tokens: (perf_counter, tokens so
-    far) at each chunk that brought tokens, appended to ``seen`` as they come (a chunk
-    may carry several: vLLM's usage count says how many), or the server's refusal."""
-    began, seen = time.perf_counter(), [] if seen is None else seen
-    body = {
-        "model": "m",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    with (
-        httpx.Client(base_url=base_url, timeout=1800) as http,
-        http.stream("POST", "/v1/completions", json=body) as response,
-    ):
-        if response.status_code != 200:
-            return {"began": began, "seen": seen, "refused": response.read().decode()[:300]}
-        for line in response.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                usage = json.loads(line[6:]).get("usage") or {}
-                tokens = usage.get("completion_tokens") or 0
-                if tokens > (seen[-1][1] if seen else 0):
-                    seen.append((time.perf_counter(), tokens))
-    return {"began": began, "seen": seen}
+SHARE_LINE = re.compile(r"spilled steps took ([\d.]+) s of ([\d.]+) s of steps beside others")
 
 
-def chat_figures(answer: dict[str, Any]) -> dict[str, float]:
-    """TTFT, and TPOT as vLLM's bench has it: (last token - first) / (tokens - 1)."""
-    (first, _), (last, tokens) = answer["seen"][0], answer["seen"][-1]
-    return {"ttft_s": first - answer["began"], "tpot_s": (last - first) / (tokens - 1)}
+def arrivals(name: str, args: argparse.Namespace, rng: random.Random) -> tuple[list[float], str]:
+    """The chats' start times (s) and what they count from: the long request's first
+    token ('first token') or its sending ('sent')."""
+    if name in ("wave16", "wave32"):
+        return [0.0] * int(name[4:]), "first token"
+    if name == "before":
+        return [-0.3] * 16, "sent"
+    if name == "with":
+        return [0.0] * 16, "sent"
+    if name == "waves":
+        return [2.0 * w for w in range(4) for _ in range(8)], "first token"
+    if name == "steady":
+        times, t = [], rng.expovariate(args.rate)
+        while t < args.steady_s:
+            times.append(t)
+            t += rng.expovariate(args.rate)
+        return times, "first token"
+    raise SystemExit(f"--scenarios: no scenario {name!r}")
 
 
-def tokens_by(seen: list[tuple[float, int]], moment: float) -> int:
-    return max((n for t, n in seen if t <= moment), default=0)
+def lead(starts: list[float]) -> float:
+    """How long before the long request the first chat goes ('before': 0.3 s)."""
+    return -min(0.0, *starts)
 
 
-def run_chats(base_url: str, prompts: list[list[int]], out_tokens: int) -> list[dict[str, float]]:
+def chats_at(
+    url: str, prompts: list[list[int]], starts: list[float], t0: float, out: int
+) -> list[Answer]:
+    """Each chat sent at t0 + its start time (perf_counter seconds)."""
+
+    def one(prompt: list[int], start: float) -> Answer:
+        time.sleep(max(0.0, t0 + start - time.perf_counter()))
+        return stream(url, prompt, out)
+
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda p: token_times(base_url, p, out_tokens), prompts))
-    return [chat_figures(a) for a in answers]
+        return list(pool.map(one, prompts, starts))
 
 
-def beside_long(
-    base_url: str, long_prompt: list[int], long_out: int, chats: list[list[int]], chat_out: int
+def beside(
+    url: str,
+    long_prompt: list[int],
+    prompts: list[list[int]],
+    starts: list[float],
+    anchor: str,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """The long request streamed in a thread; the chats once its first token is out
-    (it is decoding, its KV in host RAM); its decode rate while they ran and after."""
-    seen: list[tuple[float, int]] = []
-    holder: dict[str, Any] = {}
-    began = time.perf_counter()
-    thread = threading.Thread(
-        target=lambda: holder.update(token_times(base_url, long_prompt, long_out, seen))
-    )
+    """The long request in a thread, the chats at their times from its sending or its
+    first token; the long request's decode rate while chats ran and after."""
+    long = Answer(began=0.0)
+    sent = time.perf_counter() + lead(starts)
+
+    def long_request() -> None:
+        time.sleep(max(0.0, sent - time.perf_counter()))
+        stream(url, long_prompt, args.long_out, answer=long)
+
+    thread = threading.Thread(target=long_request)
     thread.start()
-    while thread.is_alive() and not seen:
-        time.sleep(0.02)
-    if not seen:
-        thread.join()
-        return {"long_refused": holder.get("refused", "no token")}
-    ttft = seen[0][0] - began
-    chats_began = time.perf_counter()
-    figures = run_chats(base_url, chats, chat_out)
-    chats_ended = time.perf_counter()
+    t0 = sent
+    if anchor == "first token":
+        while thread.is_alive() and not long.times:
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+    got = chats_at(url, prompts, starts, t0, args.chat_out)
     thread.join()
-    during = tokens_by(seen, chats_ended) - tokens_by(seen, chats_began)
-    (last, total) = seen[-1]
-    after = total - tokens_by(seen, chats_ended)
+    if long.refused or not long.times:
+        return {"long_refused": long.refused or "no token", "chats": [c.to_json() for c in got]}
+    first_chat = min(c.began for c in got)
+    last_chat = max(c.began + c.times[-1] for c in got if c.times)
+    during = [t for t in long.times if first_chat <= long.began + t <= last_chat]
+    after = [t for t in long.times if long.began + t > last_chat]
     return {
-        "chats": figures,
-        "long_ttft_s": ttft,
-        "long_tokens": total,
-        "long_tokens_during_chats": during,
-        "chats_window_s": chats_ended - chats_began,
-        "long_tok_per_s_during_chats": during / (chats_ended - chats_began),
-        "long_tok_per_s_after": after / (last - chats_ended) if after > 1 else None,
+        "chats": [c.to_json() for c in got],
+        "long_ttft_s": long.ttft_s,
+        "long_tokens": len(long.times),
+        "long_tok_per_s_beside_chats": len(during) / (last_chat - first_chat) if during else 0.0,
+        "long_tok_per_s_after": (len(after) - 1) / (after[-1] - after[0])
+        if len(after) > 2
+        else None,
     }
 
 
-def percentiles(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    at = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+def chat_ratios(alone: list[dict[str, Any]], next_to: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per chat (same prompt, same arrival), beside over alone; and the worst of them."""
+    pairs = [
+        (a, b)
+        for a, b in zip(alone, next_to, strict=True)
+        if "mean_tpot_s" in a and "mean_tpot_s" in b
+    ]
+    tpot = [b["mean_tpot_s"] / a["mean_tpot_s"] for a, b in pairs]
+    p99 = [b["p99_gap_s"] / a["p99_gap_s"] for a, b in pairs]
     return {
-        "p50": statistics.median(ordered),
-        "p95": at(0.95),
-        "min": ordered[0],
-        "max": ordered[-1],
+        "mean_tpot_ratio": tpot,
+        "p99_gap_ratio": p99,
+        "worst_mean_tpot_ratio": max(tpot, default=None),
+        "worst_p99_gap_ratio": max(p99, default=None),
+        "chats_within_goals": sum(t <= 1.5 and p <= 3 for t, p in zip(tpot, p99, strict=True)),
+        "chats": len(pairs),
     }
+
+
+def tails_summary(chats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the chats: mean of their mean time per token, the worst p99 and worst gap, TTFTs."""
+    done = [c for c in chats if "mean_tpot_s" in c]
+    if not done:
+        return {}
+    return {
+        "mean_of_mean_tpot_s": statistics.fmean(c["mean_tpot_s"] for c in done),
+        "worst_mean_tpot_s": max(c["mean_tpot_s"] for c in done),
+        "worst_p99_gap_s": max(c["p99_gap_s"] for c in done),
+        "worst_gap_s": max(c["max_gap_s"] for c in done),
+        "ttft_median_s": statistics.median(c["ttft_s"] for c in done),
+        "ttft_max_s": max(c["ttft_s"] for c in done),
+    }
+
+
+def shares_logged(log: str) -> list[tuple[float, float]]:
+    return [(float(a), float(b)) for a, b in SHARE_LINE.findall(log)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--pool-gib", type=float, default=2.0)
-    parser.add_argument("--extension-gib", type=float, default=8.0)
-    parser.add_argument("--long-tokens", type=int, default=40000)
-    parser.add_argument("--long-out", type=int, default=300)
-    parser.add_argument("--chats", type=int, default=8)
-    parser.add_argument("--chat-in", type=int, default=512)
+    parser.add_argument("--extension-gib", type=float, default=12.0)
+    parser.add_argument("--long-tokens", type=int, default=60000)
+    parser.add_argument("--long-out", type=int, default=160)
+    parser.add_argument("--chat-in", type=int, default=256)
     parser.add_argument("--chat-out", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scenarios", default="wave16,wave32,before,with,waves,steady")
+    parser.add_argument("--rate", type=float, default=4.0, help="steady: chats a second")
+    parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument("--shares", default="0.25")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
-    parser.add_argument("--arms", help="a comma-separated subset (default: all)")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
+    parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     model = args.model or write_model(Path("/tmp/fairness-model"), None)
     pool = ["--gpu-kv-cache-memory-bytes", str(int(args.pool_gib * GIB))]
-    extended = [*pool, "--kv-offload-host-extension-gib", str(args.extension_gib)]
-    flags = {"gpu-only": pool, "share-1": [*extended, "--kv-offload-spilled-step-share", "1"]}
+    flags = {"gpu-only": pool}
     for share in args.shares.split(","):
-        flags[f"share-{share}"] = [*extended, "--kv-offload-spilled-step-share", share]
-    arms = args.arms.split(",") if args.arms else list(flags)
-
-    def serve_args(name: str) -> list[str]:
-        return [
-            "--model",
-            str(model),
-            "--gpu-memory-utilization",
-            str(args.utilization),
-            "--kv-offload-backend",
-            "none",
-            *flags[name],
-            "--gpu-prefill-chunk-tokens",
-            str(args.chunk_tokens),
-            "--",
-            "--load-format",
-            "dummy",
+        flags[f"share-{share}"] = [
+            *pool,
+            f"--kv-offload-host-extension-gib={args.extension_gib}",
+            f"--kv-offload-spilled-step-share={share}",
         ]
-
-    servers = {
-        name: ServerProcess(serve_args=serve_args(name), log_path=args.out / f"{name}.log")
-        for name in arms
-    }
-    result: dict[str, Any] = {
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "arms": {name: {"flags": flags[name], "rounds": []} for name in arms},
-    }
-
-    def save() -> None:
-        (args.out / "fairness.json").write_text(json.dumps(result, indent=1) + "\n")
-
-    rng = random.Random(0)
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
+    ours += ["--kv-offload-backend", "none", "--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
+    dummy = ["--", "--load-format", "dummy"]
+    arms = [Arm(name=n, serve_args=[*ours, *f, *dummy]) for n, f in flags.items()]
+    record = Record(args.out / "fairness.json", vars(args))
+    rng = random.Random(54)
 
     def prompt(tokens: int) -> list[int]:  # random ids: no prefix is shared
-        return [rng.randrange(vocab // 100, vocab * 3 // 4) for _ in range(tokens)]
+        return [rng.randrange(VOCAB // 100, VOCAB * 3 // 4) for _ in range(tokens)]
 
-    try:
-        for server in servers.values():
-            server.start()
+    with serving(arms, args.out) as up:
+        record["starts"], servers = up["starts"], up["servers"]
         for name, server in servers.items():
-            arm = result["arms"][name]
-            try:
-                arm["healthy_s"] = server.wait_healthy(1200)
-                arm["split"] = split_line(server.log_path.read_text(errors="replace"))
-                run_chats(server.base_url, [prompt(args.chat_in)], 8)  # warm
-            except Exception as exc:
-                arm["error"] = repr(exc)
-                print(name, "failed:", exc, flush=True)
-        live = [n for n in arms if "error" not in result["arms"][n]]
-        for index in range(args.rounds if live else 0):
-            for name in live[index % len(live) :] + live[: index % len(live)]:
-                url = servers[name].base_url
-                chats = [prompt(args.chat_in) for _ in range(args.chats)]
-                alone = run_chats(url, chats, args.chat_out)
-                beside = beside_long(
-                    url,
-                    prompt(args.long_tokens),
-                    args.long_out,
-                    [prompt(args.chat_in) for _ in range(args.chats)],
-                    args.chat_out,
+            record["starts"][name]["split"] = split_line(
+                server.log_path.read_text(errors="replace")
+            )
+            stream(server.base_url, prompt(args.chat_in), 8)  # warm
+        record["scenarios"] = {}
+        for scenario in args.scenarios.split(","):
+            if time.monotonic() - began > args.deadline_s:
+                record["skipped"] = [*record.get("skipped", []), scenario]
+                continue
+            starts, anchor = arrivals(scenario, args, rng)
+            prompts = [prompt(args.chat_in) for _ in starts]
+            long_prompt = prompt(args.long_tokens)
+            shown = record["scenarios"][scenario] = {"anchor": anchor, "starts_s": starts}
+            for name, server in servers.items():
+                url = server.base_url
+                at = time.perf_counter() + lead(starts)
+                alone = [c.to_json() for c in chats_at(url, prompts, starts, at, args.chat_out)]
+                arm: dict[str, Any] = {"alone": alone, "alone_tails": tails_summary(alone)}
+                if name != "gpu-only":
+                    before_log = shares_logged(server.log_path.read_text(errors="replace"))
+                    # Other prompts of the same lengths: the alone run's are in the prefix cache
+                    others = [prompt(args.chat_in) for _ in starts]
+                    result = beside(url, long_prompt, others, starts, anchor, args)
+                    time.sleep(0.5)  # the line is logged as the long request ends
+                    after_log = shares_logged(server.log_path.read_text(errors="replace"))
+                    arm["beside"] = result
+                    arm["beside_tails"] = tails_summary(result["chats"])
+                    arm["ratios"] = chat_ratios(alone, result["chats"])
+                    if len(after_log) > len(before_log):
+                        (s0, t0), (s1, t1) = (
+                            before_log[-1] if before_log else (0.0, 0.0),
+                            after_log[-1],
+                        )
+                        arm["measured_share"] = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+                shown[name] = arm
+                print(
+                    scenario,
+                    name,
+                    {k: arm.get(k) for k in ("alone_tails", "beside_tails", "measured_share")},
+                    {
+                        k: v
+                        for k, v in arm.get("ratios", {}).items()
+                        if k.startswith("worst") or k.startswith("chats")
+                    },
+                    flush=True,
                 )
-                result["arms"][name]["rounds"].append({"alone": alone, "beside": beside})
-                print(name, "round", index, summary_of_round(alone, beside), flush=True)
-                save()
-    finally:
-        for server in servers.values():
-            server.stop()
-    summarize(result)
-    save()
-
-
-def summary_of_round(alone: list[dict[str, float]], beside: dict[str, Any]) -> dict[str, Any]:
-    tpot = lambda chats: statistics.median(c["tpot_s"] for c in chats)  # noqa: E731
-    shown: dict[str, Any] = {"alone_tpot_p50_s": tpot(alone)}
-    if "chats" in beside:
-        shown |= {
-            "beside_tpot_p50_s": tpot(beside["chats"]),
-            "long_tok_per_s_during_chats": beside["long_tok_per_s_during_chats"],
-        }
-    else:
-        shown["long_refused"] = beside["long_refused"][:80]
-    return shown
-
-
-def summarize(result: dict[str, Any]) -> None:
-    """Per arm over all rounds: chat TTFT/TPOT percentiles alone and beside the long
-    request, the long request's rates (median, min-max over rounds), and chat TPOT p50
-    beside it against gpu-only's chats alone (the goal: <= 1.5)."""
-    for arm in result["arms"].values():
-        rounds = arm["rounds"]
-        alone = [c for r in rounds for c in r["alone"]]
-        beside = [c for r in rounds for c in r["beside"].get("chats", [])]
-        arm["summary"] = {
-            "alone_ttft_s": percentiles([c["ttft_s"] for c in alone]),
-            "alone_tpot_s": percentiles([c["tpot_s"] for c in alone]),
-            "beside_ttft_s": percentiles([c["ttft_s"] for c in beside]),
-            "beside_tpot_s": percentiles([c["tpot_s"] for c in beside]),
-        }
-        for key in ("long_ttft_s", "long_tok_per_s_during_chats", "long_tok_per_s_after"):
-            values = [r["beside"][key] for r in rounds if r["beside"].get(key) is not None]
-            arm["summary"][key] = percentiles(values)
-        refused = [r["beside"]["long_refused"] for r in rounds if "long_refused" in r["beside"]]
-        if refused:
-            arm["summary"]["long_refused"] = refused[0]
-    base = result["arms"].get("gpu-only", {}).get("summary", {}).get("alone_tpot_s")
-    for name, arm in result["arms"].items():
-        beside = arm["summary"]["beside_tpot_s"]
-        if base and beside:
-            arm["summary"]["beside_tpot_p50_vs_gpu_only_alone"] = beside["p50"] / base["p50"]
-        print(name, json.dumps(arm["summary"], indent=1), flush=True)
+                record.save()
+    record.save()
 
 
 if __name__ == "__main__":

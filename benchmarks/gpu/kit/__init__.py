@@ -1,0 +1,14 @@
+"""The GPU experiments' library (benchmarks/gpu/README.md says how to add an experiment):
+
+- ``model``: the model an experiment serves (a config.json shape, a made-up word-level
+  tokenizer so that vLLM returns logprobs, a random checkpoint of deviation 0.02) and the
+  pool split patch 0006 logs;
+- ``arms``: one `vllm-offload serve` per arm, all started at once, each with its own
+  compile cache (cold or shared), stopped together;
+- ``stream``: one streamed greedy request with each token's arrival, its logprobs, and the
+  tail a user feels (mean time per token, p99 and the worst gap); two answers compared;
+- ``record``: the JSON an experiment writes as it goes (options, arms, results).
+
+Scripts import it as ``kit`` (they put their own folder on sys.path); nothing here imports
+tests, and no test imports a script.
+"""

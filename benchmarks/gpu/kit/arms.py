@@ -1,0 +1,101 @@
+"""One `vllm-offload serve` per arm, all started at once (arms side by side on one GPU),
+each with its own compile cache, stopped together however the experiment ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_offload.bench.server_process import ServerProcess
+
+# What vLLM logs of a start's phases (seconds).
+START_PHASES = {
+    "weights_s": r"Loading weights took ([\d.]+) seconds",
+    "model_loading_s": r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "compile_s": r"init engine .* \(compilation: ([\d.]+) s",
+    "graphs_s": r"Graph capturing finished in ([\d.]+) secs",
+}
+
+
+@dataclass(kw_only=True)
+class Arm:
+    """``serve_args``: `vllm-offload serve` flags, then "--" and vLLM's own; ``env``: more
+    of the server's environment; ``cache``: its compile cache (vLLM's, Inductor's and
+    Triton's), emptied first when ``cold``."""
+
+    name: str
+    serve_args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cache: Path | None = None
+    cold: bool = True
+
+
+def cache_env(cache: Path) -> dict[str, str]:
+    """Every compile cache of one server under ``cache``."""
+    return {
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    }
+
+
+def start_phases(log: str) -> dict[str, float]:
+    return {
+        key: float(m.group(1))
+        for key, pattern in START_PHASES.items()
+        if (m := re.search(pattern, log))
+    }
+
+
+def kernel_choices(cache: Path) -> dict[str, Any]:
+    """The kernel configs Inductor chose by timing (its ``*.best_config`` files, named by
+    the kernel's source hash: the same kernel has the same name in every cache)."""
+    chosen = {}
+    for path in sorted(cache.rglob("*.best_config")):
+        try:
+            chosen[path.name] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            chosen[path.name] = None
+    return chosen
+
+
+@contextmanager
+def serving(arms: list[Arm], out: Path, timeout_s: float = 1200) -> Iterator[dict[str, Any]]:
+    """Start every arm (its log: ``out``/NAME.log), wait for each; yields {"servers":
+    {name: ServerProcess} of those that came up, "starts": {name: its healthy_s and
+    start_phases, or its error}}. Stops them all on the way out."""
+    import shutil
+
+    servers: dict[str, ServerProcess] = {}
+    starts: dict[str, Any] = {}
+    try:
+        for arm in arms:
+            env = dict(os.environ) | arm.env
+            if arm.cache is not None:
+                if arm.cold:
+                    shutil.rmtree(arm.cache, ignore_errors=True)
+                env |= cache_env(arm.cache)
+            server = ServerProcess(
+                serve_args=arm.serve_args, log_path=out / f"{arm.name}.log", env=env
+            )
+            server.start()
+            servers[arm.name] = server
+        up: dict[str, ServerProcess] = {}
+        for name, server in servers.items():
+            try:
+                starts[name] = {"healthy_s": round(server.wait_healthy(timeout_s), 1)}
+                up[name] = server
+            except (RuntimeError, TimeoutError) as exc:
+                starts[name] = {"error": str(exc)}
+            starts[name] |= start_phases(server.log_path.read_text(errors="replace"))
+        yield {"servers": up, "starts": starts}
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -1,0 +1,132 @@
+"""One streamed greedy request of exactly ``max_tokens``, each token's arrival, its
+logprobs when asked, and the tail a user feels; two answers compared."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from vllm_offload.bench.client import fixed_length_body
+
+
+@dataclass(kw_only=True)
+class Answer:
+    """What came back: ``began`` (perf_counter at the request), each token's arrival in
+    seconds after it (a chunk of several tokens gives them one time), and with logprobs
+    the tokens, their logprobs and the top 5; ``refused``: the server's error instead."""
+
+    began: float
+    times: list[float] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)
+    refused: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.times[0] if self.times else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ttft_s": self.ttft_s,
+            "tokens": self.tokens,
+            "token_logprobs": self.logprobs,
+            "top_logprobs": self.top,
+            "times_s": [round(t, 5) for t in self.times],
+            **({"refused": self.refused} if self.refused else {}),
+            **(tail(self.times) or {}),
+        }
+
+
+def stream(
+    base_url: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    logprobs: int = 0,
+    model: str = "m",
+    timeout_s: float = 1800,
+    answer: Answer | None = None,
+) -> Answer:
+    """Greedy, exactly ``max_tokens``; vLLM's usage count in every chunk says how many
+    tokens arrived (``logprobs`` > 0 also returns them, with their top ``logprobs``).
+    ``answer``: filled as tokens arrive (another thread may watch it)."""
+    body = fixed_length_body(prompt, max_tokens, model) | {
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}
+    }
+    if logprobs:
+        body["logprobs"] = logprobs
+    if answer is None:
+        answer = Answer(began=0.0)
+    answer.began = time.perf_counter()
+    with (
+        httpx.Client(base_url=base_url, timeout=timeout_s) as http,
+        http.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        if response.status_code != 200:
+            answer.refused = response.read().decode(errors="replace")[:300]
+            return answer
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            count = (chunk.get("usage") or {}).get("completion_tokens") or 0
+            if count > len(answer.times):
+                now = time.perf_counter() - answer.began
+                answer.times += [now] * (count - len(answer.times))
+            for choice in chunk.get("choices") or []:
+                lp = choice.get("logprobs") or {}
+                answer.tokens += lp.get("tokens") or []
+                answer.logprobs += lp.get("token_logprobs") or []
+                answer.top += lp.get("top_logprobs") or []
+    return answer
+
+
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The q-quantile by nearest rank (of a sorted list): the value at least q of them
+    are at or below."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def tail(times: list[float]) -> dict[str, float] | None:
+    """From the first token on: mean time per token ((last - first) / (tokens - 1), vLLM's
+    bench TPOT), the median, p99 and worst gap between tokens."""
+    if len(times) < 2:
+        return None
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    return {
+        "mean_tpot_s": (times[-1] - times[0]) / (len(times) - 1),
+        "median_gap_s": statistics.median(gaps),
+        "p99_gap_s": nearest_rank(gaps, 0.99),
+        "max_gap_s": gaps[-1],
+    }
+
+
+def compare(answer: Answer, reference: Answer) -> dict[str, Any]:
+    """Two greedy answers to one request: equal tokens, logprobs, top logprobs; the first
+    token where they part, and the largest logprob difference."""
+    parted = next(
+        (
+            n
+            for n, (a, b) in enumerate(zip(answer.logprobs, reference.logprobs, strict=False))
+            if a != b or answer.tokens[n] != reference.tokens[n]
+        ),
+        None,
+    )
+    return {
+        "same_tokens": answer.tokens == reference.tokens,
+        "same_logprobs": answer.logprobs == reference.logprobs,
+        "same_top_logprobs": answer.top == reference.top,
+        "first_difference": parted,
+        "max_logprob_diff": max(
+            (abs(a - b) for a, b in zip(answer.logprobs, reference.logprobs, strict=False)),
+            default=None,
+        ),
+    }
