@@ -381,7 +381,13 @@ def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -
 
     from vllm_offload.config import LAUNCHER_FLAGS, UNSUPPORTED_FLAGS, refused_flag
 
-    written = {a.split("=", 1)[0] for a in every_flag_spec(demo_dir).args if a.startswith("--")}
+    def whole_options(spec: launch.LaunchSpec) -> set[str]:
+        """The options a spec writes whole (a dotted one, launch.DETERMINISTIC_INDUCTOR,
+        sets one field inside vLLM's value and is merged with the administrator's)."""
+        names = {a.split("=", 1)[0] for a in spec.args if a.startswith("--")}
+        return {n for n in names if "." not in n}
+
+    written = whole_options(every_flag_spec(demo_dir))
     prefetch = spec_for(
         demo_dir,
         {
@@ -390,7 +396,7 @@ def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -
             "weights_offload.params": ["mlp"],
         },
     )
-    written |= {a.split("=", 1)[0] for a in prefetch.args if a.startswith("--")}
+    written |= whole_options(prefetch)
     assert written - set(LAUNCHER_FLAGS) == set()
     options = set(make_arg_parser(FlexibleArgumentParser())._option_string_actions)
     refused = (set(LAUNCHER_FLAGS) | set(UNSUPPORTED_FLAGS)) - {"--swap-space"}  # gone upstream
@@ -408,7 +414,13 @@ def test_reproducible_pins_what_vllm_would_choose_by_timing(demo_dir: Path) -> N
     spec = spec_for(demo_dir, {})
     assert spec.env.items() >= launch.REPRODUCIBLE_ENV.items()
     assert spec.owned["enable_flashinfer_autotune"] is False
+    assert f"{launch.DETERMINISTIC_INDUCTOR}=true" in spec.args
     argv_check.check(spec)  # vLLM's own parser reads it so
+    dotted = spec_for(demo_dir, {"extra_args": ["--compilation-config.cudagraph_mode=PIECEWISE"]})
+    argv_check.check(dotted)  # merged with the launcher's field
+    whole = spec_for(demo_dir, {"extra_args": ['--compilation-config={"cudagraph_mode":"NONE"}']})
+    with pytest.raises(launch.PreflightError, match="cudagraph_mode"):
+        argv_check.check(whole)  # vLLM's parser drops it for the launcher's dotted one
     for off in (spec_for(demo_dir, {"server.reproducible": False}), spec_for(demo_dir, {}, None)):
         assert not set(off.env) & set(launch.REPRODUCIBLE_ENV)
         assert not any("flashinfer-autotune" in a for a in off.args)

@@ -12,6 +12,7 @@ imports vLLM (seconds), so it runs where the launcher imports vLLM anyway.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib
@@ -69,12 +70,33 @@ def _config_key(name: str) -> str:
     return LAUNCHER_FLAGS.get("--" + name.replace("_", "-"), "extra_args")
 
 
+def _patched(reading: dict[str, Any], owned: dict[str, Any]) -> dict[str, Any]:
+    """``reading`` with the launcher's options: whole ones replace vLLM's value, dotted ones
+    (``compilation_config.inductor_compile_config.deterministic``) set one field inside it,
+    as vLLM's parser merges them."""
+    expected = dict(reading)
+    for name, value in owned.items():
+        top, *path = name.split(".")
+        if not path:
+            expected[top] = value
+            continue
+        inner = expected[top] = copy.deepcopy(expected.get(top))
+        for key in path[:-1]:
+            inner = inner[key] if isinstance(inner, dict) else getattr(inner, key)
+        if isinstance(inner, dict):
+            inner[path[-1]] = value
+        else:
+            setattr(inner, path[-1], value)
+    return expected
+
+
 def check(spec: LaunchSpec) -> None:
     """Raise PreflightError (exit 2) naming what vLLM would read differently from the plan:
     a launcher-owned option with another value, or any other option that the
-    administrator's extra_args do not set so."""
+    administrator's extra_args do not set so (a whole --compilation-config JSON among them
+    is dropped by vLLM's parser for the launcher's dotted one: write it dotted too)."""
     parser = _parser()
-    expected = {**_read(parser, spec.extra_args, "extra_args"), **spec.owned}
+    expected = _patched(_read(parser, spec.extra_args, "extra_args"), spec.owned)
     full = _read(parser, spec.args, "config")
     differ = [
         name
@@ -83,7 +105,7 @@ def check(spec: LaunchSpec) -> None:
     ]
     if not differ:
         return
-    owned = [name for name in differ if name in spec.owned]
+    owned = [name for name in differ if name in {n.split(".")[0] for n in spec.owned}]
     shown = "; ".join(
         f"{name} = {full.get(name)!r} where the plan has {expected.get(name)!r}" for name in differ
     )

@@ -57,9 +57,12 @@ SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
 # vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
 # sleeps is reached through its own unix socket alone).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-# server.reproducible: Inductor's deterministic mode (no combo-kernel benchmark, reduction
-# configs of one numeric result; read when torch._inductor.config is first imported, in
-# vLLM's processes) and vLLM's Triton autotuners on their first valid config.
+# server.reproducible: Inductor's deterministic mode (no combo-kernel benchmark, one config
+# per reduction kernel) in the config vLLM patches into every compile (the environment's
+# TORCHINDUCTOR_DETERMINISTIC reached vLLM's own check but not the engine's compile on the
+# H200: its fused add + RMSNorm kernel still timed two block sizes), and vLLM's Triton
+# autotuners on their first valid config.
+DETERMINISTIC_INDUCTOR = "--compilation-config.inductor_compile_config.deterministic"
 REPRODUCIBLE_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1", "VLLM_TRITON_FORCE_FIRST_CONFIG": "1"}
 
 
@@ -254,6 +257,7 @@ def build(
         options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
     if plan.reproducible:  # kernels chosen by rule, not by timing (plan/reproducible.py)
         options.add_off("--enable-flashinfer-autotune")
+        options.add(DETERMINISTIC_INDUCTOR, "true", read=True)
         env.update(REPRODUCIBLE_ENV)
     # vLLM's default chunk, and the adjustments vLLM makes to it, stay vLLM's
     if plan.prefill.source in ("configured", "host extension"):

@@ -49,8 +49,8 @@ def test_dry_run_prints_command_and_kv_config(
         argv.append(env.pop(0))
     assert argv == [
         "TORCHINDUCTOR_DETERMINISTIC=1",  # server.reproducible, on by default
-        "VLLM_TRITON_FORCE_FIRST_CONFIG=1",
         f"VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES={int(12.8 * (1 << 30))}",
+        "VLLM_TRITON_FORCE_FIRST_CONFIG=1",
     ]
     argv = env
     assert "--no-enable-flashinfer-autotune" in argv

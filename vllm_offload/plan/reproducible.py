@@ -3,11 +3,15 @@
 At a cold start vLLM 0.32/0.33 on CUDA times some kernel variants and keeps the fastest:
 Inductor benchmarks its combo kernels and reduction configs, vLLM's Triton autotuners
 their configs, FlashInfer its tactics. Variants that sum in another order round
-differently, so a greedy answer could move by one bf16 step between two cold starts
-(the compile cache keeps a start's winners, so warm starts repeated it). With
-``server.reproducible`` the launcher pins each choice to a rule instead
-(``launch.REPRODUCIBLE_ENV`` and ``--no-enable-flashinfer-autotune``); vLLM's CPU
-platform times nothing (no combo kernels, C++ kernels), so there it changes nothing.
+differently: on an H200 (vLLM 0.33.0, an 8B shape, 12 cold starts) the fused residual
+add + RMSNorm kernel took a block of 4,096 or of 2,048 by timing (4 starts of 12), and
+every answer followed that choice, all-GPU or staged alike (the compile cache keeps a
+start's winners, so warm starts repeated it: benchmarks/results/h200-vllm-0.33.0/
+exactness/). With ``server.reproducible`` the launcher pins each choice to a rule instead:
+Inductor's deterministic mode in the config vLLM patches into its compiles
+(``launch.DETERMINISTIC_INDUCTOR``; one config per reduction), ``launch.REPRODUCIBLE_ENV``
+and ``--no-enable-flashinfer-autotune``. vLLM's CPU platform times nothing (no combo
+kernels, C++ kernels), so there it changes nothing.
 """
 
 from __future__ import annotations

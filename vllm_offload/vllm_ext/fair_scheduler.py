@@ -59,9 +59,8 @@ class FairScheduler(Scheduler):
                 longs = {id(r): r for r in [*self.long, request]}.values()
                 held = sum(self._gpu_blocks_held(r) for r in longs)
                 queue.gpu_allowance = spill_share.gpu_allowance(held, self.first_host_block)
-            elif self.spilled and request.status != RequestStatus.RUNNING:
-                if not self._fits_beside_spilled(request, queue.device.num_free_blocks):
-                    return None  # it waits, as for a full pool
+            elif self._waits_beside_spilled(request, queue.device.num_free_blocks):
+                return None  # it waits, as for a full pool
             try:
                 return allocate(request, *args, **kwargs)
             finally:
@@ -89,12 +88,17 @@ class FairScheduler(Scheduler):
         )
         return max(0, expected - len(self._block_ids(request)))
 
-    def _fits_beside_spilled(self, request: Request, free_gpu_blocks: int) -> bool:
+    def _waits_beside_spilled(self, request: Request, free_gpu_blocks: int) -> bool:
+        """Whether a short request not yet running waits for GPU blocks: a spilled request
+        runs, other short ones do, and what they are promised and it expects to hold do
+        not fit the free GPU blocks."""
+        if not self.spilled or request.status == RequestStatus.RUNNING:
+            return False
         shorts = [r for r in self.running if not self.is_long(r)]
         if not shorts:
-            return True  # none to keep apart from: it goes on, host blocks if it must
+            return False  # none to keep apart from: it goes on, host blocks if it must
         promised = sum(self._still_to_hold(r) for r in shorts)
-        return promised + self._still_to_hold(request) <= free_gpu_blocks
+        return promised + self._still_to_hold(request) > free_gpu_blocks
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.host_blocks:
