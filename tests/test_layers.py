@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "vllm_client",
         "demo_model",
         "real_model",
+        "http_limits",
     ),
     (
         "config",

@@ -79,3 +79,26 @@ def test_answers_are_read_only_up_to_a_cap() -> None:
         with pytest.raises(ValueError, match="over"):
             server.metrics({"vllm:prompt_tokens"})
         assert server.models() is None
+
+
+def test_an_answer_dripped_a_byte_at_a_time_has_one_deadline() -> None:
+    """Issue #55 (the same pattern as the slow-loris): httpx's timeout is per read, so an
+    answer dripped a byte every half second was read for as long as it went on."""
+    import time
+
+    def drip() -> object:
+        while True:
+            time.sleep(0.05)
+            yield b"#"
+
+    def dripping(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=drip())
+
+    with VllmClient(
+        "http://vllm:8000", "k", timeout_s=0.5, transport=httpx.MockTransport(dripping)
+    ) as server:
+        began = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout, match="no whole answer"):
+            server.metrics({"vllm:prompt_tokens"})
+        assert time.monotonic() - began < 5
+        assert server.models() is None

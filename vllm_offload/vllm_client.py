@@ -102,15 +102,20 @@ class VllmClient:
             return False
 
     def _get_capped(self, path: str, timeout_s: float | None = None) -> bytes:
-        """GET ``path``'s body, at most MAX_CONTROL_BYTES of it (ValueError past that);
-        raises httpx.HTTPError."""
-        with self.http.stream("GET", path, timeout=timeout_s or self.http.timeout) as response:
+        """GET ``path``'s body, at most MAX_CONTROL_BYTES of it (ValueError past that) and
+        within one deadline for the whole body (httpx's timeout is per read: an answer
+        dripped a byte at a time never trips it; issue #55); raises httpx.HTTPError."""
+        timeout = timeout_s or self.http.timeout.read or CONTROL_TIMEOUT_S
+        deadline = time.monotonic() + 2 * timeout
+        with self.http.stream("GET", path, timeout=timeout) as response:
             response.raise_for_status()
             body = bytearray()
             for chunk in response.iter_bytes():
                 body += chunk
                 if len(body) > MAX_CONTROL_BYTES:
                     raise ValueError(f"{path}: an answer over {MAX_CONTROL_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"{path}: no whole answer within {2 * timeout:.1f} s")
         return bytes(body)
 
     def models(self) -> list[str] | None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -17,9 +20,18 @@ from vllm_offload.box.engines import EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import ResidencySettings
+from vllm_offload.box.runner import front_config
 
 STANDIN = str(Path(__file__).with_name("standin_engine.py"))
 MODELS = ("chat", "coder")
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to this script (as the runner's does)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def serve(scratch: Path, api_key: str | None) -> None:
@@ -56,8 +68,11 @@ async def serve(scratch: Path, api_key: str | None) -> None:
     await residency.bring_in("chat")
     residency.start()
     front.ready = True
-    server = uvicorn.Server(
-        uvicorn.Config(create_front_app(front), host="127.0.0.1", port=0, log_level="warning")
+    server = _Server(front_config(create_front_app(front), "127.0.0.1", 0))
+    # SIGTERM ends serve() and then the engines: uvicorn's own handling raises the signal
+    # again once it has shut down, which killed this process before its engines stopped.
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGTERM, lambda: setattr(server, "should_exit", True)
     )
     task = asyncio.create_task(server.serve())
     while not server.started:

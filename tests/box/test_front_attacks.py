@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import random
+import resource
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +49,17 @@ class Door:
         return [json.loads(line) for line in lines]
 
 
-def start_door(scratch: Path, *extra: str) -> Iterator[Door]:
+def start_door(scratch: Path, *extra: str, open_files: int | None = None) -> Iterator[Door]:
+    """The door; ``open_files``: its RLIMIT_NOFILE (systemd's LimitNOFILE)."""
+
+    def limit() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     proc = subprocess.Popen(
-        [sys.executable, STANDIN_FRONT, str(scratch), *extra], cwd=Path(__file__).parents[2]
+        [sys.executable, STANDIN_FRONT, str(scratch), *extra],
+        cwd=Path(__file__).parents[2],
+        preexec_fn=limit,
     )
     port_file = scratch / "port"
     wait_until(port_file.exists, 120, "the front door to listen", lambda: proc.poll() is None)
@@ -139,6 +150,10 @@ def test_only_the_table_s_raw_paths_reach_an_engine(door: Door) -> None:
     assert (last["raw_path"], last["query"]) == ("/v1/chat/completions", "")  # the table's
     headers = last["headers"]
     assert isinstance(headers, dict) and headers["x-vllm-offload-forwarded"] == "1"
+    spelt = b"Content-Type: Application/JSON ; charset=UTF-8"
+    assert exchange(door.port, post(b"/v1/chat/completions", CHAT, spelt))[0] == 200
+    forwarded = door.seen()[-1]["headers"]
+    assert isinstance(forwarded, dict) and forwarded["content-type"] == "application/json"
 
 
 def test_a_body_that_is_not_json_is_refused_before_an_engine(door: Door) -> None:
@@ -149,6 +164,10 @@ def test_a_body_that_is_not_json_is_refused_before_an_engine(door: Door) -> None
     )
     assert status == 415 and "application/json" in str(body)
     assert exchange(door.port, post(b"/v1/chat/completions", CHAT))[0] == 415
+    # Issue #55: another charset reached the engine as the client spelt it
+    utf7 = b"Content-Type: Application/JSON; charset=utf-7"
+    status, body = exchange(door.port, post(b"/v1/chat/completions", CHAT, utf7))
+    assert status == 415 and "UTF-8" in str(body)
     cases = {
         b'{"model": []}': "must be a string",
         b"[" * 100_000: "not valid JSON",
@@ -262,3 +281,38 @@ def test_fuzzed_raw_paths_and_header_bytes_never_500_nor_reach_an_engine(door: D
         reached += status == 200
         assert status != 200 or exact, (path, status)
     assert len(door.seen()) == before + reached
+
+
+@pytest.fixture
+def tight(tmp_path: Path) -> Iterator[Door]:
+    """A door allowed 256 open files, as the red team's (issue #55)."""
+    yield from start_door(tmp_path, open_files=256)
+
+
+def test_idle_connections_from_one_address_leave_the_door_open_to_others(tight: Door) -> None:
+    """Issue #55: 300 connections that never send a byte held the door's descriptors
+    (256) and fresh requests waited 72 s. Now one address holds at most a quarter of the
+    door's connections (which are at most half its open files): the rest are answered 503
+    at once, and another client is served meanwhile."""
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            idle.append(
+                socket.create_connection(
+                    ("127.0.0.1", tight.port), timeout=ANSWER_S, source_address=("127.0.0.2", 0)
+                )
+            )
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        status, _ = exchange(tight.port, request)
+        assert status == 200
+        answered = set()  # those the door answered (503) and closed, within a generous bound
+        deadline = time.monotonic() + ANSWER_S
+        while len(answered) < 300 - 32 and time.monotonic() < deadline:
+            ready, _, _ = select.select([c for c in idle if c not in answered], [], [], 1.0)
+            for conn in ready:
+                if conn.recv(12).startswith(b"HTTP/1.1 503"):
+                    answered.add(conn)
+        assert len(answered) >= 300 - 32  # http_limits.FRONT_DOOR within 256 open files
+    finally:
+        for conn in idle:
+            conn.close()

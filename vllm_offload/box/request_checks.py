@@ -81,12 +81,20 @@ def forwarded_headers(request: Request) -> dict[str, str] | JSONResponse:
                 400, f"the {name} header must be printable ASCII", "BadRequestError"
             )
         headers[name] = raw_value.decode("ascii")
-    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    media_type, *params = [p.strip().lower() for p in headers.get("content-type", "").split(";")]
     if media_type != "application/json":
         return openai_error(
             415, "the body must be JSON: send Content-Type: application/json", "BadRequestError"
         )
-    return headers | {FORWARDED_MARK: "1"}
+    charsets = {p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")}
+    if charsets - {"utf-8", "utf8"}:  # the engine would decode what the front door did not read
+        return openai_error(
+            415,
+            "JSON is UTF-8: send Content-Type: application/json (charset=utf-8)",
+            "BadRequestError",
+        )
+    # What was checked, as the engine gets it (not the client's own spelling of it).
+    return headers | {"content-type": "application/json", FORWARDED_MARK: "1"}
 
 
 async def read_body(request: Request) -> bytes | JSONResponse:

@@ -21,9 +21,11 @@ import sys
 from collections import deque
 from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
+from vllm_offload import http_limits
 from vllm_offload.box.control import EVENTS_KEPT, create_control_app
 from vllm_offload.box.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
@@ -151,6 +153,20 @@ def fleet_engines(
     return {name: engine(name, path) for name, path in specs.items()}
 
 
+def front_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    """The front door's server as `serve` runs it (its attack tests run this one too):
+    bounded for slow and many clients (http_limits.FRONT_DOOR)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=SERVER_GRACE_S,
+        http=http_limits.protocol(http_limits.FRONT_DOOR),
+    )
+
+
 def front_and_control(
     front: FrontDoor,
     events: deque[Event],
@@ -160,16 +176,7 @@ def front_and_control(
 ) -> tuple[_Server, _Server]:
     """The two servers on one loop: the front door on the configured port, and the
     control app (the manager's) on its unix socket."""
-    public = _Server(
-        uvicorn.Config(
-            create_front_app(front),
-            host=config.server.host,
-            port=config.server.port,
-            log_level="warning",
-            timeout_keep_alive=30,
-            timeout_graceful_shutdown=SERVER_GRACE_S,
-        )
-    )
+    public = _Server(front_config(create_front_app(front), config.server.host, config.server.port))
     level = config.residency.sleep_level
     memory = {n: planned_memory(m, level) for n, m in prepared.fleet.models.items()}
     control = _Server(
@@ -178,6 +185,7 @@ def front_and_control(
             uds=str(control_socket),
             log_level="warning",
             timeout_graceful_shutdown=SERVER_GRACE_S,
+            http=http_limits.protocol(http_limits.MANAGER),  # its one client, bounded alike
         )
     )
     return public, control

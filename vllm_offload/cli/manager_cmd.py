@@ -15,7 +15,6 @@ from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import Systemd, validate_unit
 
 # Open connections the manager serves at once; the unit's LimitNOFILE leaves room above.
-MAX_CONNECTIONS = 256
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,8 +64,8 @@ def read_token(path: Path) -> str:
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     import uvicorn
 
+    from vllm_offload import http_limits
     from vllm_offload.manager import ManagerSettings, create_app
-    from vllm_offload.manager.http import HeadTimeoutProtocol
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be 1-65535")
@@ -93,16 +92,14 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         systemd=Systemd.detect(args.systemd_root),
         token_file=args.token_file,
     )
-    # Bounded: past MAX_CONNECTIONS open connections uvicorn answers 503; a connection
-    # that sends no request head within 10 s is closed, an idle keep-alive one after 5 s
-    # (half-open connections took every file descriptor before).
+    # Bounded (http_limits.MANAGER): each request's head within 10 s, its body within 30 s,
+    # at most 256 connections and 64 from one address; an idle keep-alive one closes after 5 s.
     uvicorn.run(
         create_app(settings),
         host=args.host,
         port=args.port,
         log_level="warning",
-        limit_concurrency=MAX_CONNECTIONS,
         timeout_keep_alive=5,
-        http=HeadTimeoutProtocol,
+        http=http_limits.protocol(http_limits.MANAGER),
     )
     return 0

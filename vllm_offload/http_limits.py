@@ -1,0 +1,124 @@
+"""What one HTTP server of ours gives slow and many clients (issues #15 and #55): uvicorn's
+h11 protocol, bounded. uvicorn waits for ever for a request head, and its keep-alive timer
+is re-armed by every byte, so connections that trickle (a slow-loris, one byte every few
+seconds) or never send anything held the server's file descriptors until no one else got
+in; and ``limit_concurrency`` answered 503 to every client once that many were open.
+
+- **Each request must arrive in time**: its head within ``head_s`` of the moment the
+  server began waiting for it (the connection opened, or the previous response ended),
+  its body within ``body_s`` after the head. Bytes that trickle do not extend either:
+  the connection is closed at the deadline.
+- **Connections are counted**: past ``max_open`` open connections, or ``max_per_source``
+  from one address, a new connection is answered 503 and closed at once, so one source
+  cannot hold the others out and the process stays below its LimitNOFILE: ``max_open``
+  is at most half the process's open-file limit (the rest: the engines' sockets, logs,
+  the model's files) and ``max_per_source`` at most a quarter of ``max_open``.
+
+``protocol(limits)`` is the class uvicorn's ``http=`` takes (one per server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from dataclasses import dataclass, replace
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionLimits:
+    head_s: float
+    body_s: float
+    max_open: int
+    max_per_source: int
+
+
+# The manager (LimitNOFILE 4096): small JSON bodies; a page, a few scripts and a person.
+MANAGER = ConnectionLimits(head_s=10.0, body_s=30.0, max_open=256, max_per_source=64)
+# The front door of several models (LimitNOFILE 65536, one more descriptor per forwarded
+# request): bodies up to 32 MiB of prompt; a team, or a router or benchmark from one
+# address; clients keep a connection 30 s between requests (uvicorn's keep-alive there).
+FRONT_DOOR = ConnectionLimits(head_s=30.0, body_s=60.0, max_open=4096, max_per_source=1024)
+
+TOO_MANY = b"too many connections; try again shortly\n"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\nretry-after: 1\r\ncontent-length: "
+    + str(len(TOO_MANY)).encode()
+    + b"\r\n\r\n"
+    + TOO_MANY
+)
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's H11Protocol with ``limits`` (a subclass per server sets them)."""
+
+    limits: ConnectionLimits = MANAGER
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self._over_limits():
+            transport.write(REFUSAL)
+            transport.close()
+            return
+        self._arm(self.limits.head_s)
+
+    def _over_limits(self) -> bool:
+        if len(self.connections) > self.limits.max_open:
+            return True
+        host = _host(self)
+        if host is None:  # a unix socket: its one client (the manager)
+            return False
+        return sum(1 for c in self.connections if _host(c) == host) > self.limits.max_per_source
+
+    def _arm(self, seconds: float) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(seconds, self._past_deadline)
+
+    def _past_deadline(self) -> None:
+        """Close the connection if the client still owes a head or a body."""
+        owes = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+        if owes and not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        before = self.conn.their_state
+        super().handle_events()
+        if before is h11.IDLE and self.conn.their_state is h11.SEND_BODY:
+            self._arm(self.limits.body_s)  # the head is in: now its body
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm(self.limits.head_s)  # the next request's head
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+
+def _host(protocol: object) -> str | None:
+    """A connection's client address (None on a unix socket)."""
+    client = getattr(protocol, "client", None)
+    return str(client[0]) if client else None
+
+
+def within_open_files(limits: ConnectionLimits, open_files: int) -> ConnectionLimits:
+    """``limits`` for a process that may hold ``open_files`` descriptors."""
+    max_open = max(1, min(limits.max_open, open_files // 2))
+    per_source = max(1, min(limits.max_per_source, max_open // 4))
+    return replace(limits, max_open=max_open, max_per_source=per_source)
+
+
+def protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+    """The protocol class for a server with ``limits``, within this process's open-file
+    limit (RLIMIT_NOFILE, systemd's LimitNOFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_files = soft if soft != resource.RLIM_INFINITY else limits.max_open * 2
+    bounded = within_open_files(limits, open_files)
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": bounded})
