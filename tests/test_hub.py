@@ -154,3 +154,39 @@ def test_offline_mode_says_so(hub: Hub, env: dict[str, str]) -> None:
     assert run.returncode == 1  # the environment, not the input
     assert "org/tiny: cannot reach" in run.stderr and "HF_HUB_OFFLINE" in run.stderr
     assert hub.requests == []
+
+
+@pytest.mark.parametrize(
+    ("hostile", "named"),
+    [
+        (dict(etag='"../../../../escaped"'), "etag"),
+        (dict(sha="../../../../escaped"), "a commit"),
+        (dict(files={"config.json": b"{}", "../../../../escaped": b"x"}), "a file name"),
+    ],
+    ids=["etag", "commit", "file-name"],
+)
+def test_a_hostile_hub_writes_nothing_outside_the_cache(
+    hostile: dict[str, object], named: str, tmp_path: Path
+) -> None:
+    """Issue #55: huggingface_hub put the hub's ETag into the blob's path and its commit
+    id into the snapshot's, unchecked; a hub answering '../..' made `pull` write where it
+    chose (here: beside HF_HOME). Each answer is checked before the library uses it."""
+    repo = _repo()
+    fields = {"files": {**repo.files, "model.safetensors": _safetensors(64, 2)}} | hostile
+    hub = Hub(repos={"org/evil": Repo(**fields)})  # type: ignore[arg-type]
+    home = tmp_path / "a" / "b" / "c" / "hf"
+    with serve_hub(hub) as endpoint:
+        env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), "NO_PROXY": "127.0.0.1"}
+        run = _cli(env, "pull", "org/evil")
+    assert run.returncode != 0, run.stdout
+    assert f"answered {named}" in run.stderr and "refused before anything was written" in run.stderr
+    written = [p for p in tmp_path.rglob("*") if "escaped" in p.name]
+    assert written == []
+
+
+def test_an_endpoint_that_is_not_https_is_only_this_machine(env: dict[str, str]) -> None:
+    """Over plain http anyone on the way answers as the hub (and HF_TOKEN crosses in clear)."""
+    run = _cli({**env, "HF_ENDPOINT": "http://user:secret@hub.example:8080"}, "pull", "org/tiny")
+    assert run.returncode == 2
+    assert "HF_ENDPOINT=http://hub.example:8080: a hub is reached over https" in run.stderr
+    assert "secret" not in run.stderr

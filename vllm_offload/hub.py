@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_offload import model_facts
+from vllm_offload import hub_guard, model_facts
 from vllm_offload.model_config import ModelFactsError
 from vllm_offload.model_facts import ModelFacts
 from vllm_offload.safe_files import read_regular
@@ -217,9 +217,12 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         RevisionNotFoundError,
     )
 
-    where = constants.ENDPOINT
+    where = hub_guard.shown(constants.ENDPOINT)
+    hub_guard.install(constants.ENDPOINT)  # what the hub answers, checked before it is used
     try:
         yield
+    except hub_guard.HubAnswerRefused:
+        raise
     except GatedRepoError:
         raise ModelFactsError(
             f"{ref}: the repo is gated; accept its terms at {where}/"
@@ -238,8 +241,10 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         raise ModelFactsError(f"{ref}: {where} answered {status}; {fix}") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as exc:
         raise HubUnreachable(
-            f"{ref}: cannot reach {where} ({str(exc)[:200]}); check the "
+            f"{ref}: cannot reach {where} ({hub_guard.shown(str(exc))[:200]}); check the "
             "network, HF_ENDPOINT and HF_HUB_OFFLINE"
         ) from None
     except OSError as exc:  # the disk (full, or the cache not writable)
-        raise ModelFactsError(f"{ref}: fetching from {where} failed ({str(exc)[:200]})") from None
+        raise ModelFactsError(
+            f"{ref}: fetching from {where} failed ({hub_guard.shown(str(exc))[:200]})"
+        ) from None
