@@ -38,6 +38,10 @@ def test_each_box_and_model_is_one_worker_of_the_manifest(tmp_path: Path) -> Non
     args = cluster_router.smg_args(cluster, path)
     assert "--policy=cache_aware" in args and f"--discovery-file={path}" in args
     assert all(a.startswith("--") for a in args)  # one token each: no value on its own
+    # Issue #55: the metrics (no key) stay on loopback when the router listens everywhere
+    everywhere = parse({"cluster": {"boxes": TWO_BOXES, "router_host": "0.0.0.0"}}).cluster
+    args = cluster_router.smg_args(everywhere, path)
+    assert "--host=0.0.0.0" in args and "--prometheus-host=127.0.0.1" in args
 
 
 @pytest.mark.parametrize(

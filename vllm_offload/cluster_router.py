@@ -84,7 +84,7 @@ def smg_args(cluster: ClusterSection, manifest_path: Path) -> list[str]:
         f"--discovery-check-interval-secs={MANIFEST_REREAD_S}",
         f"--health-check-interval-secs={cluster.health_check_interval_s}",
         *HEALTH_FLAGS,
-        f"--prometheus-host={cluster.router_host}",
+        f"--prometheus-host={cluster.metrics_host}",
         f"--prometheus-port={cluster.metrics_port}",
         "--log-level=warn",
     ]

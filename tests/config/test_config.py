@@ -69,6 +69,9 @@ port = 9000
         ("[kv_offload]\nswap_space = 4", "kv_offload", "kv_offload.cpu_tier_gib"),
         ("[gpu]\nswap_space = 4", "gpu", "[kv_offload]"),
         ("swap_space = 4", "config", "[kv_offload]"),
+        # issue #55: a spilled request that never moves, and true read as share 1
+        ("[kv_offload]\nspilled_step_share = 5e-324", "kv_offload.spilled_step_share", "0.01"),
+        ("[kv_offload]\nspilled_step_share = true", "kv_offload.spilled_step_share", "not true"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, field: str, words: str) -> None:

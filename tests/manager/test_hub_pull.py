@@ -45,6 +45,10 @@ def test_the_manager_fetches_an_allowed_hub_model(tmp_path: Path, demo_dir: Path
             refused = manager.post("/api/hub/pull", json={"model": "other/model"})
             assert refused.status_code == 403
             assert "manager.hub_models" in refused.json()["detail"]["message"]
+            # Issue #55: a listed repo's pull-request ref (anyone can open one) was fetched
+            pr = manager.post("/api/hub/pull", json={"model": "org/tiny@refs/pr/1"})
+            assert pr.status_code == 403, pr.text
+            assert "org/name@revision" in pr.json()["detail"]["message"]
             assert manager.post("/api/hub/pull", json={"model": "org/tiny"}).status_code == 202
             assert hub.paused.wait(120)
             halfway = wait_for(manager, "fetching")  # what the page shows meanwhile
@@ -69,3 +73,15 @@ def test_the_manager_fetches_an_allowed_hub_model(tmp_path: Path, demo_dir: Path
             assert preview.json()["plan"]["weight_bytes"] == 2 * WEIGHTS
             assert manager.post("/api/hub/pull", json={"model": "org/nope"}).status_code == 202
             assert "org/nope: no such model" in str(wait_for(manager, "failed")["message"])
+
+
+def test_hub_models_allow_a_revision_only_where_an_entry_names_it() -> None:
+    from vllm_offload.manager.fence import allowed
+
+    assert allowed("org/tiny", ["org/*"])
+    assert not allowed("org/tiny@refs/pr/1", ["org/*"])
+    assert not allowed("org/tiny@main", ["org/*"])  # the default branch is named by none
+    assert allowed("org/tiny@v1.0", ["org/*", "org/tiny@v1.*"])
+    assert not allowed("org/tiny@v2.0", ["org/tiny@v1.*"])
+    assert not allowed("org/tiny", ["org/tiny@v1.*"])
+    assert allowed("org/tiny@refs/pr/1", ["org/*@*"])  # said in so many words

@@ -83,6 +83,12 @@ class ClusterSection(_Section):
         "on other machines).",
     )
     router_port: int = Field(8100, ge=1, le=65535, description="Port the router listens on.")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Address the router's Prometheus metrics listen on; they take no key, "
+        "so they stay on this machine unless a scraper elsewhere needs them (issue #55: "
+        "they followed router_host onto every interface).",
+    )
     metrics_port: int = Field(
         29100, ge=1, le=65535, description="Port of the router's Prometheus metrics."
     )
@@ -107,7 +113,7 @@ class ClusterSection(_Section):
         "fails one is routed around until one succeeds.",
     )
 
-    _host = field_validator("router_host")(check_host)
+    _host = field_validator("router_host", "metrics_host")(check_host)
 
     @model_validator(mode="after")
     def _one_model_per_address(self) -> ClusterSection:

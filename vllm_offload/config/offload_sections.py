@@ -13,6 +13,10 @@ from vllm_offload.config.sections import MAX_GIB, PARAM_NAME, Auto, _bounded_gib
 KvOffloadBackend = Literal["auto", "native", "lmcache", "none"]
 
 
+# Below it a spilled request waits ~100 times its step between steps: it hardly moves.
+MIN_SPILLED_STEP_SHARE = 0.01
+
+
 class KvOffloadSection(_Section):
     backend: KvOffloadBackend = Field(
         "auto",
@@ -88,7 +92,7 @@ class KvOffloadSection(_Section):
     )
     spilled_step_share: float = Field(
         0.25,
-        gt=0.0,
+        ge=MIN_SPILLED_STEP_SHARE,
         le=1.0,
         description="With host_extension_gib: while other requests run or wait, the steps "
         "that include a request whose KV reaches host RAM take at most this share of the "
@@ -96,11 +100,14 @@ class KvOffloadSection(_Section):
         "the others without it, at GPU speed. Measured (H200, 8B shape, 8 chats beside a "
         "40,000-token request, docs/benchmarks.md): 0.25 keeps the chats' time per token at "
         "1.29x of theirs alone (1: 17x) while the long request decodes at ~5 tokens/s beside "
-        "them (11.6 alone; measured coarsely); 0.1: 1.00x and ~4; 0.5: 1.80x and ~7. Below 1, one "
-        "request also holds at most half the GPU pool before its new blocks come from host "
-        "RAM, so that requests arriving later find GPU blocks (alone, it reads that much "
-        "more over PCIe every step: 11.6 tokens/s instead of 13.9 there). 1: neither rule, "
-        "every request batched with a spilled one waits for its host reads every step.",
+        "them (11.6 alone; measured coarsely); 0.1: 1.00x and ~4; 0.5: 1.80x and ~7. Below 1, the "
+        "long requests also hold at most half the GPU pool together before their new blocks "
+        "come from host RAM, and a short request waits for GPU blocks rather than read host "
+        "ones, so that requests arriving later run at GPU speed (alone, a long one reads "
+        "that much more over PCIe every step: 11.6 tokens/s instead of 13.9 there). Each "
+        "spilled step is still a pause for the chats in flight (~145 ms for 6 GB). 1: none "
+        "of it, every request batched with a spilled one waits for its host reads every "
+        "step. At least 0.01 (a spilled step every ~100 of its own lengths).",
     )
     disk_path: str = Field(
         "",
@@ -123,6 +130,13 @@ class KvOffloadSection(_Section):
     )
 
     _bounded = field_validator("cpu_tier_gib", "disk_gib", "sync_load_budget_gib")(_bounded_gib)
+
+    @field_validator("spilled_step_share", mode="before")
+    @classmethod
+    def _share_is_a_number(cls, value: object) -> object:
+        if isinstance(value, bool):  # pydantic reads true as 1.0: share 1 by accident
+            raise ValueError("must be a number from 0.01 to 1, not true or false")
+        return value
 
     @model_validator(mode="after")
     def _positive_tier(self) -> KvOffloadSection:

@@ -30,7 +30,10 @@ PREFILL_CHUNK_RANGE = (256, 1 << 17)
 # characters its use needs.
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")
 PARAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,255}")
-HUB_PATTERN = re.compile(r"[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}/[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}")
+HUB_PATTERN = re.compile(
+    r"[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}/[A-Za-z0-9*?][A-Za-z0-9._*?-]{0,95}"
+    r"(@[A-Za-z0-9*?][A-Za-z0-9._/*?-]{0,127})?"
+)
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
 
@@ -276,8 +279,10 @@ class ManagerSection(_Section):
         default_factory=list,
         description="Hugging Face repo ids the manager's API may name as a model and fetch "
         "into the manager's HF cache, as patterns ('Qwen/*', 'meta-llama/Llama-3.2-1B-"
-        "Instruct'). Empty: none (a hub id is named in the file and fetched with "
-        "`vllm-offload pull`). Set in the file only.",
+        "Instruct'), each the repo's default branch only unless it names revisions too "
+        "('org/name@v1.0', 'Qwen/*@main'; anyone can open a pull-request ref on the public "
+        "hub, so 'org/*@*' allows those too). Empty: none (a hub id is named in the file "
+        "and fetched with `vllm-offload pull`). Set in the file only.",
     )
 
     @field_validator("hub_models")
@@ -286,6 +291,7 @@ class ManagerSection(_Section):
         for pattern in patterns:
             if not HUB_PATTERN.fullmatch(pattern):
                 raise ValueError(
-                    f"{pattern!r} is not a repo id pattern (org/name, '*' and '?' allowed)"
+                    f"{pattern!r} is not a repo id pattern (org/name or org/name@revision, "
+                    "'*' and '?' allowed)"
                 )
         return patterns

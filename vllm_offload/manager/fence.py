@@ -104,9 +104,21 @@ def _plain_path(field: str, path: str, saved: str, hub_models: list[str]) -> Non
         )
 
 
-def allowed(repo: str, hub_models: list[str]) -> bool:
-    """Whether manager.hub_models lets the API name ``repo`` (org/name)."""
-    return any(fnmatch.fnmatchcase(repo, pattern) for pattern in hub_models)
+def allowed(value: str, hub_models: list[str]) -> bool:
+    """Whether manager.hub_models lets the API name ``value`` (org/name[@revision]): a
+    pattern without a revision allows the default branch only (issue #55: any revision of
+    a listed repo was fetched, a pull-request ref anyone can open among them)."""
+    repo, _, revision = value.partition("@")
+    for pattern in hub_models:
+        repo_pattern, _, revision_pattern = pattern.partition("@")
+        if not fnmatch.fnmatchcase(repo, repo_pattern):
+            continue
+        if revision_pattern and revision:
+            if fnmatch.fnmatchcase(revision, revision_pattern):
+                return True
+        elif not revision_pattern and not revision:
+            return True
+    return False
 
 
 def hub_model(field: str, value: str, hub_models: list[str]) -> HubRef:
@@ -117,12 +129,13 @@ def hub_model(field: str, value: str, hub_models: list[str]) -> HubRef:
             field, f"{value[:200]!r} is not a Hugging Face repo id (org/name or org/name@revision)"
         )
     repo, _, revision = value.partition("@")
-    if not allowed(repo, hub_models):
+    if not allowed(value, hub_models):
         raise Forbidden(
             field,
             f"{value}: a Hugging Face id through the API downloads at a "
             "client's word; the config file's manager.hub_models lists the ids "
-            f"it may name ({', '.join(hub_models) or 'none'}); or an "
+            f"it may name ({', '.join(hub_models) or 'none'}; a revision only where an "
+            "entry names it: org/name@revision); or an "
             f"administrator fetches it (`vllm-offload pull {value}`) and names it "
             "in the file",
         )
