@@ -153,15 +153,14 @@ def prepare(
     None: none is installed here (a dry run on a laptop), so the spec is for the pinned
     release and the patch state is not checked. ``from_hub``: a hub id not downloaded yet
     is planned from the hub (a problem: it cannot start before `pull`). The default model
-    (no model.path) runs in real_model.DTYPE unless model.dtype says otherwise."""
-    if not config.model.path and config.model.dtype == "auto":
-        config = with_overrides(config, {"model.dtype": real_model.DTYPE})
+    runs in real_model.DTYPE unless model.dtype says otherwise (model_dtype)."""
     remote = hub_not_downloaded(config) if from_hub else None
     if remote is not None:
         directory = Path(str(hub_models(config)[0]))
         plan = plan_for(config, directory, host, environ, remote[0])
     else:
         directory = confined_model_dir(config, roots)
+        config = model_dtype(config, directory)
         plan = plan_for(config, directory, host, environ)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems
@@ -181,6 +180,14 @@ def prepare(
         problems=tuple(problems),
         notes=(*spec.notes, *notes),
     )
+
+
+def model_dtype(config: DeploymentConfig, directory: Path) -> DeploymentConfig:
+    """``config`` with the dtype its model needs where model.dtype is 'auto': the default
+    model's real_model.DTYPE, however it is named (none, its path, a [[models]] entry)."""
+    if config.model.dtype == "auto" and real_model.is_default_model(directory):
+        return with_overrides(config, {"model.dtype": real_model.DTYPE})
+    return config
 
 
 def machine_checks(

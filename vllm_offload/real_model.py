@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.safe_files import parse_json, read_regular
 
 if TYPE_CHECKING:  # numpy is imported where converting (config names the default model)
     import numpy as np
@@ -36,7 +37,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The folder of the converted default model, and the name it is served under.
 DEFAULT_NAME = "smollm2-135m-instruct"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-# What `serve` runs it in when no model is configured (deployment.prepare), 540 MB: the
+# What it runs in wherever it is named, unless model.dtype says otherwise (deployment.
+# model_dtype), 540 MB: the
 # answer to "What is the capital of France?" starts with a near-tie ("The" leads "L" by
 # 0.08 nats in float32) that bfloat16 logits of vLLM's compiled CPU path round to a tie,
 # broken the other way ("L'Étoile, la Marseillaise, ..."); in float32 vLLM answers as
@@ -252,6 +254,17 @@ def write(model_dir: Path, gguf_file: Path) -> Path:
         staging.chmod(0o755)
         os.replace(staging, model_dir)
     return model_dir
+
+
+def is_default_model(folder: Path) -> bool:
+    """Whether ``folder`` holds the default model as `write` converted it (its source.json
+    names the pinned GGUF), wherever it is named: as no model.path, by its path, in
+    [[models]] (issue #56: named by path it ran in bfloat16 and answered garbage)."""
+    try:
+        source = parse_json(read_regular(str(folder / "source.json"), 64 << 10))
+    except (OSError, ValueError):
+        return False
+    return isinstance(source, dict) and source.get("gguf_sha256") == GGUF_SHA256
 
 
 def ensure_default() -> Path:

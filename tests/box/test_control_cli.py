@@ -68,11 +68,11 @@ async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
             await engine.stop()
 
 
-async def cli(*args: str) -> tuple[int, str]:
+async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         VLLM_OFFLOAD,
         *args,
-        env=dict(os.environ),
+        env=dict(os.environ) | (env or {}),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -128,15 +128,30 @@ def test_ps_load_and_unload(tmp_path: Path) -> None:
     run(test)
 
 
-def test_no_front_door_and_one_model_are_refused_clearly(tmp_path: Path) -> None:
+def test_load_finds_the_running_front_door_as_ps_does(tmp_path: Path) -> None:
+    """Issue #56: without --config, `ps` found the server's models where `serve` puts its
+    socket (XDG_RUNTIME_DIR), and `load` read the default config (one model) and refused."""
+
+    async def test() -> None:
+        async with control_socket(tmp_path) as (socket, _config):
+            xdg = tmp_path / "xdg"
+            (xdg / "vllm-offload").mkdir(parents=True)
+            (xdg / "vllm-offload" / "control.sock").symlink_to(socket)
+            home = {"XDG_RUNTIME_DIR": str(xdg)}
+            assert {"chat", "coder"} <= set(table((await cli("ps", env=home))[1]))
+            code, out = await cli("load", "coder", env=home)
+            assert (code, out.strip()) == (0, "'coder' is on the GPU")
+
+    run(test)
+
+
+def test_no_front_door_is_said_clearly(tmp_path: Path) -> None:
     async def test() -> None:
         config = tmp_path / "one.toml"
         save(parse({"residency": {"runtime_dir": str(tmp_path / "run")}}), config)
-        code, out = await cli("ps", "--config", str(config))
-        assert code == 1 and "no front door's control socket" in out and "--socket" in out
-        socket = tmp_path / "control.sock"
-        socket.touch()
-        code, out = await cli("load", "x", "--config", str(config), "--socket", str(socket))
-        assert code == 2 and "one model is configured" in out
+        for command in (("ps",), ("load", "x")):
+            code, out = await cli(*command, "--config", str(config))
+            assert code == 1 and "no front door's control socket" in out and "--socket" in out
+            assert "this config names one model" in out
 
     run(test)

@@ -65,6 +65,28 @@ def test_declared_gpu_smaller_than_the_weights(
     assert "on GPU / offloaded" in capsys.readouterr().out
 
 
+def test_the_commonest_refusals_print_the_plan_of_their_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #56: weights or a length that do not fit printed no plan (only `error:` on
+    stderr, --json empty), where README and --help promise it either way."""
+    model = write_shape(tmp_path / "qwen", QWEN3_30B_A3B)
+    declared = ["--gpu-mem-gib", "24", "--ram-gib", "128"]
+    assert main(["plan", "--model", str(model), *declared]) == 2
+    out = capsys.readouterr().out
+    assert "on GPU / offloaded" in out and "cannot start: weights_offload.cpu_gib" in out
+    assert "the plan above is the one with weights_offload.cpu_gib = 'auto'" in out
+    llama = write_shape(tmp_path / "llama", LLAMA3_8B)
+    too_long = ["--model-max-model-len", "100000", "--model-allow-long-max-model-len", "true"]
+    assert main(["plan", "--model", str(llama), *declared, *too_long, "--json"]) == 2
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["planned_with"] == {"model.max_model_len": "auto"}
+    (problem,) = plan["problems"]
+    assert problem["field"] == "model.max_model_len"
+    assert "model.kv_cache_dtype = 'fit'" in problem["message"]  # doubles a 32B-AWQ pool
+    assert plan["max_model_len"] == 8192
+
+
 def test_plan_exits_2_when_the_plan_cannot_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

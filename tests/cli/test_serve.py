@@ -274,3 +274,32 @@ def test_dry_run_with_a_host_extension_on_a_cpu_host(
     assert "--scheduler-cls=vllm_offload.vllm_ext.fair_scheduler.FairScheduler" in out
     assert "error: kv_offload.host_extension_gib: the host extension maps host RAM" in err
     assert started == []
+
+
+def test_the_default_model_runs_in_float32_wherever_it_is_named(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #56: named by its path or in [[models]] the default model ran in bfloat16 (its
+    float32 rule held for no model.path only) and answered the capital question with
+    garbage. A folder is the default model by its source.json (the pinned GGUF)."""
+    import shutil
+
+    from vllm_offload import real_model
+
+    model = tmp_path / "smollm2"
+    shutil.copytree(demo_dir, model)
+    (model / "source.json").write_text(json.dumps({"gguf_sha256": real_model.GGUF_SHA256}))
+    assert serve("--model", str(model), "--dry-run") == 0
+    assert "--dtype=float32" in capsys.readouterr().out
+    assert serve("--model", str(model), "--model-dtype", "bfloat16", "--dry-run") == 0
+    assert "--dtype=bfloat16" in capsys.readouterr().out  # said so: as said
+    config = tmp_path / "two.toml"
+    config.write_text(
+        f'[[models]]\npath = "{model}"\nserved_name = "a"\n'
+        f'[[models]]\npath = "{demo_dir}"\nserved_name = "b"\n'
+        f'[residency]\nruntime_dir = "{tmp_path / "run"}"\n'
+    )
+    assert serve("--config", str(config), "--dry-run") == 0
+    assert capsys.readouterr().out.count("--dtype=float32") == 1  # the default model's only
+    assert serve("--model", str(demo_dir), "--dry-run") == 0
+    assert "--dtype" not in capsys.readouterr().out

@@ -20,9 +20,7 @@ from fastapi import FastAPI, HTTPException
 
 from vllm_offload.box.front import FrontDoor
 from vllm_offload.box.outlook import outlook
-from vllm_offload.box.prepare import several
 from vllm_offload.box.residency_records import Event, Unavailable
-from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import Refused
 from vllm_offload.systemd.control import ServiceError
 
@@ -152,12 +150,12 @@ def move(
         _movers.release()
 
 
-def move_by_hand(config: DeploymentConfig, socket: Path, name: str, action: str) -> str:
+def move_by_hand(socket: Path, name: str, action: str) -> str:
     """Bring ``name`` in or put it away for a person (the manager's page, `vllm-offload
-    load`/`unload`): the front door's words, or Refused (one model; no such model) or
-    ServiceError (no front door there; the move failed or the answer was not one)."""
-    if not several(config):
-        raise Refused("models", "one model is configured: it is always on the GPU")
+    load`/`unload`) through the front door on ``socket``: its words, or Refused (no such
+    model) or ServiceError (no front door there; the move failed or the answer was not
+    one). The front door knows its models: no config is asked (issue #56: without
+    --config, `load` read the defaults, one model, and refused what `ps` had listed)."""
     try:
         status, answer = move(socket, name, action)
     except httpx.HTTPError as exc:

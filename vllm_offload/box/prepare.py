@@ -13,7 +13,12 @@ from pathlib import Path
 from vllm_offload import hardware, launch, model_facts
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.config.schema import engine_configs, entry_field
-from vllm_offload.deployment import confined_model_dir, hub_not_downloaded, machine_checks
+from vllm_offload.deployment import (
+    confined_model_dir,
+    hub_not_downloaded,
+    machine_checks,
+    model_dtype,
+)
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
@@ -90,6 +95,7 @@ def prepare_fleet(
                 not_pulled.append(PreflightError(entry_field(i, "model.path"), remote[1]))
                 continue
             dirs[name] = confined_model_dir(config_i, roots)
+            engines[name] = model_dtype(config_i, dirs[name])
             facts[name] = model_facts.read(dirs[name])
         except (ConfigError, ModelFactsError) as exc:
             raise ConfigError(entry_field(i, exc.field), f"'{name}': {exc.message}") from None

@@ -49,7 +49,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         help=f"deployment config (TOML); default {config_mod.DEFAULT_CONFIG_PATH} if it "
-        "exists, else built-in defaults",
+        "exists, else ~/.config/vllm-offload/config.toml if it exists (what `vllm-offload "
+        "manager` run by hand edits), else built-in defaults",
     )
     for section, model in config_mod.SECTIONS.items():
         group = parser.add_argument_group(f"[{section}] overrides")
@@ -228,8 +229,12 @@ def control_socket(args: argparse.Namespace) -> tuple[DeploymentConfig, Path]:
     for candidate in (here, unit):
         if candidate.exists():
             return config, candidate
+    alone = (
+        "; this config names one model, which `serve` runs without a front door (always on the GPU)"
+        if len(config.models) < 2
+        else ""
+    )
     raise ServiceError(
         f"no front door's control socket at {here} or {unit}: is `vllm-offload "
-        "serve` running with this config (several [[models]])? --socket names "
-        "it"
+        f"serve` running with several [[models]]? --socket names it{alone}"
     )

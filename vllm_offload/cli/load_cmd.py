@@ -32,6 +32,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace, _extra_args: list[str]) -> int:
-    config, socket = _common.control_socket(args)
-    print(move_by_hand(config, socket, args.name, args.action))
+    _config, socket = _common.control_socket(args)
+    print(move_by_hand(socket, args.name, args.action))
     return 0

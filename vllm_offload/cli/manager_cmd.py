@@ -21,8 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "manager",
         help="run the web manager (dashboard, control, settings, logs)",
-        description="Serve the manager page and its JSON API (OpenAPI at /docs). It binds "
-        "loopback unless a token file is given.",
+        description="Serve the manager page and its JSON API (its schema at /openapi.json; "
+        "no /docs page). It binds loopback unless a token file is given.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=7999)
@@ -30,8 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--config",
         type=Path,
-        default=config_mod.DEFAULT_CONFIG_PATH,
-        help="deployment config the manager shows and edits",
+        help=f"deployment config the manager shows and edits; default "
+        f"{config_mod.DEFAULT_CONFIG_PATH} where it exists (install-service writes it), else "
+        "~/.config/vllm-offload/config.toml, written with the defaults if missing (the one "
+        "`serve` then reads without --config)",
     )
     parser.add_argument("--unit", default="vllm", help="server unit name (without .service)")
     parser.add_argument(
@@ -61,6 +63,20 @@ def read_token(path: Path) -> str:
     return token
 
 
+def config_path() -> Path:
+    """The config the manager edits without --config: the system's or the user's where one
+    exists, else the user's, written now with the defaults (issue #56: on a fresh machine
+    `vllm-offload manager` as the README writes it failed on a missing /etc file)."""
+    found = config_mod.default_path()
+    if found is not None:
+        return found
+    path = config_mod.user_config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config_mod.save(config_mod.DeploymentConfig(), path)
+    print(f"vllm-offload manager: wrote the default config to {path}", file=sys.stderr)
+    return path
+
+
 def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     import uvicorn
 
@@ -75,6 +91,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
             f"--host {args.host}: refusing to listen beyond loopback without a token; pass "
             "--token-file (install-service writes one)"
         )
+    args.config = args.config or config_path()
     config_mod.load(args.config)  # a missing or invalid config is an error now, not later
     if (busy := port_taken(args.host, args.port)) is not None:
         raise UsageError(f"--port: {busy}")
@@ -85,6 +102,11 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         print(
             f"vllm-offload manager: no --token-file; this run's token is {token}", file=sys.stderr
         )
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"vllm-offload manager: http://{shown}:{args.port}/ (config {args.config})",
+        file=sys.stderr,
+    )
     settings = ManagerSettings(
         config_path=args.config,
         token=token,

@@ -10,9 +10,12 @@ from typing import Any
 from vllm_offload import cluster_router, deployment
 from vllm_offload.box.prepare import prepare_fleet, several, single
 from vllm_offload.cli import _common
-from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan import render
+from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.errors import VllmOffloadError
+from vllm_offload.hardware import HostFacts
+from vllm_offload.plan import PlanError, render
 from vllm_offload.plan.fleet import fleet_json, render_fleet
+from vllm_offload.vllm_version import InstalledVllm
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,26 +53,53 @@ def _run(args: argparse.Namespace, config: DeploymentConfig, cluster: dict[str, 
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
     if several(config):
         fleet = prepare_fleet(config, host, os.environ, vllm, from_hub=True)
-        problems = [problem.detail() for problem in fleet.problems]
+        details = [problem.detail() for problem in fleet.problems]
         if args.json:
-            print(
-                json.dumps({**fleet_json(fleet.fleet), "problems": problems, **cluster}, indent=2)
-            )
+            print(json.dumps({**fleet_json(fleet.fleet), "problems": details, **cluster}, indent=2))
         else:
             print(render_fleet(fleet.fleet))
             for problem in fleet.problems:
                 print(f"cannot start: {problem.field}: {problem.message}")
         return max((problem.exit_code for problem in fleet.problems), default=0)
-    config = single(config)
-    prepared = deployment.prepare(config, host, os.environ, vllm, from_hub=True)
+    return _single(args, single(config), cluster, host, vllm)
+
+
+def _single(
+    args: argparse.Namespace,
+    config: DeploymentConfig,
+    cluster: dict[str, Any],
+    host: HostFacts,
+    vllm: InstalledVllm | None,
+) -> int:
+    """One model's plan, and each reason it cannot start; where the planner refuses with a
+    fix it can plan (PlanError.instead), the plan with that fix beside the refusal."""
+    refused: list[PlanError] = []
+    try:
+        prepared = deployment.prepare(config, host, os.environ, vllm, from_hub=True)
+    except PlanError as exc:
+        # The plan with the fix the refusal names, beside it (issue #56: the commonest
+        # refusals printed no plan, where the README promises one either way).
+        if not exc.instead:
+            raise
+        fixed = with_overrides(config, exc.instead)
+        try:
+            prepared = deployment.prepare(fixed, host, os.environ, vllm, from_hub=True)
+        except PlanError:
+            raise exc from None
+        refused.append(exc)
     plan = prepared.plan
+    problems: list[VllmOffloadError] = [*refused, *prepared.problems]
+    instead = {"planned_with": refused[0].instead} if refused else {}
     if args.json:
-        problems = [problem.detail() for problem in prepared.problems]
-        print(json.dumps({**plan.to_json(), "problems": problems, **cluster}, indent=2))
+        shown = [problem.detail() for problem in problems]
+        print(json.dumps({**plan.to_json(), "problems": shown, **instead, **cluster}, indent=2))
     else:
         print(render(plan))
         planned = {(p["field"], p["message"]) for p in plan.notes.problems}
-        for problem in prepared.problems:  # the plan's own are in its table already
+        for problem in problems:  # the plan's own are in its table already
             if (problem.field, problem.message) not in planned:
                 print(f"cannot start: {problem.field}: {problem.message}")
-    return max((problem.exit_code for problem in prepared.problems), default=0)
+        if refused:
+            said = ", ".join(f"{k} = {v!r}" for k, v in instead["planned_with"].items())
+            print(f"(the plan above is the one with {said}, the first fix it names)")
+    return max((problem.exit_code for problem in problems), default=0)

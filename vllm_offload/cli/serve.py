@@ -103,7 +103,8 @@ def _checked(
     if args.dry_run:
         for name, spec in specs.items():
             print(f"# {name}\n{spec.printable()}" if name else spec.printable())
-            print(json.dumps(spec.kv_transfer_config, indent=2))
+            if spec.kv_transfer_config is not None:  # none without a CPU tier (not 'null')
+                print(json.dumps(spec.kv_transfer_config, indent=2))
             if vllm is not None:  # vLLM's own classes and parser read what would start
                 found += _validation_errors(spec)
     if found:

@@ -9,12 +9,14 @@ flags the launcher owns, ``schema`` the whole config, ``files`` its TOML file.
 from vllm_offload.config.cluster import ClusterBox, ClusterSection
 from vllm_offload.config.files import (
     DEFAULT_CONFIG_PATH,
+    default_path,
     file_tag,
     load,
     load_default,
     save,
     sweep_temp_files,
     to_toml,
+    user_config_path,
 )
 from vllm_offload.config.flags import LAUNCHER_FLAGS, UNSUPPORTED_FLAGS, flag_name, refused_flag
 from vllm_offload.config.schema import (
@@ -37,6 +39,7 @@ __all__ = [
     "ConfigError",
     "DeploymentConfig",
     "ManagerSection",
+    "default_path",
     "file_tag",
     "flag_name",
     "load",
@@ -46,5 +49,6 @@ __all__ = [
     "save",
     "sweep_temp_files",
     "to_toml",
+    "user_config_path",
     "with_overrides",
 ]

@@ -31,12 +31,28 @@ def load(path: Path) -> DeploymentConfig:
     return parse(data)
 
 
+def user_config_path() -> Path:
+    """The config of a user running things by hand: $XDG_CONFIG_HOME (or ~/.config)
+    /vllm-offload/config.toml, what `vllm-offload manager` edits where the system has none."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "vllm-offload" / "config.toml"
+
+
+def default_path() -> Path | None:
+    """The config commands read without --config: the system's, else the user's, where
+    it exists (else None: built-in defaults)."""
+    for path in (DEFAULT_CONFIG_PATH, user_config_path()):
+        if path.is_file():
+            return path
+    return None
+
+
 def load_default(path: Path | None) -> tuple[DeploymentConfig, Path | None]:
-    """The config at ``path``; else the system one if it exists; else built-in defaults."""
+    """The config at ``path``; else the system's, else the user's (default_path); else
+    built-in defaults."""
+    path = path if path is not None else default_path()
     if path is not None:
         return load(path), path
-    if DEFAULT_CONFIG_PATH.is_file():
-        return load(DEFAULT_CONFIG_PATH), DEFAULT_CONFIG_PATH
     return DeploymentConfig(), None
 
 

@@ -154,6 +154,7 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
             f"the weights ({gpu.weights_bytes / GIB:.2f} GiB per GPU) and vLLM's working "
             f"memory (~{overhead / GIB:.1f} GiB) do not fit in "
             f"{config.gpu.memory_utilization:.0%} of {gpu.total_bytes / GIB:.1f} GiB: {fix}",
+            instead={"weights_offload.cpu_gib": "auto"} if offloaded == 0 else None,
         )
     # vLLM takes a fixed pool as given, past memory_utilization: one larger than the card
     # less the weights kept there fails at start-up after the weights load.

@@ -200,6 +200,11 @@ def _check_configured(
         if platform == "cuda" and config.weights_offload.cpu_gib != "auto"
         else ""
     )
+    if platform == "cuda" and config.model.kv_cache_dtype == "auto":
+        offload_hint += (
+            "; or model.kv_cache_dtype = 'fit' (fp8 KV where the model's dtype does not fit: "
+            "twice the tokens)"
+        )
     if max_len > longest:
         where = (
             "GPU KV pool and its host extension, which hold"
@@ -217,6 +222,7 @@ def _check_configured(
                 if platform == "cuda" and all(layer.kind == "full" for layer in model.layers)
                 else ""
             ),
+            instead={"model.max_model_len": "auto"},
         )
     kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
     if pool_bytes_for(kv, max_len, requests) > shape.usable_bytes:
@@ -229,6 +235,7 @@ def _check_configured(
             f"{(usable_blocks + shape.extension_blocks) // request_blocks} request(s) of "
             f"{max_len} tokens at once, not {requests}: lower it, or model.max_model_len "
             f"to {reach}{offload_hint}",
+            instead={"model.max_model_len": reach} if reach > 0 else None,
         )
     return Notes()
 
@@ -261,6 +268,7 @@ def past_the_model_limit(inputs: PlanInputs) -> Notes:
         f"its config.json, as vLLM derives it), and vLLM refuses to start with that: set "
         f"model.max_model_len <= {limit} or 'auto'; or, if the model was trained or scaled "
         f"past it, model.allow_long_max_model_len = true (vLLM's {ALLOW_LONG_LEN_ENV})",
+        instead={"model.max_model_len": limit},
     )
 
 

@@ -23,7 +23,15 @@ Problem = dict[str, str]  # {"field": config key, "message": what is wrong and t
 
 
 class PlanError(FieldError):
-    """The config cannot be served on this hardware; names the field and the fix."""
+    """The config cannot be served on this hardware; names the field and the fix.
+    ``instead``: the overrides of that fix, where the planner can plan with them (so that
+    `plan` shows the plan it would make, beside the refusal)."""
+
+    def __init__(
+        self, field: str, message: str, instead: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(field, message)
+        self.instead = dict(instead or {})
 
 
 def _key(name: str) -> dict[str, str]:

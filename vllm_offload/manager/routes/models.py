@@ -10,6 +10,8 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from vllm_offload.box.control import move_by_hand
+from vllm_offload.box.prepare import several
+from vllm_offload.errors import Refused
 from vllm_offload.manager.fence import hub_model
 from vllm_offload.manager.state import Manager, manager_of
 
@@ -22,8 +24,10 @@ def move_model(
     manager: Shared, name: str, action: Literal["bring-in", "put-away"]
 ) -> dict[str, str]:
     config = manager.load()
+    if not several(config):
+        raise Refused("models", "one model is configured: it is always on the GPU")
     try:
-        return {"status": move_by_hand(config, manager.control_socket(config), name, action)}
+        return {"status": move_by_hand(manager.control_socket(config), name, action)}
     finally:
         manager.monitor.changed()
 
