@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "model_limit",
         "weight_estimate",
         "hub",
+        "hub_guard",
         "vllm_version",
         "disk_layout",
         "vllm_ext",
@@ -43,7 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hardware", "patch_journal", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "patching", "argv_check", "run_vllm"),
-    ("deployment",),
+    ("deployment", "length_advice"),
     ("box",),
     ("manager", "bench", "cli", "__main__"),
 )

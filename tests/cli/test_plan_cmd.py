@@ -174,3 +174,43 @@ def test_a_cluster_config_says_which_boxes_serve_each_model(
     assert json.loads(capsys.readouterr().out)["cluster"]["coder"] == [
         "gpu2 (http://10.0.0.2:8000)"
     ]
+
+
+QWEN25_32B_AWQ = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 5120,
+    "intermediate_size": 27648,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
+}
+
+
+def test_a_plan_short_for_chat_says_what_gets_a_chats_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #56: Qwen2.5-32B-AWQ on 24 GB planned 'auto' -> 2,176 tokens, exit 0, with no
+    word that chat needs more, or what gets it."""
+    model = write_shape(tmp_path / "qwen32", QWEN25_32B_AWQ)
+    assert main(["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "max_model_len auto -> 2,176 tokens is short for chat" in out
+    assert "weights_offload.cpu_gib = 'auto' (17 tokens/s at most" in out and "gets 8,192" in out
+
+
+def test_gpus_a_model_is_not_planned_on_are_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #56: `--gpu-count 2` without tensor parallelism planned one GPU silently."""
+    model = write_shape(tmp_path / "llama", LLAMA3_8B)
+    declared = ["plan", "--model", str(model), "--gpu-mem-gib", "24", "--gpu-count", "2"]
+    assert main(declared) == 0
+    assert "2 GPUs here, and this model is planned on 1 of them" in capsys.readouterr().out
+    assert main([*declared, "--parallel-tensor-parallel-size", "2"]) == 0
+    assert "GPUs here" not in capsys.readouterr().out

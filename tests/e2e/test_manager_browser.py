@@ -83,7 +83,7 @@ def test_manager_in_a_browser(stack: tuple[str, str]) -> None:
         page.fill("#f-conc", "16")
         page.click("#preview")
         expect(page.locator("#form-msg")).to_contain_text(
-            "model.max_model_len auto -> 1,920: the longest the GPU KV pool holds for 16 requests"
+            "model.max_model_len auto -> 1,920: the longest the KV pool holds for 16 requests"
         )
         page.fill("#f-conc", "1")
 

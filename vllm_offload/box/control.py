@@ -73,7 +73,8 @@ def create_control_app(
             await front.residency.bring_in(known(name))
         except Unavailable as exc:
             raise HTTPException(503, str(exc)) from None
-        return {"status": f"'{name}' is on the GPU"}
+        on_gpu = (planned or {}).get(name, {}).get("gpu_bytes_serving")
+        return {"status": f"'{name}' is {'on the GPU' if on_gpu != 0 else 'serving'}"}
 
     @app.post("/models/{name}/put-away")
     async def put_away(name: str) -> dict[str, str]:

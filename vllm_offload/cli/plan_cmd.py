@@ -13,6 +13,7 @@ from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
+from vllm_offload.length_advice import short_for_chat
 from vllm_offload.plan import PlanError, render
 from vllm_offload.plan.fleet import fleet_json, render_fleet
 from vllm_offload.vllm_version import InstalledVllm
@@ -102,4 +103,6 @@ def _single(
         if refused:
             said = ", ".join(f"{k} = {v!r}" for k, v in instead["planned_with"].items())
             print(f"(the plan above is the one with {said}, the first fix it names)")
+        elif advice := short_for_chat(config, plan, prepared.model_dir, host, os.environ):
+            print(f"warning: {advice}")
     return max((problem.exit_code for problem in problems), default=0)

@@ -44,12 +44,20 @@ def run(args: argparse.Namespace, _extra_args: list[str]) -> int:
         print(json.dumps(found, indent=2))
         return 0
     rows = [COLUMNS] + [row(name, model, time.time()) for name, model in found["models"].items()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    if not any(on_gpu(model) for model in found["models"].values()):  # a CPU host
+        rows = [r[:4] + r[5:] for r in rows]
+    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     if not found.get("ready"):
         print("(starting: the default model is not serving yet)")
     return 0
+
+
+def on_gpu(model: dict[str, Any]) -> bool:
+    """Whether the plan gives ``model`` GPU memory (none on a CPU host: no GPU column)."""
+    planned = model.get("planned") or {}
+    return any(planned.get(k) for k in ("gpu_bytes_serving", "gpu_bytes_away"))
 
 
 def clock(t: float | None) -> str:

@@ -35,6 +35,15 @@ def combination_checks(inputs: PlanInputs, backend: Backend) -> Notes:
                 "enabled for the VM)",
             }
         )
+    used = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    if platform == "cuda" and len(host.gpus) > used:
+        # issue #56: `--gpu-count 2` planned one GPU without a word (placement: issue #59)
+        warnings.append(
+            f"{len(host.gpus)} GPUs here, and this model is planned on {used} of them "
+            f"(parallel.tensor_parallel_size = {config.parallel.tensor_parallel_size}): set "
+            f"it to {len(host.gpus)} to split the model over all of them; the others stay "
+            "idle (models are not placed on separate GPUs yet)"
+        )
     if backend != "none" and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         problems.append(
             {

@@ -169,6 +169,8 @@ def _auto_length(
         else longest_for(kv, shape.usable_bytes, requests, model_max)
     )
     pool_name = "GPU KV pool and host extension" if extended else "GPU KV pool"
+    if inputs.platform == "cpu":  # vLLM's CPU backend: the pool is host RAM
+        pool_name = "KV pool"
     if max_len <= 0:
         raise PlanError(
             "gpu.kv_cache_memory_bytes",

@@ -28,14 +28,20 @@ def render(plan: Plan) -> str:
         ("KV per token", f"{kv.bytes_per_token:,} bytes"),
         ("KV per block", f"{kv.bytes_per_block:,} bytes ({kv.block_tokens} tokens)"),
         (
-            "GPU KV pool",
+            "GPU KV pool" if plan.platform == "cuda" else "KV pool (host RAM)",
             f"{gib(plan.gpu.kv_pool_bytes)} = {plan.gpu.kv_pool_blocks:,} blocks "
             f"= {plan.gpu.kv_pool_tokens:,} tokens",
         ),
         (
             "longest request",
             f"{length.longest_request_tokens:,} tokens "
-            + ("(GPU pool + host extension)" if ext.bytes else "(must fit the GPU pool)"),
+            + (
+                "(GPU pool + host extension)"
+                if ext.bytes
+                else "(must fit the GPU pool)"
+                if plan.platform == "cuda"
+                else "(must fit the pool)"
+            ),
         ),
         (
             "max_model_len",

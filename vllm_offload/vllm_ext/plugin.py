@@ -8,6 +8,7 @@ import logging
 import os
 
 from vllm_offload import amx
+from vllm_offload.vllm_ext import start_phases
 from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV, STAGED_PREFILL_ENV
 
 logger = logging.getLogger("vllm_offload")
@@ -20,6 +21,7 @@ def register() -> None:
     """Ask for AMX in this process where the CPU has it: vLLM's CPU attention runs AMX
     kernels without asking, and a worker that never asked dies with SIGILL (see amx.py).
     Harmless elsewhere: a GPU host's workers simply hold the permission unused."""
+    start_phases.install()  # what a person sees while it starts
     found, why = amx.state(amx.read_cpuinfo(), amx.request_permission)
     if found == "refused":
         logger.warning("vllm-offload: %s; vLLM's bfloat16 CPU attention would die here", why)
