@@ -152,8 +152,25 @@ def test_a_missing_repo_is_named(env: dict[str, str]) -> None:
 def test_offline_mode_says_so(hub: Hub, env: dict[str, str]) -> None:
     run = _cli({**env, "HF_HUB_OFFLINE": "1"}, "plan", "--model", "org/tiny")
     assert run.returncode == 1  # the environment, not the input
-    assert "org/tiny: cannot reach" in run.stderr and "HF_HUB_OFFLINE" in run.stderr
+    assert "org/tiny: HF_HUB_OFFLINE is set, so nothing is asked of the hub" in run.stderr
+    assert "cannot reach" not in run.stderr  # one cause, said once (issue #56)
+    assert "a folder with the model's config.json plans without the hub" in run.stderr
     assert hub.requests == []
+
+
+def test_an_unreachable_hub_is_the_same_exit_for_one_model_and_several(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue #56: exit 1 for one model, 2 for [[models]]; `pull` named model.path."""
+    gone = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    one = _cli(gone, "plan", "--model", "org/tiny", "--gpu-mem-gib", "24")
+    config = tmp_path / "two.toml"
+    config.write_text('[[models]]\npath = "org/tiny"\n[[models]]\npath = "org/other"\n')
+    several = _cli(gone, "plan", "--config", str(config), "--gpu-mem-gib", "24")
+    assert one.returncode == several.returncode == 1, (one.stderr, several.stderr)
+    assert "models[0].path: 'org/tiny'" in several.stderr
+    pulled = _cli(gone, "pull", "org/tiny")
+    assert pulled.returncode == 1 and "error: ID: org/tiny: cannot reach" in pulled.stderr
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ The whole family, and the few errors that live outside it::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -94,6 +95,14 @@ class VllmOffloadError(Exception):
 
     def detail(self) -> dict[str, str]:
         return {"field": self.field, "message": self.message}
+
+    def named(self, field: str, message: str) -> VllmOffloadError:
+        """The same error (its kind: its exit code and HTTP status) under another field
+        and message: a model's error as its [[models]] entry's."""
+        renamed = copy.copy(self)
+        renamed.field, renamed.message = field, message
+        renamed.args = (f"{field}: {message}" if field else message,)
+        return renamed
 
 
 class FieldError(VllmOffloadError):

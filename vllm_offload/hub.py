@@ -37,6 +37,10 @@ _HUB_ID = re.compile(rf"(?P<repo>{_PART}/{_PART})(@(?P<rev>[A-Za-z0-9][A-Za-z0-9
 IGNORED = ["*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot", "original/*"]
 
 
+# Offline, a model is planned from a folder: its config.json alone is enough to plan.
+OFFLINE_FOLDER = "offline, a folder with the model's config.json plans without the hub"
+
+
 class HubUnreachable(ModelFactsError):
     """The hub did not answer (the network, HF_HUB_OFFLINE): nothing wrong with the input."""
 
@@ -239,10 +243,15 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         status = exc.response.status_code if exc.response is not None else "?"
         fix = "set HF_TOKEN to a token that can read it" if status in (401, 403) else "try again"
         raise ModelFactsError(f"{ref}: {where} answered {status}; {fix}") from None
-    except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.TransportError) as exc:
+    except OfflineModeIsEnabled:
+        raise HubUnreachable(
+            f"{ref}: HF_HUB_OFFLINE is set, so nothing is asked of the hub: unset it to plan "
+            f"or pull from {where}; {OFFLINE_FOLDER}"
+        ) from None
+    except (LocalEntryNotFoundError, httpx2.TransportError) as exc:
         raise HubUnreachable(
             f"{ref}: cannot reach {where} ({hub_guard.shown(str(exc))[:200]}); check the "
-            "network, HF_ENDPOINT and HF_HUB_OFFLINE"
+            f"network and HF_ENDPOINT; {OFFLINE_FOLDER}"
         ) from None
     except OSError as exc:  # the disk (full, or the cache not writable)
         raise ModelFactsError(

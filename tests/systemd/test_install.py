@@ -144,9 +144,10 @@ def test_bad_input_exits_2_and_writes_nothing(
 def test_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "a" / "b" / "c"
     assert main(["install-service", "--user", "root", "--root", str(root), "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert f"=== {root}/etc/systemd/system/vllm.service" in out
     assert not root.exists()
+    assert "warning: a unit runs as root" in err  # issue #56: accepted without a word
 
 
 def test_manifest_lists_relative_paths(tmp_path: Path) -> None:

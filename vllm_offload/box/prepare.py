@@ -97,8 +97,8 @@ def prepare_fleet(
             dirs[name] = confined_model_dir(config_i, roots)
             engines[name] = model_dtype(config_i, dirs[name])
             facts[name] = model_facts.read(dirs[name])
-        except (ConfigError, ModelFactsError) as exc:
-            raise ConfigError(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
+        except (ConfigError, ModelFactsError) as exc:  # its kind kept: the hub down is exit 1
+            raise exc.named(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     disks = {
         name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None

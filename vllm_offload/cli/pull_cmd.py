@@ -7,6 +7,7 @@ import argparse
 from vllm_offload import deployment, hub
 from vllm_offload.cli import _common
 from vllm_offload.config import ConfigError
+from vllm_offload.errors import VllmOffloadError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,5 +49,8 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
                 "model.path", "the config names no hub id; give one: `vllm-offload pull org/name`"
             )
     for ref in refs:
-        print(hub.pull(ref))
+        try:
+            print(hub.pull(ref))
+        except VllmOffloadError as exc:  # about the id given here, not a config's model.path
+            raise exc.named("ID" if args.ids else exc.field, exc.message) from None
     return 0

@@ -82,6 +82,13 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
         )
     )
     refusals = service_check.refusals(options)
+    if "root" in (options.user, options.manager_user):  # issue #56: accepted without a word
+        print(
+            "vllm-offload: warning: a unit runs as root: vLLM (and any code a model brings) "
+            "or the manager's web API would have root's powers; a system user keeps them "
+            "apart (sudo useradd --system --home /var/lib/vllm-offload vllm-offload)",
+            file=sys.stderr,
+        )
     if args.dry_run:
         print(summary(options, refusals))
         for planned in unit_files.render(options):
@@ -96,6 +103,9 @@ def run_install(args: argparse.Namespace, extra_args: list[str]) -> int:
         raise unit_files.InstallError("; and ".join(str(refusal) for refusal in refusals))
     for path in install.install(options):
         print(f"wrote {path}")
+    if options.root != Path("/"):  # nothing here runs them: say where they are instead
+        print(f"the units are under {options.root}; nothing was enabled")
+        return 0
     print(f"next: systemctl enable --now {args.unit}.service {args.unit}-manager.service")
     return 0
 

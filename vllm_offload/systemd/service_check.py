@@ -142,6 +142,6 @@ def refusals(options: InstallOptions) -> list[InstallError]:
 def _fix(path: Path, user: str) -> str:
     return (
         f"let {user} reach it (chmod o+x on the folders on the way, o+r on the files, or "
-        f"an ACL: setfacl -m u:{user}:rx), or install from a clone and Python it can "
-        "read (e.g. under /opt)"
+        f"an ACL: setfacl -m u:{user}:rx, from the package 'acl'), or install from a clone "
+        "and Python it can read (e.g. under /opt)"
     )
