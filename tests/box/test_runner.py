@@ -97,3 +97,28 @@ def test_three_models_two_at_a_time_each_sleeps_once_then_two_come_in(tmp_path: 
         "in chat",
         "in coder",
     ]
+
+
+def test_a_serving_engine_that_sleeps_is_shown_holding_its_arena_copy(tmp_path: Path) -> None:
+    """Issue #58: `ps` and the page said 8.0 GiB of host RAM for a serving engine whose
+    sleep arena kept its weights' copy (~23.6 GiB in all on the H200); the planner's
+    fitness check counted it, the per-state figures did not."""
+    from vllm_offload.box.runner import planned_memory
+    from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
+
+    fleet = fleet_of(two_models(tmp_path, max_resident=1), big_host_for_test())
+    chat = fleet.models["chat"]
+    assert chat.idle == "sleep"
+    shown = planned_memory(chat, level=1)
+    copy = chat.plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
+    assert shown["host_bytes_serving"] >= copy + chat.plan.cpu_tier.bytes
+    assert shown["host_bytes_serving"] == shown["host_bytes_away"]  # the same copy, kept
+    stops = fleet_of(two_models(tmp_path, max_resident=1, idle="stop"), big_host_for_test())
+    stopped = stops.models["chat"]
+    assert (
+        planned_memory(stopped, level=1)["host_bytes_serving"] < copy + stopped.plan.cpu_tier.bytes
+    )
+
+
+def big_host_for_test() -> Any:
+    return declared(make_host(None), gpu_mem_gib=24, ram_gib=256)

@@ -69,9 +69,12 @@ def settings(config: DeploymentConfig, fleet: FleetPlan) -> ResidencySettings:
 
 def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
     """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
-    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing)."""
+    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing). An
+    engine that sleeps at level 1 keeps the sleep arena's copy of its weights while it
+    serves too (put-away is then 0.04 s): issue #58 found `ps` saying 8.0 GiB serving for
+    an engine holding ~23.6 GiB."""
     plan = model.plan
-    host = holds(plan, "stop", level) + plan.cpu_tier.bytes
+    host = holds(plan, model.idle, level) + plan.cpu_tier.bytes
     if plan.platform == "cuda":
         gpu = plan.gpu.budget_bytes
     else:  # vLLM's CPU backend: the weights and the pool are in host RAM
