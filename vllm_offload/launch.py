@@ -57,6 +57,16 @@ SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
 # vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
 # sleeps is reached through its own unix socket alone).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# What a start takes before it answers (issue #56: nothing said so, and vLLM's wait reads
+# like a hang): measured in docs/install.md ("How long a start takes").
+FIRST_START = {
+    "cpu": "the first start of a model and its settings compiles it before it answers: "
+    "about 5 min on a 2-core CPU host for the demo model; later starts read the compile "
+    "cache (~/.cache/vllm) and take about 2",
+    "cuda": "the first start of a model and its settings compiles it and captures CUDA "
+    "graphs before it answers: about 2.5 min for an 8B model on an H200; later starts read "
+    "the compile cache (~/.cache/vllm)",
+}
 # server.reproducible: Inductor's deterministic mode (no combo-kernel benchmark, one config
 # per reduction kernel) in the config vLLM patches into every compile (the environment's
 # TORCHINDUCTOR_DETERMINISTIC reached vLLM's own check but not the engine's compile on the
@@ -272,7 +282,10 @@ def build(
     if parallel.distributed_executor_backend != "auto":
         options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
 
-    notes: list[str] = [f"KV offload backend: {plan.kv.backend} ({plan.kv.backend_reason})"]
+    notes: list[str] = [
+        f"KV offload backend: {plan.kv.backend} ({plan.kv.backend_reason})",
+        FIRST_START[plan.platform],
+    ]
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)

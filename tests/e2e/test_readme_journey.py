@@ -17,6 +17,7 @@ from tests.e2e.server import Server
 from tests.hub_server import Hub, serve_hub
 from tests.test_hub import _cli, _repo
 from vllm_offload import real_model
+from vllm_offload.bench.server_process import free_port
 
 pytestmark = pytest.mark.e2e
 NAME = real_model.DEFAULT_NAME  # what the README's snippets ask for
@@ -49,6 +50,11 @@ def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None
         assert example.stdout.strip(), "the example printed no answer"
     finally:
         server.stop()
+    # Issue #56 (4): the first start said its phases, and how long one takes.
+    log = server.log_path.read_text(errors="replace")
+    assert "vllm-offload: start: loading the weights" in log
+    assert "vllm-offload: start: the engine is ready" in log
+    assert "the first start of a model and its settings compiles it" in log
 
     hub = Hub(repos={"org/tiny": _repo()})
     with serve_hub(hub) as endpoint:
@@ -77,6 +83,38 @@ def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None
         )
         assert both.returncode == 0, both.stdout + both.stderr
         assert "org/tiny" in both.stdout and NAME in both.stdout
+        # Issue #56 (1): the demo model runs in float32 wherever it is named
+        by_path = _cli(cli_env, "serve", "--model", str(real_dir), "--dry-run")
+        assert "--dtype=float32" in by_path.stdout, by_path.stdout + by_path.stderr
+        engines = _cli(cli_env, "serve", "--config", str(config), "--dry-run")
+        assert engines.stdout.count("--dtype=float32") == 1, engines.stdout + engines.stderr
+        # (5) a refusal prints the plan of the fix it names, and says which
+        too_long = ("--model-max-model-len", "300000", "--model-allow-long-max-model-len", "true")
+        refused = _cli(cli_env, "plan", "--model", "org/tiny", "--gpu-mem-gib", "24", *too_long)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert (
+            "GPU KV pool" in refused.stdout
+            and "cannot start: model.max_model_len" in refused.stdout
+        )
+        # (3) `load` with no front door running says so, not "one model is configured"
+        load = _cli(cli_env, "load", "org/tiny")
+        assert load.returncode == 1 and "no front door's control socket" in load.stderr
+        # (2) `vllm-offload manager` as the README writes it, on a machine with no config
+        home = tmp_path / "home"
+        manager = subprocess.Popen(
+            [sys.executable, "-m", "vllm_offload", "manager", "--port", str(free_port())],
+            env={**cli_env, "HOME": str(home), "XDG_CONFIG_HOME": ""},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert manager.stderr is not None
+            said = [manager.stderr.readline() for _ in range(3)]
+            assert any("http://127.0.0.1:" in line for line in said), said
+            assert (home / ".config/vllm-offload/config.toml").is_file()
+        finally:
+            manager.terminate()
+            manager.wait(timeout=60)
         # "Run it as a service": the dry run, before anything is written.
         dry = _cli(
             cli_env,
