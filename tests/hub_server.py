@@ -28,6 +28,9 @@ class Repo:
     sha: str = "0123456789abcdef0123456789abcdef01234567"
     gated: bool = False
     etag: str | None = None  # a hostile hub's ETag for every file, instead of the sha256
+    # A hub that redirects each /resolve/ to /stored/<repo>/<file> on the same host, which
+    # answers with the file's headers (huggingface_hub follows such redirects).
+    redirect: bool = False
 
 
 @dataclass(kw_only=True)
@@ -49,6 +52,7 @@ class Hub:
 _INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$")
 _TREE = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)$")
 _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_STORED = re.compile(r"/stored/(?P<repo>[^/]+/[^/]+)/(?P<rev>)(?P<file>.+)$")
 
 
 def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
@@ -71,12 +75,13 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 (_TREE, self._tree),
                 (_INFO, self._info),
                 (_RESOLVE, self._resolve),
+                (_STORED, self._stored),
             ):
                 if match := pattern.match(path):
                     repo = hub.repos.get(match["repo"])
                     if repo is None:
                         return self._error(404, "RepoNotFound", "Repository not found")
-                    if match["rev"] not in (None, "main", repo.sha):
+                    if match["rev"] not in (None, "", "main", repo.sha):
                         return self._error(404, "RevisionNotFound", "Invalid rev id")
                     return route(repo, match, body)
             self._error(404, "", "no such route")
@@ -135,7 +140,18 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 body,
             )
 
-        def _resolve(self, repo: Repo, match: re.Match[str], body: bool) -> None:
+        def _stored(self, repo: Repo, match: re.Match[str], body: bool) -> None:
+            self._resolve(repo, match, body, redirected=True)
+
+        def _resolve(
+            self, repo: Repo, match: re.Match[str], body: bool, redirected: bool = False
+        ) -> None:
+            if repo.redirect and not redirected:
+                self.send_response(307)
+                self.send_header("Location", f"/stored/{match['repo']}/{match['file']}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if repo.gated and self.headers.get("Authorization") != f"Bearer {GOOD_TOKEN}":
                 return self._error(401, "GatedRepo", "Access to this model is restricted")
             data = repo.files.get(match["file"])

@@ -109,3 +109,17 @@ def test_the_caps_stay_below_the_open_file_limit() -> None:
     assert http_limits.within_open_files(http_limits.FRONT_DOOR, 256).max_per_source == 32
     assert http_limits.within_open_files(http_limits.FRONT_DOOR, 65536) == http_limits.FRONT_DOOR
     assert http_limits.within_open_files(http_limits.MANAGER, 4096) == http_limits.MANAGER
+
+
+def test_an_ipv6_client_is_its_64() -> None:
+    """One client holds a whole /64: counted per address it would hold a cap each."""
+
+    class Seen:
+        def __init__(self, host: str) -> None:
+            self.client = (host, 1)
+
+    host = http_limits._host
+    assert (
+        host(Seen("2001:db8:1:2::5")) == host(Seen("2001:db8:1:2:ffff::9")) == "2001:db8:1:2::/64"
+    )
+    assert host(Seen("::ffff:10.0.0.1")) == host(Seen("10.0.0.1")) == "10.0.0.1"

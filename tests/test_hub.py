@@ -177,10 +177,11 @@ def test_an_unreachable_hub_is_the_same_exit_for_one_model_and_several(
     ("hostile", "named"),
     [
         (dict(etag='"../../../../escaped"'), "etag"),
+        (dict(etag='"../../../../escaped"', redirect=True), "etag"),  # from where it leads
         (dict(sha="../../../../escaped"), "a commit"),
         (dict(files={"config.json": b"{}", "../../../../escaped": b"x"}), "a file name"),
     ],
-    ids=["etag", "commit", "file-name"],
+    ids=["etag", "etag-after-a-redirect", "commit", "file-name"],
 )
 def test_a_hostile_hub_writes_nothing_outside_the_cache(
     hostile: dict[str, object], named: str, tmp_path: Path
@@ -207,3 +208,18 @@ def test_an_endpoint_that_is_not_https_is_only_this_machine(env: dict[str, str])
     assert run.returncode == 2
     assert "HF_ENDPOINT=http://hub.example:8080: a hub is reached over https" in run.stderr
     assert "secret" not in run.stderr
+
+
+def test_a_mirror_under_a_path_is_checked_as_the_hub() -> None:
+    """Found in review: the JSON check read only paths that began with /api/, and a mirror
+    serves the hub under a prefix (https://host/artifactory/api/huggingfaceml/repo)."""
+    import httpx
+
+    from vllm_offload import hub_guard
+
+    endpoint = "https://mirror.lan/artifactory/api/huggingfaceml/hf"
+    info = httpx.URL(endpoint + "/api/models/org/x/revision/main")
+    assert hub_guard.is_api(endpoint, info)
+    assert not hub_guard.is_api(endpoint, httpx.URL("https://cdn.example/api/models/org/x"))
+    with pytest.raises(hub_guard.HubAnswerRefused, match="a commit"):
+        hub_guard.check_answer(endpoint, info, {}, json.dumps({"sha": "../../x"}).encode())

@@ -31,7 +31,6 @@ The whole family, and the few errors that live outside it::
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -99,9 +98,10 @@ class VllmOffloadError(Exception):
     def named(self, field: str, message: str) -> VllmOffloadError:
         """The same error (its kind: its exit code and HTTP status) under another field
         and message: a model's error as its [[models]] entry's."""
-        renamed = copy.copy(self)
+        renamed = type(self).__new__(type(self))  # not __init__: subclasses take other args
+        renamed.__dict__.update(self.__dict__)
+        Exception.__init__(renamed, f"{field}: {message}" if field else message)
         renamed.field, renamed.message = field, message
-        renamed.args = (f"{field}: {message}" if field else message,)
         return renamed
 
 

@@ -20,6 +20,8 @@ in; and ``limit_concurrency`` answered 503 to every client once that many were o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import resource
 from dataclasses import dataclass, replace
 
@@ -93,8 +95,9 @@ class BoundedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm(self.limits.head_s)  # the next request's head
+        # The next request's head; unless a pipelined one already came (its body is timed)
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm(self.limits.head_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
@@ -103,9 +106,20 @@ class BoundedH11Protocol(H11Protocol):
 
 
 def _host(protocol: object) -> str | None:
-    """A connection's client address (None on a unix socket)."""
+    """A connection's source: its client address, an IPv6 one's /64 (one client holds a
+    whole /64); None on a unix socket."""
     client = getattr(protocol, "client", None)
-    return str(client[0]) if client else None
+    if not client:
+        return None
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return str(client[0])
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def within_open_files(limits: ConnectionLimits, open_files: int) -> ConnectionLimits:
@@ -117,8 +131,14 @@ def within_open_files(limits: ConnectionLimits, open_files: int) -> ConnectionLi
 
 def protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """The protocol class for a server with ``limits``, within this process's open-file
-    limit (RLIMIT_NOFILE, systemd's LimitNOFILE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit (RLIMIT_NOFILE, systemd's LimitNOFILE), its soft limit first raised to the hard
+    one (as vLLM does for itself: a shell's 1,024 would cap a hand-run front door at 128
+    connections an address)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
     open_files = soft if soft != resource.RLIM_INFINITY else limits.max_open * 2
     bounded = within_open_files(limits, open_files)
     return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": bounded})

@@ -78,13 +78,17 @@ def plain_relative(name: object) -> bool:
     return all(p not in ("", ".", "..") and p.isprintable() for p in parts)
 
 
-def check_answer(endpoint: str, path: str, headers: Any, body: bytes | None) -> None:
-    """Raise HubAnswerRefused for an answer that would steer the cache's paths: the
-    headers of a file's answer (its path has /resolve/), the JSON of an /api/ answer."""
+def check_answer(endpoint: str, url: Any, headers: Any, body: bytes | None) -> None:
+    """Raise HubAnswerRefused for an answer that would steer the cache's paths: the JSON of
+    an /api/ answer (``body``), the content headers of any other answer from the hub's own
+    host (huggingface_hub follows redirects on that host and takes a file's ETag from
+    where they end: found in review, a redirect from /resolve/ to another path carried a
+    '../..' ETag past a check of /resolve/ paths alone). Another host's answers (a CDN's
+    download, whose ETag the library does not use) are not the hub's."""
     commit = headers.get("x-repo-commit")
     if commit is not None and not COMMIT.fullmatch(commit):
         raise _refuse(endpoint, "X-Repo-Commit", commit)
-    if "/resolve/" in path:
+    if body is None and url.host == urlsplit(endpoint).hostname:
         for name in CONTENT_HEADERS:
             value = headers.get(name)
             if value is not None and not CONTENT_ID.fullmatch(value.removeprefix("W/").strip('"')):
@@ -123,6 +127,14 @@ def _check_json(endpoint: str, data: object) -> None:
                 raise _refuse(endpoint, f"a file's {key}", value)
 
 
+def is_api(endpoint: str, url: Any) -> bool:
+    """Whether ``url`` is the hub's JSON API (under the endpoint's own path: a mirror may
+    serve the hub under a prefix, https://host/artifactory/api/huggingfaceml/repo)."""
+    prefix = urlsplit(endpoint).path.rstrip("/")
+    path = str(url.path)
+    return url.host == urlsplit(endpoint).hostname and path.startswith(prefix + "/api/")
+
+
 def install(endpoint: str) -> None:
     """Check ``endpoint`` and every answer huggingface_hub's clients get from now on."""
     check_endpoint(endpoint)
@@ -130,14 +142,14 @@ def install(endpoint: str) -> None:
     from huggingface_hub.utils._http import default_async_client_factory, default_client_factory
 
     def hook(response: Any) -> None:
-        path = response.request.url.path
-        body = response.read() if path.startswith("/api/") else None
-        check_answer(endpoint, path, response.headers, body)
+        url = response.request.url
+        body = response.read() if is_api(endpoint, url) else None
+        check_answer(endpoint, url, response.headers, body)
 
     async def async_hook(response: Any) -> None:
-        path = response.request.url.path
-        body = await response.aread() if path.startswith("/api/") else None
-        check_answer(endpoint, path, response.headers, body)
+        url = response.request.url
+        body = await response.aread() if is_api(endpoint, url) else None
+        check_answer(endpoint, url, response.headers, body)
 
     def client() -> Any:
         made = default_client_factory()

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vllm_offload.config import DeploymentConfig, with_overrides
-from vllm_offload.deployment import plan_for
+from vllm_offload.deployment import model_dtype, plan_for
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.plan import Plan
@@ -40,9 +40,11 @@ def short_for_chat(
     for said, overrides in WAYS:
         try:
             fixed = with_overrides(config, {**overrides, "model.max_model_len": wanted})
-            other = plan_for(fixed, directory, host, environ)
+            other = plan_for(model_dtype(fixed, directory), directory, host, environ)
         except VllmOffloadError:
             continue  # that way does not reach it here
+        if other.notes.problems:
+            continue  # it plans, but could not start here
         ceiling = other.costs.decode_steps_per_s_ceiling
         ways.append(
             f"{said} ({ceiling:.0f} tokens/s at most: the offloaded weights cross PCIe every step)"

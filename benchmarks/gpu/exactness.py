@@ -205,7 +205,7 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
             shown[f"{kind}: {pair}"] = {
                 key: "same"
                 if d["same_tokens"] and d["same_logprobs"]
-                else f"token {d['first_difference']}, max {d['max_logprob_diff']:.4f}"
+                else f"token {d['first_difference']}, max {d['max_logprob_diff']}"
                 for key, d in by_prompt.items()
             }
     return shown

@@ -131,7 +131,8 @@ def beside(
 
 
 def chat_ratios(alone: list[dict[str, Any]], next_to: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per chat (same prompt, same arrival), beside over alone; and the worst of them."""
+    """Per chat (the same arrival and prompt length; another prompt, as the alone run's is
+    in the prefix cache), beside over alone; and the worst of them."""
     pairs = [
         (a, b)
         for a, b in zip(alone, next_to, strict=True)

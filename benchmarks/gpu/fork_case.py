@@ -42,7 +42,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import GIB, compare, split_line, stream, write_model
+from host_extension import compare, stream
+from kit.model import GIB, split_line, write_model
 from staged_prefill import h2d_rate, staged_copy_bytes
 
 from vllm_offload.bench.server_process import VLLM_OFFLOAD, ServerProcess, scan_log

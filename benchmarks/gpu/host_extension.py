@@ -36,53 +36,22 @@ import gc
 import itertools
 import json
 import random
-import re
-import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).parent))
+from kit.model import GIB, split_line, write_model
+
 from vllm_offload.bench.client import fixed_length_body
 from vllm_offload.bench.server_process import ServerProcess
 
-MODEL_CONFIG = Path("benchmarks/models/llama-3.1-8b/config.json")
-VOCAB = 128256
 KV_BYTES_PER_TOKEN = 128 * 1024  # 32 layers x K,V x 8 heads x 128 x bf16
 QUERY_ROWS_PER_KV_READ = 128 / 4  # FA3 tiles 128 rows of 4 grouped query heads: 32 tokens
-GIB = 1 << 30
-
-
-def write_model(
-    folder: Path, weights: Path | None, *, config: Path = MODEL_CONFIG, vocab: int = VOCAB
-) -> Path:
-    """``config`` and a tokenizer whose token i is the word 't<i>' for each of the model's
-    ``vocab`` ids (vLLM needs one for logprobs; dummy weights barely depend on the
-    context, so equal tokens alone prove little: the logprobs must be equal too)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    if weights is not None:  # a checkpoint beside its config.json
-        folder = weights
-    folder.mkdir(parents=True, exist_ok=True)
-    if weights is None:
-        shutil.copy(config, folder / "config.json")
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": "t0",
-                "bos_token": "t128000",
-                "eos_token": "t128001",
-                "model_max_length": 131072,
-            }
-        )
-    )
-    return folder
 
 
 def stream(
@@ -137,24 +106,6 @@ def compare(answer: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]
             ),
             default=None,
         ),
-    }
-
-
-def split_line(log: str) -> dict[str, int] | None:
-    """Patch 0006's log line: the GPU and host blocks/tokens of the pool."""
-    found = re.search(
-        r"KV pool host extension: (\d+) blocks \((\d+) tokens\) in GPU memory, "
-        r"then (\d+) blocks \((\d+) tokens",
-        log,
-    )
-    if not found:
-        return None
-    gpu_blocks, gpu_tokens, host_blocks, host_tokens = map(int, found.groups())
-    return {
-        "gpu_blocks": gpu_blocks,
-        "gpu_tokens": gpu_tokens,
-        "host_blocks": host_blocks,
-        "host_tokens": host_tokens,
     }
 
 

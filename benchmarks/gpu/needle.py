@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import split_line  # patch 0006's log line: the GPU and host parts
+from kit.model import split_line  # patch 0006's log line: the GPU and host parts
 
 REPO = Path(__file__).resolve().parents[2]
 KEY, CONTROL_KEY = "71432", "86415"

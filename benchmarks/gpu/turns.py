@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import re
 import signal
 import statistics
@@ -37,6 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
+from kit.stream import nearest_rank
 
 ARM = re.compile(r"auto|turn(\d+(?:\.\d+)?)")
 POLL_S = 5.0  # the control socket keeps its last 200 events; read them this often
@@ -138,12 +138,6 @@ def switches(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             away = None
     return out
-
-
-def nearest_rank(values: list[float], q: float) -> float:
-    """The smallest value with at least ``q`` of them at or below it."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def summary(measured: dict[str, Any]) -> dict[str, Any]:

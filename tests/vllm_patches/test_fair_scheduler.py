@@ -353,6 +353,17 @@ def test_long_requests_share_one_half_of_the_gpu_part(wide_chunks: Any) -> None:
     assert held == scheduler.first_host_block // 2
 
 
+def test_long_requests_admitted_in_one_step_share_one_half(demo_dir: Path, as_cuda: None) -> None:
+    """Found in review: the long requests were counted as the step began, so two admitted
+    in one step (6,000-token chunks) held 128 + 127 GPU blocks of a 128-block half."""
+    scheduler = make_scheduler(demo_dir, SHARE, False, chunk_tokens=6000)
+    first, second = add(scheduler, "long1", 2500, 10), add(scheduler, "long2", 2500, 10)
+    step(scheduler)
+    assert first.num_computed_tokens > 0 and second.num_computed_tokens > 0  # one step
+    held = scheduler._gpu_blocks_held(first) + scheduler._gpu_blocks_held(second)
+    assert held == scheduler.first_host_block // 2
+
+
 def test_the_gpu_allowance_is_counted_block_by_block() -> None:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 

@@ -74,11 +74,8 @@ def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
     serves too (put-away is then 0.04 s): issue #58 found `ps` saying 8.0 GiB serving for
     an engine holding ~23.6 GiB."""
     plan = model.plan
-    host = holds(plan, model.idle, level) + plan.cpu_tier.bytes
-    if plan.platform == "cuda":
-        gpu = plan.gpu.budget_bytes
-    else:  # vLLM's CPU backend: the weights and the pool are in host RAM
-        gpu, host = 0, host + plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes
+    host = holds(plan, model.idle, level) + plan.cpu_tier.bytes  # on a CPU host: weights, pool
+    gpu = plan.gpu.budget_bytes if plan.platform == "cuda" else 0
     asleep = model.idle == "sleep" and plan.platform == "cuda"
     return {
         "gpu_bytes_serving": gpu,

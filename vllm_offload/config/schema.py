@@ -10,11 +10,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from vllm_offload import real_model
 from vllm_offload.config.cluster import ClusterSection
-from vllm_offload.config.flags import refused_flag
+from vllm_offload.config.flags import flag_name, refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
 from vllm_offload.config.offload_sections import KvOffloadSection, WeightsOffloadSection
 from vllm_offload.config.sections import (
@@ -64,6 +64,20 @@ class DeploymentConfig(_Section):
             if (reason := refused_flag(token)) is not None:
                 raise ValueError(reason)
         return extra_args
+
+    @model_validator(mode="after")
+    def _compilation_config_in_fields(self) -> DeploymentConfig:
+        """server.reproducible sets one field of vLLM's --compilation-config, dotted, and
+        vLLM's parser then drops a whole one given as JSON (issue #54)."""
+        whole = [t for t in self.extra_args if flag_name(t) in ("--compilation-config", "-cc")]
+        whole = [t for t in whole if "." not in t.split("=", 1)[0]]
+        if self.server.reproducible and whole:
+            raise ValueError(
+                f"extra_args: {whole[0][:60]}: with server.reproducible vllm-offload sets one "
+                "field of --compilation-config, and vLLM would then drop a whole one; give "
+                "each field dotted (--compilation-config.cudagraph_mode=PIECEWISE)"
+            )
+        return self
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -43,8 +43,7 @@ class FairScheduler(Scheduler):
         additional = vllm_config.additional_config
         share = additional.get(SPILLED_STEP_SHARE_KEY, 1.0) if isinstance(additional, dict) else 1.0
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
-        # The long requests running as this step began, and those of them holding host blocks.
-        self.long: list[Request] = []
+        # The long requests holding host blocks as this step began.
         self.spilled: list[Request] = []
         if self.host_blocks and self.spill_share.share < 1:  # 1: patch 0006 alone
             self._keep_requests_to_their_parts()
@@ -56,8 +55,7 @@ class FairScheduler(Scheduler):
 
         def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
             if self.is_long(request):
-                longs = {id(r): r for r in [*self.long, request]}.values()
-                held = sum(self._gpu_blocks_held(r) for r in longs)
+                held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
                 queue.gpu_allowance = spill_share.gpu_allowance(held, self.first_host_block)
             elif self._waits_beside_spilled(request, queue.device.num_free_blocks):
                 return None  # it waits, as for a full pool
@@ -67,6 +65,13 @@ class FairScheduler(Scheduler):
                 queue.gpu_allowance = None
 
         self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+
+    def _long_requests(self, request: Request) -> list[Request]:
+        """The long requests holding blocks now: those running (one admitted earlier in
+        this step is running already; found in review, two admitted in one step held a
+        half each), those the share hides from this step, and ``request``."""
+        found = {id(r): r for r in [*self.running, *self.spilled, request] if self.is_long(r)}
+        return list(found.values())
 
     def is_long(self, request: Request) -> bool:
         blocks = -(-request.num_tokens_with_spec // self.block_size)
@@ -103,8 +108,7 @@ class FairScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.host_blocks:
             return super().schedule(*args, **kwargs)  # no host blocks: nothing to share
-        self.long = [r for r in self.running if self.is_long(r)]
-        self.spilled = [r for r in self.long if self.holds_host_blocks(r)]
+        self.spilled = [r for r in self.running if self.is_long(r) and self.holds_host_blocks(r)]
         others = len(self.spilled) < len(self.running) or self.get_request_counts()[1] > 0
         admit = not self.spilled or self.spill_share.admit(others=others)
         output = self._schedule_without([] if admit else self.spilled, *args, **kwargs)

@@ -89,9 +89,10 @@ def stream(
     return answer
 
 
-def nearest_rank(ordered: list[float], q: float) -> float:
-    """The q-quantile by nearest rank (of a sorted list): the value at least q of them
-    are at or below."""
+def nearest_rank(values: list[float], q: float) -> float:
+    """The q-quantile by nearest rank: the smallest value with at least q of them at or
+    below it."""
+    ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
