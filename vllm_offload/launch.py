@@ -61,12 +61,17 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # like a hang): measured in docs/install.md ("How long a start takes").
 FIRST_START = {
     "cpu": "the first start of a model and its settings compiles it before it answers: "
-    "about 5 min on a 2-core CPU host for the demo model; later starts read the compile "
-    "cache (~/.cache/vllm) and take about 2",
+    "about 3 min on a 2-core CPU host for the demo model; later starts read the compile "
+    "cache (~/.cache/vllm) and take about 1.5",
     "cuda": "the first start of a model and its settings compiles it and captures CUDA "
     "graphs before it answers: about 2.5 min for an 8B model on an H200; later starts read "
     "the compile cache (~/.cache/vllm)",
 }
+# vLLM 0.32's AOT compile cache fails to load on its CPU platform ("'function' object has
+# no attribute 'finalize_loading'") and every start compiled again: 138 s to /health warm
+# against 184 s cold on a 2-core host; without it Inductor's own cache serves, 78 s warm
+# (issue #56; benchmarks/results/cpu-host/first-start/).
+CPU_COMPILE_CACHE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 # server.reproducible: Inductor's deterministic mode (no combo-kernel benchmark, one config
 # per reduction kernel) in the config vLLM patches into every compile (the environment's
 # TORCHINDUCTOR_DETERMINISTIC reached vLLM's own check but not the engine's compile on the
@@ -265,6 +270,8 @@ def build(
         options.add("--kv-cache-dtype", plan.kv.cache_dtype)
     if plan.platform == "cuda":
         options.add("--gpu-memory-utilization", config.gpu.memory_utilization)
+    if plan.platform == "cpu":  # a start reads the compile cache (CPU_COMPILE_CACHE_ENV)
+        env.update(CPU_COMPILE_CACHE_ENV)
     if plan.reproducible:  # kernels chosen by rule, not by timing (plan/reproducible.py)
         options.add_off("--enable-flashinfer-autotune")
         options.add(DETERMINISTIC_INDUCTOR, "true", read=True)

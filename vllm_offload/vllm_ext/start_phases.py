@@ -11,7 +11,7 @@ import sys
 import time
 
 COMPILING = (
-    "compiling the model: the first start of a model and its settings takes minutes (~3 on "
+    "compiling the model: the first start of a model and its settings takes minutes (~2 on "
     "a 2-core CPU host), later starts read the compile cache"
 )
 # vLLM's message (the start of its template) -> what the phase is, for a person (0.32 on
@@ -29,7 +29,7 @@ SHM_LOGGER = "vllm.distributed.device_communicators.shm_broadcast"
 SHM_WAIT = "No available shared memory broadcast block found"
 SHM_SAID = (
     "(vllm-offload) no step from the engine for %d s: it is busy (a first start compiles "
-    "the model, ~3 min on a 2-core CPU host) or, if this goes on after start-up, stuck"
+    "the model, ~2 min on a 2-core CPU host) or, if this goes on after start-up, stuck"
 )
 
 
