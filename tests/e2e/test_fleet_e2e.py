@@ -49,7 +49,7 @@ def two_models(tmp_path: Path, port: int) -> DeploymentConfig:
     return parse(
         {
             "extra_args": ["--enforce-eager"],
-            "gpu": {"kv_cache_memory_bytes": 64 << 20},
+            "gpu": {"kv_cache_memory_bytes": 128 << 20},  # float32 KV: the demo model (#56)
             "server": {"port": port},
             "models": [{"served_name": "chat"}, {"served_name": "coder", "max_model_len": 2048}],
             "residency": {"runtime_dir": str(tmp_path / "run"), "min_resident_s": 1.0},

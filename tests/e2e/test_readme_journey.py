@@ -89,7 +89,7 @@ def test_the_readme_from_start_to_finish(tmp_path: Path, real_dir: Path) -> None
         engines = _cli(cli_env, "serve", "--config", str(config), "--dry-run")
         assert engines.stdout.count("--dtype=float32") == 1, engines.stdout + engines.stderr
         # (5) a refusal prints the plan of the fix it names, and says which
-        too_long = ("--model-max-model-len", "300000", "--model-allow-long-max-model-len", "true")
+        too_long = ("--model-max-model-len", "5000000", "--model-allow-long-max-model-len", "true")
         refused = _cli(cli_env, "plan", "--model", "org/tiny", "--gpu-mem-gib", "24", *too_long)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert (
