@@ -76,9 +76,13 @@ def test_past_the_limit_is_refused_naming_it_and_the_key(
 ) -> None:
     declared = ["plan", "--model", str(LLAMA31_8B), "--gpu-mem-gib", "80", "--ram-gib", "256"]
     assert main([*declared, "--model-max-model-len", "200000"]) == 2
-    err = capsys.readouterr().err
-    assert "model.max_model_len: 200000 tokens are past the model's limit of 131,072" in err
-    assert "model.allow_long_max_model_len = true" in err
+    out = capsys.readouterr().out  # the refusal beside the plan with its fix, as serve --dry-run
+    assert (
+        "cannot start: model.max_model_len: 200000 tokens are past the model's limit of 131,072"
+        in out
+    )
+    assert "model.allow_long_max_model_len = true" in out
+    assert "the plan above is the one with model.max_model_len = 131072" in out
     assert (
         main(
             [

@@ -193,7 +193,7 @@ def test_plan_of_the_issue_reads_17_gb_of_weights(
     model = write_shape(tmp_path / "qwen3-awq", config)
     declared = ["plan", "--model", str(model), "--gpu-mem-gib", "24", "--ram-gib", "128"]
     assert main([*declared, "--model-max-model-len", "52000"]) == 2
-    assert "past the model's limit of 40,960" in capsys.readouterr().err
+    assert "past the model's limit of 40,960" in capsys.readouterr().out
     assert main([*declared, "--model-max-model-len", "40960", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert 16.5 * GB <= plan["weight_bytes"] <= 18 * GB

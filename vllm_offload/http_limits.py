@@ -9,10 +9,11 @@ in; and ``limit_concurrency`` answered 503 to every client once that many were o
   its body within ``body_s`` after the head. Bytes that trickle do not extend either:
   the connection is closed at the deadline.
 - **Connections are counted**: past ``max_open`` open connections, or ``max_per_source``
-  from one address, a new connection is answered 503 and closed at once, so one source
-  cannot hold the others out and the process stays below its LimitNOFILE: ``max_open``
-  is at most half the process's open-file limit (the rest: the engines' sockets, logs,
-  the model's files) and ``max_per_source`` at most a quarter of ``max_open``.
+  from one address, a new connection is answered 503 and closed at once (and leaves the
+  count at once), so one source cannot hold the others out and the process stays below
+  its LimitNOFILE: ``max_open`` is at most half the process's open-file limit (the rest:
+  the engines' sockets, logs, the model's files) and ``max_per_source`` at most a quarter
+  of ``max_open``.
 
 ``protocol(limits)`` is the class uvicorn's ``http=`` takes (one per server).
 """
@@ -63,6 +64,9 @@ class BoundedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self._over_limits():
+            # Out of the count now, not when its close lands a turn of the loop later: a
+            # burst of refused connections would otherwise refuse the ones queued with it.
+            self.connections.discard(self)
             transport.write(REFUSAL)
             transport.close()
             return
