@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tests.box.test_residency import FakeClock, TimedStandIn
+from testkit.residency_clock import FakeClock, TimedStandIn
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import ResidencySettings
 

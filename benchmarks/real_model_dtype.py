@@ -5,7 +5,8 @@ the same weights. The default model through `vllm-offload serve` (vLLM CPU) in b
 transformers reference built from the GGUF: the chat answer (greedy) and the first
 answer step's top-5 logprobs (the same chat-template token ids to all). Writes OUT (JSON).
 
-    python benchmarks/real_model_dtype.py --out benchmarks/results/real-model/capital-dtype-cpu.json
+    PYTHONPATH=. python benchmarks/real_model_dtype.py \
+        --out benchmarks/results/real-model/capital-dtype-cpu.json
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests import real_reference as ref
+from testkit import real_reference as ref
 from vllm_offload import real_model
 from vllm_offload.bench.server_process import ServerProcess
 

@@ -17,7 +17,6 @@ import pytest
 
 from tests.conftest import make_host
 from tests.hub_server import Hub, Repo, serve_hub
-from tests.scripts import load_script
 from tests.shapes import LLAMA3_8B, QWEN25_7B
 from tests.test_hub import _cli
 from vllm_offload.config import load
@@ -118,7 +117,8 @@ def test_each_docs_config_block_is_a_config_that_plans(
 def test_the_offline_example_plans_on_the_gpu_it_needs(tmp_path: Path) -> None:
     """examples/cpu_offload_example.py needs an NVIDIA GPU to run vLLM; its plan (what it
     hands vLLM) is made here on a declared 24 GB card."""
-    example = load_script(EXAMPLES / "cpu_offload_example.py")
+    from examples import cpu_offload_example as example
+
     model = tmp_path / "llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA3_8B))

@@ -86,9 +86,8 @@ def test_the_script_plans_and_serves_its_chunk(capsys: pytest.CaptureFixture[str
     against 2,048 (the MoE constant's chunk)."""
     from argparse import Namespace
 
-    from tests.scripts import load_script
+    from benchmarks.gpu import fork_case as script
 
-    script = load_script(ROOT / "benchmarks/gpu/fork_case.py")
     pools = {}
     for chunk in (2048, 8192):
         arms = script.settings(Namespace(reference_gib=6.0, extension_gib=2.0, chunk_tokens=chunk))

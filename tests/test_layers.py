@@ -93,3 +93,40 @@ def test_every_import_goes_down_or_across() -> None:
                     f"{module} (layer {here + 1}) imports {name} (layer {layer_of(name) + 1})"
                 )
     assert not upward, "\n".join(upward)
+
+
+def top_imports(path: Path) -> set[str]:
+    """The first names of every absolute import in ``path`` (those inside functions too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+    return names
+
+
+def test_the_checkout_s_folders_import_down_only() -> None:
+    """Issue #57: four benchmarks imported tests and five tests loaded scripts by path, a
+    loop no layer check saw. Now: the package imports none of the checkout's folders;
+    testkit (what tests and benchmarks share) imports only the package; benchmarks import
+    the package and testkit, never tests; tests import scripts as modules, not by path."""
+    root = PACKAGE.parent
+    above = {
+        "vllm_offload": {"testkit", "benchmarks", "tests", "examples"},
+        "testkit": {"benchmarks", "tests", "examples"},
+        "benchmarks": {"tests"},
+        "examples": {"testkit", "benchmarks", "tests"},
+    }
+    upward = [
+        f"{path.relative_to(root)} imports {name}"
+        for folder, banned in above.items()
+        for path in sorted((root / folder).rglob("*.py"))
+        for name in sorted(top_imports(path) & banned)
+    ]
+    by_path = [
+        str(path.relative_to(root))
+        for path in sorted((root / "tests").rglob("*.py"))
+        if path != Path(__file__) and "spec_from_file_location" in path.read_text()
+    ]
+    assert not upward and not by_path, (upward, by_path)

@@ -258,10 +258,9 @@ def test_the_random_vlm_checkpoint_has_the_components_the_plan_counts() -> None:
     towers with the bytes config.json alone gives them (the language model's estimate
     leaves out its norms and q/k/v biases: 0.3 M of 7.6 B), and 'visual' takes every tower
     tensor."""
-    from tests.scripts import load_script
+    from benchmarks.gpu import random_checkpoint as script
     from vllm_offload.model_parts import from_tensors, matching
 
-    script = load_script(Path(__file__).parents[1] / "benchmarks/gpu/random_checkpoint.py")
     config = json.loads((QWEN25_VL_7B / "config.json").read_text())
     shapes = script.shapes(config)
     sizes = {name: 2.0 * math.prod(shape) for name, shape in shapes.items()}

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.scripts import load_script
-
 SCRIPT = Path(__file__).parents[1] / "benchmarks/gpu/needle.py"
 
 
 def load() -> ModuleType:
-    return load_script(SCRIPT)
+    return importlib.import_module("benchmarks.gpu.needle")
 
 
 def test_prompt_is_real_text_with_the_needle_early(real_dir: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.real_reference import permute_rows
+from testkit.real_reference import permute_rows
 from vllm_offload import real_model
 from vllm_offload.cli import main
 

@@ -5,6 +5,7 @@ token sits, and the verdicts on recorded answers (the GPU run is elsewhere)."""
 from __future__ import annotations
 
 import copy
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from tests.scripts import load_script
 from vllm_offload.cli import main
 from vllm_offload.config import parse, to_toml
 
@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).parents[1] / "benchmarks/gpu/real_model_paths.py"
 
 
 def load() -> ModuleType:
-    return load_script(SCRIPT)
+    return importlib.import_module("benchmarks.gpu.real_model_paths")
 
 
 def test_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,7 +68,7 @@ def test_the_changed_token_is_in_what_a_cpu_hit_loads(real_dir: Path) -> None:
     would say nothing about the loaded KV."""
     from transformers import AutoTokenizer
 
-    from tests import real_reference as ref
+    from testkit import real_reference as ref
 
     paths = load()
     tokenizer = AutoTokenizer.from_pretrained(str(real_dir))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Issue #39 item 3 on the GPU host: the default model (SmolLM2-135M-Instruct, from
-`vllm-offload demo-model DIR`) answers tests/real_reference.py's prompts through our paths
+`vllm-offload demo-model DIR`) answers testkit/real_reference.py's prompts through our paths
 as through a plain all-GPU serve. Servers through `vllm-offload serve`, a config per arm
 (OUT/<arm>.toml), eager, all up at once; greedy, NEW_TOKENS tokens (ignore_eos), 5 logprobs:
 
@@ -17,7 +17,7 @@ as through a plain all-GPU serve. Servers through `vllm-offload serve`, a config
           judged; bf16 against gpu beside it, for scale)
 
 (d) gpu's greedy tokens and top-k logprobs against the float32 transformers reference on
-the CPU (tests/real_reference.py's rule). Every comparison covers a prompt's steps before
+the CPU (testkit/real_reference.py's rule). Every comparison covers a prompt's steps before
 the reference's first near-tie (MIN_MARGIN); a prompt that starts with one is left out.
 Two answers are the same when those tokens are equal and each chosen token's logprob is
 within SAME_LOGPROB_TOL. Control: each prompt with its question's first token changed
@@ -54,8 +54,8 @@ from host_extension import compare, stream  # the same greedy request and compar
 from switch import control  # the front door's control socket: models and events
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # tests/real_reference.py: the prompts and the near-tie rule
-from tests import real_reference as ref  # noqa: E402
+sys.path.insert(0, str(REPO))  # testkit/real_reference.py: the prompts and the near-tie rule
+from testkit import real_reference as ref  # noqa: E402
 from vllm_offload.bench.client import complete  # noqa: E402
 from vllm_offload.bench.server_process import ServerProcess  # noqa: E402
 from vllm_offload.config import parse, to_toml  # noqa: E402

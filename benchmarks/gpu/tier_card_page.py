@@ -15,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from tests.e2e import stack
+from testkit import stack
 from vllm_offload import demo_model
 
 TOKEN = "tier-card-page-token-0123456789"

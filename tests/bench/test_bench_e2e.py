@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.server import server_env
+from testkit.server import server_env
 from vllm_offload.bench.reuse import RESET_TIMEOUT_S
 from vllm_offload.vllm_client import wait_until
 

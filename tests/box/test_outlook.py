@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.box.test_residency import FakeClock, TimedStandIn, run
+from testkit.residency_clock import FakeClock, TimedStandIn
+from tests.box.test_residency import run
 from vllm_offload.box.outlook import outlook
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import ResidencySettings

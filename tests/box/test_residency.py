@@ -5,7 +5,6 @@ No timing assertion: each waits on a condition with a generous bound, and the th
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from testkit.residency_clock import FakeClock, TimedStandIn
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Busy, Event, ResidencySettings, Unavailable
 
@@ -228,37 +228,6 @@ def test_keep_alive_puts_an_idle_model_away() -> None:
     run(test)
 
 
-class FakeClock:
-    """Simulated time: ``sleep`` waits until the test advances the clock past it, and
-    ``run_until`` jumps from one wake-up to the next once every task has settled (the
-    switcher's own waits included, which it makes through this clock)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self.now + seconds, id(future), future))
-        await future
-
-    async def run_until(self, end: float) -> None:
-        while True:
-            for _ in range(200):  # every task runs until it waits on this clock
-                await asyncio.sleep(0)
-            while self._sleepers and self._sleepers[0][2].done():  # cancelled waits
-                heapq.heappop(self._sleepers)
-            if not self._sleepers or self._sleepers[0][0] > end:
-                self.now = end
-                return
-            due, _, future = heapq.heappop(self._sleepers)
-            self.now = max(self.now, due)
-            future.set_result(None)
-
-
 def test_two_users_with_think_time_take_turns_not_one_switch_per_request() -> None:
     """Issue #43's load on a fake clock: two people, one per model, each asking (a 0.3 s
     answer) then reading for 1 s, for 60 s, with a switch's measured costs (put away
@@ -299,23 +268,6 @@ def test_two_users_with_think_time_take_turns_not_one_switch_per_request() -> No
         await residency.stop()
 
     run(test)
-
-
-class TimedStandIn:
-    """An engine whose moves take their measured time on the fake clock."""
-
-    def __init__(self, name: str, log: list[str], clock: FakeClock) -> None:
-        self.name, self.log, self.clock = name, log, clock
-
-    async def bring_in(self) -> str:
-        await self.clock.sleep(0.51)
-        self.log.append(f"in {self.name}")
-        return "woke"
-
-    async def put_away(self) -> str:
-        await self.clock.sleep(0.44)
-        self.log.append(f"out {self.name}")
-        return "slept"
 
 
 def test_the_switcher_s_defaults_are_the_config_s() -> None:

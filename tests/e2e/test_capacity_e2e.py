@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import Server, free_port, server_env
+from testkit.server import Server, free_port, server_env
 from vllm_offload.vllm_client import VllmClient
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import stack as deploy
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_server
+from testkit import stack as deploy
+from testkit.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_server
 from vllm_offload import demo_model
 from vllm_offload.systemd.control import Systemd
 

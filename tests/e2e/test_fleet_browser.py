@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e import stack as deploy
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
+from testkit import stack as deploy
+from testkit.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
 from vllm_offload import demo_model
 from vllm_offload.config import load, parse, save
 

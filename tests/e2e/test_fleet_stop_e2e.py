@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.server import VLLM_OFFLOAD, server_env
+from testkit.server import VLLM_OFFLOAD, server_env
 from tests.e2e.test_fleet_e2e import two_models
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.box.control import read_models

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e import stack
-from tests.e2e.server import VLLM_OFFLOAD, Server, server_env
+from testkit import stack
+from testkit.server import VLLM_OFFLOAD, Server, server_env
 from tests.e2e.test_fleet_e2e import START_S, two_models
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import save, with_overrides

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import stack
-from tests.e2e.stack import CHROMIUM_ARGS
+from testkit import stack
+from testkit.stack import CHROMIUM_ARGS
 from tests.hub_server import Hub, serve_hub
 from tests.test_hub import _repo
 from vllm_offload import config as config_mod

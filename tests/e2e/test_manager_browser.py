@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import stack as deploy
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
+from testkit import stack as deploy
+from testkit.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
 from vllm_offload import demo_model
 
 pytestmark = pytest.mark.e2e

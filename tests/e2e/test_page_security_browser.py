@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e import stack as deploy
-from tests.e2e.stack import CHROMIUM_ARGS
+from testkit import stack as deploy
+from testkit.stack import CHROMIUM_ARGS
 from vllm_offload import demo_model
 
 pytestmark = pytest.mark.e2e

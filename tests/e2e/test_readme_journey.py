@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.server import Server
+from testkit.server import Server
 from tests.hub_server import Hub, serve_hub
 from tests.test_hub import _cli, _repo
 from vllm_offload import real_model

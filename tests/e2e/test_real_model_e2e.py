@@ -1,7 +1,7 @@
 """The default model through a real `vllm-offload serve` (vLLM CPU) answers as a float32
 transformers reference built from the GGUF by transformers' own reader: greedy tokens
 over the stable steps, the top token at every step that is no near-tie, top-k logprobs
-within tests/real_reference.py's tolerance. Two controls show the check can fail: the
+within testkit/real_reference.py's tolerance. Two controls show the check can fail: the
 prompt shifted by one token, and a reference whose q/k rows keep llama.cpp's order."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests import real_reference as ref
-from tests.e2e.server import Server
+from testkit import real_reference as ref
+from testkit.server import Server
 from vllm_offload import real_model
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import VLLM_OFFLOAD, server_env
+from testkit.server import VLLM_OFFLOAD, server_env
 from vllm_offload import cluster_router
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import ClusterBox, ClusterSection, DeploymentConfig, parse, save

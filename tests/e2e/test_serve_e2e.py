@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.server import VLLM_OFFLOAD, Server
+from testkit.server import VLLM_OFFLOAD, Server
 
 pytestmark = pytest.mark.e2e
 

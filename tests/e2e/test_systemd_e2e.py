@@ -18,7 +18,7 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.server import free_port
+from testkit.server import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install, unit_files
 from vllm_offload.systemd.control import Systemd

@@ -19,7 +19,7 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.stack import ARTIFACTS, CHROMIUM_ARGS
+from testkit.stack import ARTIFACTS, CHROMIUM_ARGS
 from tests.e2e.test_faults_browser import TOKEN, Stack, supervised  # noqa: F401 (fixture)
 from vllm_offload import config as config_mod
 from vllm_offload.vllm_client import VllmClient, wait_until

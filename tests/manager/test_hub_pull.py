@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e import stack
+from testkit import stack
 from tests.hub_server import Hub, serve_hub
 from tests.test_hub import WEIGHTS, _repo
 from vllm_offload import config as config_mod

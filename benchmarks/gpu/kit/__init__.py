@@ -10,5 +10,5 @@
 - ``record``: the JSON an experiment writes as it goes (options, arms, results).
 
 Scripts import it as ``kit`` (they put their own folder on sys.path); nothing here imports
-tests, and no test imports a script.
+tests.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.server import server_env
+from testkit.server import server_env
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install as units
@@ -23,7 +23,7 @@ from vllm_offload.vllm_client import VllmClient, wait_until
 
 BIN = Path(sys.executable).parent
 SYSTEMCTL3 = str(BIN / "systemctl3")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
