@@ -21,17 +21,20 @@ run as the floor. Writes OUT/disk_tier.json and each server's log.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 
 from vllm_offload import disk_layout
 from vllm_offload.bench.server_process import ServerProcess
@@ -73,15 +76,11 @@ def tier_bytes(disk: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = options.parser(__doc__, pool_tokens=32768, docs=12, doc_tokens=8000)
     parser.add_argument("--disk", type=Path, required=True, help="the disk tier's directory")
     parser.add_argument("--model", default=MODEL, help="a model folder (config.json suffices)")
-    parser.add_argument("--pool-tokens", type=int, default=32768)
     parser.add_argument("--cpu-gib", type=float, default=4)
     parser.add_argument("--disk-gib", type=float, default=16)
-    parser.add_argument("--docs", type=int, default=12)
-    parser.add_argument("--doc-tokens", type=int, default=8000)
     parser.add_argument("--arms", default="none,cpu,cpu+disk,restart,bound")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 from kit.arms import Arm, kernel_choices, serving
 from kit.model import GIB, VOCAB, random_checkpoint, split_line
 from kit.record import Record
@@ -128,16 +129,13 @@ def as_answer(saved: dict[str, Any]) -> Answer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = options.parser(__doc__, output_tokens=32, extension_gib=16.0)
     parser.add_argument("--checkpoint", type=Path, required=True, help="written if missing")
     parser.add_argument("--arms", default="gpu-default,gpu-repro,staged-default,staged-repro")
     parser.add_argument("--lengths", default="1000,60000")
     parser.add_argument("--seed", type=int, default=54)
-    parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--gpu-pool-gib", type=float, default=17.0)
     parser.add_argument("--staged-pool-gib", type=float, default=2.0)
-    parser.add_argument("--extension-gib", type=float, default=16.0)
     parser.add_argument("--utilization", default="gpu=0.3,staged=0.2,inplace=0.2")
     parser.add_argument("--cache-root", type=Path, default=Path("/root/compile-caches"))
     parser.add_argument("--warm", action="store_true", help="keep each arm's compile cache")

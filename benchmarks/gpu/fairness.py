@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 from kit.arms import Arm, serving
 from kit.model import GIB, VOCAB, split_line, write_model
 from kit.record import Record
@@ -170,11 +171,9 @@ def shares_logged(log: str) -> list[tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pool-gib", type=float, default=2.0)
-    parser.add_argument("--extension-gib", type=float, default=12.0)
-    parser.add_argument("--long-tokens", type=int, default=60000)
+    parser = options.parser(
+        __doc__, pool_gib=2.0, extension_gib=12.0, long_tokens=60000, chunk_tokens=8192
+    )
     parser.add_argument("--long-out", type=int, default=160)
     parser.add_argument("--chat-in", type=int, default=256)
     parser.add_argument("--chat-out", type=int, default=128)
@@ -183,7 +182,6 @@ def main() -> None:
     parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument("--shares", default="0.25")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
     args = parser.parse_args()

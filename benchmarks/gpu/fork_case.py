@@ -43,6 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from host_extension import compare, stream
+from kit import options
 from kit.model import GIB, split_line, write_model
 from staged_prefill import h2d_rate, staged_copy_bytes
 
@@ -211,17 +212,18 @@ def show(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = options.parser(
+        __doc__,
+        long_tokens=52000,
+        output_tokens=64,
+        chunk_tokens=2048,
+        extension_gib=2.0,
+        reference_gib=6.0,
+    )
     parser.add_argument("--arms", default="reference,bf16-ext,fp8")
-    parser.add_argument("--long-tokens", type=int, default=52000)
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--chunk-tokens", type=int, default=2048, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--card-gib", type=float, default=24.0)
     parser.add_argument("--ram-gib", type=float, default=64.0, help="the card's host, for plan")
-    parser.add_argument("--extension-gib", type=float, default=2.0)
-    parser.add_argument("--reference-gib", type=float, default=6.0)
     parser.add_argument("--reference-utilization", type=float, default=0.4)
     parser.add_argument("--link-gbps", type=float, default=25.0, help="PCIe 4.0 x16, usable")
     args = parser.parse_args()

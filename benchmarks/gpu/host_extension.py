@@ -31,7 +31,6 @@ and each server's log.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import itertools
 import json
@@ -45,6 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 from kit.model import GIB, split_line, write_model
 
 from vllm_offload.bench.client import fixed_length_body
@@ -173,22 +173,23 @@ def mapping_check() -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pool-gib", type=float, default=2.0)
-    parser.add_argument("--extension-gib", type=float, default=8.0)
-    parser.add_argument("--reference-gib", type=float, default=12.0)
-    parser.add_argument("--long-tokens", type=int, default=65536)
-    parser.add_argument("--output-tokens", type=int, default=32)
+    parser = options.parser(
+        __doc__,
+        pool_gib=2.0,
+        extension_gib=8.0,
+        reference_gib=12.0,
+        long_tokens=65536,
+        output_tokens=32,
+        chunk_tokens=8192,
+    )
     parser.add_argument("--short-repeats", type=int, default=4)
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
     parser.add_argument("--arms", default="reference,extended,ext-none")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = write_model(Path("/tmp/host-extension-model"), args.weights)
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result: dict[str, Any] = {"options": options, "arms": {}}
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result: dict[str, Any] = {"options": given, "arms": {}}
     try:
         result["mapping_check"] = mapping_check()
     except Exception as exc:  # the servers will say more

@@ -26,15 +26,18 @@ no layer waits for its own copy. Writes OUT/layerwise_check.json and each server
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 
 from vllm_offload.bench.server_process import ServerProcess
 
@@ -89,8 +92,7 @@ def loaded_bytes(http: httpx.Client) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = options.parser(__doc__)
     parser.add_argument("--model", default=MODEL, help="a model folder (config.json suffices)")
     parser.add_argument(
         "--checkpoint", type=Path, help="a random checkpoint's folder: served instead of dummy"
@@ -129,8 +131,8 @@ def main() -> None:
     fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result: dict[str, Any] = {"options": options, "arms": {}}
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result: dict[str, Any] = {"options": given, "arms": {}}
     for name in args.arms.split(","):
         flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
         server = ServerProcess(

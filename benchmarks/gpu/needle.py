@@ -41,7 +41,6 @@ send one part per call (appending under /root/stage), as the vLLM bundle.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 from kit.model import split_line  # patch 0006's log line: the GPU and host parts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,14 +141,12 @@ def in_host_blocks(span: tuple[int, int], split: dict[str, int] | None) -> bool 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__, extension_gib=1.0)
     parser.add_argument("--model", type=Path, required=True, help="the default model's folder")
-    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prompt-tokens", type=int, default=7000)
     parser.add_argument("--needle-at", type=float, default=0.05)
     parser.add_argument("--big-pool-tokens", type=int, default=16384)
     parser.add_argument("--small-pool-tokens", type=int, default=4096)
-    parser.add_argument("--extension-gib", type=float, default=1.0)
     parser.add_argument("--answer-tokens", type=int, default=12)
     split = "bfloat16 splits the pool only at 0 or 8,192 tokens"
     parser.add_argument("--dtype", default="float32", help=f"model.dtype ({split})")

@@ -36,6 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from host_extension import GIB, KV_BYTES_PER_TOKEN, compare, start_arms, stream, write_model
+from kit import options
 
 from vllm_offload.bench.server_process import ServerProcess
 
@@ -69,14 +70,15 @@ def staged_copy_bytes(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pool-gib", type=float, default=2.0)
-    parser.add_argument("--extension-gib", type=float, default=8.0)
-    parser.add_argument("--reference-gib", type=float, default=12.0)
-    parser.add_argument("--long-tokens", type=int, default=65536)
-    parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--chunk-tokens", type=int, default=8192, help="gpu.prefill_chunk_tokens")
+    parser = options.parser(
+        __doc__,
+        pool_gib=2.0,
+        extension_gib=8.0,
+        reference_gib=12.0,
+        long_tokens=65536,
+        output_tokens=32,
+        chunk_tokens=8192,
+    )
     parser.add_argument("--arms", default="reference,staged")
     parser.add_argument("--utilization", default="reference=0.45,staged=0.3,in-place=0.3")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder (default: dummy)")

@@ -13,14 +13,17 @@ scrape, so what 0.32 exports is on record.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kit import options
 
 from vllm_offload.bench.server_process import ServerProcess
 from vllm_offload.manager import tier_report, wedge
@@ -32,12 +35,7 @@ DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tier-gib", type=float, default=16)
-    parser.add_argument("--pool-tokens", type=int, default=32768)
-    parser.add_argument("--docs", type=int, default=8)
-    parser.add_argument("--doc-tokens", type=int, default=8000)
+    parser = options.parser(__doc__, tier_gib=16, pool_tokens=32768, docs=8, doc_tokens=8000)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pool_bytes = args.pool_tokens * 128 * 1024  # Llama-3-8B: 128 KiB of KV per token

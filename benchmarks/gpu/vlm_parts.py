@@ -48,6 +48,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 from host_extension import stream
+from kit import options
 from random_checkpoint import write_checkpoint
 from vlm_model import (
     PREPROCESSOR,
@@ -298,8 +299,7 @@ def summarize(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = options.parser(__doc__, output_tokens=64)
     parser.add_argument("--checkpoint", type=Path, default=Path("/root/ckpt-qwen2.5-vl-7b"))
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--tiny", action="store_true", help="a tiny config of the same layout")
@@ -311,7 +311,6 @@ def main() -> None:
     parser.add_argument("--max-pixels", type=int, default=PREPROCESSOR["max_pixels"])
     parser.add_argument("--text-requests", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--image-requests", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=448)
     parser.add_argument("--image-output-tokens", type=int, default=8)
