@@ -3,7 +3,8 @@
 Runs one AMX tile instruction (ldtilecfg, tilezero, tilerelease) in fresh Python processes
 and prints how each ended, as JSON:
   no_request       a fresh process (as vLLM's spawned CPU worker is), nobody asked
-  after_request    the same after vllm_offload.amx.request_permission() (what the plugin does)
+  after_request    the same after vllm_offload.vllm_ext.amx.request_permission()
+                   (what the plugin does)
   after_torch      the same after torch.cpu._init_amx() (what torch's inductor does)
   spawned_child    a child spawned (execve) by a process that had asked
   forked_child     a child forked by a process that had asked
@@ -39,13 +40,13 @@ ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)(ctypes.addressof(config))
 print("tile instruction ran")
 """
 ASK = (
-    "from vllm_offload.amx import request_permission\n"
+    "from vllm_offload.vllm_ext.amx import request_permission\n"
     "print('asked:', request_permission(), flush=True)\n"
 )
 TORCH = "import torch; print('torch init_amx:', torch.cpu._init_amx(), flush=True)\n"
 CHILD = (
     "import multiprocessing as mp, sys\n"
-    "from vllm_offload.amx import request_permission\n"
+    "from vllm_offload.vllm_ext.amx import request_permission\n"
     f"TILE = {RUN_TILE!r}\n"
     "def run():\n"
     "    exec(TILE)\n"
@@ -80,7 +81,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
-    from vllm_offload import amx
+    from vllm_offload.vllm_ext import amx
 
     cpuinfo = amx.read_cpuinfo()
     flags = amx.cpu_flags(cpuinfo)

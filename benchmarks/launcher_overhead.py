@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from vllm_offload.bench.server_process import free_port
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 VLLM_OFFLOAD = str(Path(sys.executable).parent / "vllm-offload")
 

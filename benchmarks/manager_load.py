@@ -32,10 +32,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from vllm_offload import demo_model
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.model import demo as demo_model
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 
 def answers(url: str) -> bool:

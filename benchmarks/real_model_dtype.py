@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from testkit import real_reference as ref
-from vllm_offload import real_model
 from vllm_offload.bench.server_process import ServerProcess
+from vllm_offload.model import real as real_model
 
 QUESTION = "What is the capital of France?"
 

@@ -30,8 +30,8 @@ import httpx
 
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import parse, save
-from vllm_offload.vllm_client import VllmClient, wait_until
-from vllm_offload.vllm_metrics import PROMPT_TOKENS
+from vllm_offload.upstream.client import VllmClient, wait_until
+from vllm_offload.upstream.metrics import PROMPT_TOKENS
 
 KEY = "router-candidates-key"
 SERVE = str(Path(sys.executable).parent / "vllm-offload")

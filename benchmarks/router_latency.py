@@ -32,7 +32,7 @@ import httpx
 from vllm_offload import cluster_router
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import ClusterBox, ClusterSection, DeploymentConfig, parse, save
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 KEY = "router-bench-key"
 SERVE = str(Path(sys.executable).parent / "vllm-offload")

@@ -32,7 +32,7 @@ from vllm_offload.bench.server_process import (
     scan_log,
     split_serve_args,
 )
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 
 def smoke_request(server: VllmClient) -> int:

@@ -13,9 +13,10 @@ from pathlib import Path
 from vllm import LLM, SamplingParams
 from vllm.config import KVTransferConfig
 
-from vllm_offload import hardware, model_facts
+from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import HostFacts
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import Plan, make_plan
 
 

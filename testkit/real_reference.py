@@ -67,7 +67,7 @@ def with_llama_cpp_rows(model: Any) -> Any:
 
     import torch
 
-    from vllm_offload.real_model import HEADS, KV_HEADS
+    from vllm_offload.model.real import HEADS, KV_HEADS
 
     wrong = copy.deepcopy(model)
     for layer in wrong.model.layers:

@@ -19,7 +19,7 @@ from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install as units
 from vllm_offload.systemd import unit_files
 from vllm_offload.systemd.control import Systemd
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 BIN = Path(sys.executable).parent
 SYSTEMCTL3 = str(BIN / "systemctl3")

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import demo_model
 from vllm_offload.hardware import GIB, GpuFacts, HostFacts
+from vllm_offload.model import demo as demo_model
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +40,6 @@ def make_host(gpu_gib: float | None = None, ram_gib: float = 128, shm_gib: float
 @pytest.fixture(scope="session")
 def real_dir() -> Path:
     """The default model as `make install` converted it (converted here if it is absent)."""
-    from vllm_offload import real_model
+    from vllm_offload.model import real as real_model
 
     return real_model.ensure_default()

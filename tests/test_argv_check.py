@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import argv_check, config, launch, model_facts, run_vllm
+from vllm_offload import argv_check, config, launch, run_vllm
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.config.schema import model_name
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import make_plan
 
 # Values an attacker sent through PUT /api/config, and ones vLLM's parser treats specially:

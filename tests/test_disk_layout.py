@@ -147,8 +147,9 @@ def test_a_linked_tier_folder_is_a_problem_of_the_deployment(tmp_path: Path) -> 
     """Said before the server starts (serve exits 2, the page says why), not only by the
     tier's refusal inside vLLM's scheduler."""
     from tests.conftest import make_host
-    from vllm_offload import demo_model, deployment
+    from vllm_offload import deployment
     from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.model import demo as demo_model
 
     model = demo_model.write(tmp_path / "demo")
     disk = tmp_path / "disk"

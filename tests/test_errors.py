@@ -8,7 +8,7 @@ import pytest
 
 from vllm_offload.config.schema import ConfigError
 from vllm_offload.errors import Forbidden, Refused, VllmOffloadError
-from vllm_offload.hub import HubUnreachable
+from vllm_offload.model.hub import HubUnreachable
 from vllm_offload.plan import PlanError
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import make_host
 from tests.hub_server import Hub, Repo, serve_hub
+from tests.model.test_hub import _cli
 from tests.shapes import LLAMA3_8B, QWEN25_7B
-from tests.test_hub import _cli
 from vllm_offload.config import load
 
 REPO_ROOT = Path(__file__).parents[1]

@@ -122,8 +122,8 @@ def test_on_a_named_hopper_gpu_fp8_beside_float16_is_not_planned(name: str) -> N
     from dataclasses import replace
 
     from tests.conftest import make_host
-    from vllm_offload import model_facts
     from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.model import facts as model_facts
     from vllm_offload.plan import PlanError, make_plan
 
     host = make_host(24, ram_gib=64)

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from vllm_offload import http_limits
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 LIMITS = http_limits.ConnectionLimits(head_s=1.0, body_s=1.0, max_open=64, max_per_source=4)
 ATTACKER = "127.0.0.2"

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import launch, model_facts, real_model, run_vllm
+from vllm_offload import launch, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.config.schema import ConfigError
 from vllm_offload.hardware import GIB
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model import real as real_model
 from vllm_offload.plan import Plan, PlanError, make_plan
 
 

@@ -72,7 +72,7 @@ def test_the_readme_hub_commands_run_as_written(tmp_path: Path) -> None:
     import os
 
     from tests.hub_server import Hub, serve_hub
-    from tests.test_hub import _cli, _repo
+    from tests.model.test_hub import _cli, _repo
 
     assert [c[0] for c in HUB_COMMANDS] == ["plan", "pull"]
     ids = {w for c in HUB_COMMANDS for w in c[1:] if HUB_ID.match(w)}

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from vllm_offload.config import LAUNCHER_FLAGS
 from vllm_offload.launch import LaunchSpec, PreflightError
-from vllm_offload.vllm_version import ARG_PARSER_MODULES
+from vllm_offload.upstream.version import ARG_PARSER_MODULES
 
 
 def _refuse(message: str) -> NoReturn:

@@ -17,15 +17,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import disk_layout, hardware, hub, launch, model_facts, patching, real_model
+from vllm_offload import disk_layout, hardware, launch
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import LaunchSpec, PreflightError
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.patch_journal import PatchError
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model import hub
+from vllm_offload.model import real as real_model
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
-from vllm_offload.vllm_version import API_KEY_ENV, SUPPORTED, InstalledVllm
+from vllm_offload.upstream import patching
+from vllm_offload.upstream.patch_journal import PatchError
+from vllm_offload.upstream.version import API_KEY_ENV, SUPPORTED, InstalledVllm
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,9 +21,9 @@ from typing import Any
 
 import psutil
 
-from vllm_offload import amx
-from vllm_offload.amx import AmxState
 from vllm_offload.disk_layout import TIER_DIR
+from vllm_offload.vllm_ext import amx
+from vllm_offload.vllm_ext.amx import AmxState
 
 GIB = 1 << 30
 SHM_PATH = "/dev/shm"

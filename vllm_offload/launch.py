@@ -21,6 +21,13 @@ from vllm_offload.hardware import GIB
 from vllm_offload.plan import Plan
 from vllm_offload.plan.lengths import ALLOW_LONG_LEN_ENV
 from vllm_offload.safe_files import read_secret
+from vllm_offload.upstream.version import (
+    API_KEY_ENV,
+    AUTO_MAX_MODEL_LEN,
+    SERVER_MODULE,
+    has_staged_prefill,
+    has_sync_loads,
+)
 from vllm_offload.vllm_ext import forwarded_routes
 from vllm_offload.vllm_ext.knobs import (
     CPU_BYTES_KEY,
@@ -33,13 +40,6 @@ from vllm_offload.vllm_ext.knobs import (
     STAGED_PREFILL_ENV,
     STAGING_TOKENS_KEY,
     SYNC_LOAD_BUDGET_KEY,
-)
-from vllm_offload.vllm_version import (
-    API_KEY_ENV,
-    AUTO_MAX_MODEL_LEN,
-    SERVER_MODULE,
-    has_staged_prefill,
-    has_sync_loads,
 )
 
 # The OffloadingConnector spec that puts secondary tiers behind the CPU tier.

@@ -10,9 +10,10 @@ import os
 import runpy
 import sys
 
-from vllm_offload import argv_check, real_model
+from vllm_offload import argv_check
 from vllm_offload.launch import LaunchSpec, PreflightError
-from vllm_offload.vllm_version import SERVER_MODULE
+from vllm_offload.model import real as real_model
+from vllm_offload.upstream.version import SERVER_MODULE
 
 
 def validate(spec: LaunchSpec) -> None:

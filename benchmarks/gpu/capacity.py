@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_offload.bench.server_process import VLLM_OFFLOAD, ServerProcess
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 MODEL = "benchmarks/models/llama-3-8b"
 DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]

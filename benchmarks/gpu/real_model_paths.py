@@ -59,8 +59,8 @@ from testkit import real_reference as ref  # noqa: E402
 from vllm_offload.bench.client import complete  # noqa: E402
 from vllm_offload.bench.server_process import ServerProcess  # noqa: E402
 from vllm_offload.config import parse, to_toml  # noqa: E402
-from vllm_offload.vllm_client import VllmClient  # noqa: E402
-from vllm_offload.vllm_metrics import CPU_TIER_HITS, GPU_PREFIX_HITS  # noqa: E402
+from vllm_offload.upstream.client import VllmClient  # noqa: E402
+from vllm_offload.upstream.metrics import CPU_TIER_HITS, GPU_PREFIX_HITS  # noqa: E402
 
 KV_ELEMENTS_PER_TOKEN = 30 * 2 * 3 * 64  # layers x K,V x KV heads x head_dim
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "fp8": 1}
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
-    from vllm_offload import real_model
+    from vllm_offload.model import real as real_model
 
     args.out.mkdir(parents=True, exist_ok=True)
     servers: dict[str, ServerProcess] = {}

@@ -28,7 +28,7 @@ from kit import options
 from vllm_offload.bench.server_process import ServerProcess
 from vllm_offload.manager import tier_report, wedge
 from vllm_offload.manager.metrics import VLLM_METRICS
-from vllm_offload.vllm_client import sum_samples
+from vllm_offload.upstream.client import sum_samples
 
 MODEL = "benchmarks/models/llama-3-8b"
 DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from testkit import stack
-from vllm_offload import demo_model
+from vllm_offload.model import demo as demo_model
 
 TOKEN = "tier-card-page-token-0123456789"
 

@@ -15,7 +15,7 @@ import pytest
 
 from testkit.server import server_env
 from vllm_offload.bench.reuse import RESET_TIMEOUT_S
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from vllm_offload.box import control
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 HOSTILE = str(Path(__file__).with_name("hostile_control.py"))
 BOUND_S = 30.0  # a deadline of 1 s, checked with room for a busy box

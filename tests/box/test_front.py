@@ -22,7 +22,7 @@ from vllm_offload.box.engines import STARTING_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import ResidencySettings
-from vllm_offload.vllm_client import sum_samples
+from vllm_offload.upstream.client import sum_samples
 
 STANDIN = str(Path(__file__).with_name("standin_engine.py"))
 

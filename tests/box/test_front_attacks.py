@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from vllm_offload.box.request_checks import MAX_BODY_BYTES
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 STANDIN_FRONT = str(Path(__file__).with_name("standin_front.py"))
 KEY = "k-" + "x" * 30

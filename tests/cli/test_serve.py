@@ -284,7 +284,7 @@ def test_the_default_model_runs_in_float32_wherever_it_is_named(
     garbage. A folder is the default model by its source.json (the pinned GGUF)."""
     import shutil
 
-    from vllm_offload import real_model
+    from vllm_offload.model import real as real_model
 
     model = tmp_path / "smollm2"
     shutil.copytree(demo_dir, model)

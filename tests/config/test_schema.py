@@ -11,9 +11,11 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, write_shape
-from vllm_offload import launch, model_facts, real_model
+from vllm_offload import launch
 from vllm_offload.config import DeploymentConfig, parse, with_overrides
 from vllm_offload.config.schema import engine_configs, model_name
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model import real as real_model
 from vllm_offload.plan import make_plan
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from testkit.server import Server, free_port, server_env
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 pytestmark = pytest.mark.e2e
 POOL_BYTES = 4 << 20  # demo model: 2,048 B/token -> 16 blocks of 128 -> 1,920 tokens usable

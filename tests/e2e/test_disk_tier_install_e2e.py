@@ -33,7 +33,7 @@ from vllm_offload import disk_layout
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install, unit_files
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 pytestmark = [
     pytest.mark.e2e,

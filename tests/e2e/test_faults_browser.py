@@ -17,7 +17,7 @@ import pytest
 
 from testkit import stack as deploy
 from testkit.stack import ARTIFACTS, CHROMIUM_ARGS, SYSTEMCTL3, wait_server
-from vllm_offload import demo_model
+from vllm_offload.model import demo as demo_model
 from vllm_offload.systemd.control import Systemd
 
 pytestmark = pytest.mark.e2e

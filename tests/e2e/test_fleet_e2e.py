@@ -25,7 +25,7 @@ from testkit.server import VLLM_OFFLOAD, server_env
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.box.control import move, read_models
 from vllm_offload.config import DeploymentConfig, parse, save
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 from vllm_offload.vllm_ext.forwarded_routes import FORWARDED_MARK
 
 pytestmark = pytest.mark.e2e

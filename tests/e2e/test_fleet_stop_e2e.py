@@ -22,7 +22,7 @@ from vllm_offload.bench.server_process import free_port
 from vllm_offload.box.control import read_models
 from vllm_offload.box.runner import STOP_BOUND_S
 from vllm_offload.config import save
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 pytestmark = pytest.mark.e2e
 # The stated bound, and room for a busy 2-core box to reap what was killed.

@@ -23,7 +23,7 @@ from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import save, with_overrides
 from vllm_offload.systemd import install, unit_files
 from vllm_offload.systemd.control import Systemd
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
 TOKEN = "hand-run-token-0123456789"

@@ -11,7 +11,7 @@ import pytest
 from testkit import stack
 from testkit.stack import CHROMIUM_ARGS
 from tests.hub_server import Hub, serve_hub
-from tests.test_hub import _repo
+from tests.model.test_hub import _repo
 from vllm_offload import config as config_mod
 
 pytestmark = pytest.mark.e2e

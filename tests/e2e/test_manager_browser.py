@@ -11,7 +11,7 @@ import pytest
 
 from testkit import stack as deploy
 from testkit.stack import ARTIFACTS, CHROMIUM_ARGS, wait_server
-from vllm_offload import demo_model
+from vllm_offload.model import demo as demo_model
 
 pytestmark = pytest.mark.e2e
 TOKEN = "browser-test-token-0123456789"

@@ -11,7 +11,7 @@ import pytest
 
 from testkit import stack as deploy
 from testkit.stack import CHROMIUM_ARGS
-from vllm_offload import demo_model
+from vllm_offload.model import demo as demo_model
 
 pytestmark = pytest.mark.e2e
 TOKEN = "page-security-token-0123456789"

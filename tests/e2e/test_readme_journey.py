@@ -15,9 +15,9 @@ import pytest
 
 from testkit.server import Server
 from tests.hub_server import Hub, serve_hub
-from tests.test_hub import _cli, _repo
-from vllm_offload import real_model
+from tests.model.test_hub import _cli, _repo
 from vllm_offload.bench.server_process import free_port
+from vllm_offload.model import real as real_model
 
 pytestmark = pytest.mark.e2e
 NAME = real_model.DEFAULT_NAME  # what the README's snippets ask for

@@ -15,7 +15,7 @@ import pytest
 
 from testkit import real_reference as ref
 from testkit.server import Server
-from vllm_offload import real_model
+from vllm_offload.model import real as real_model
 
 pytestmark = pytest.mark.e2e
 NAME = "smollm2"

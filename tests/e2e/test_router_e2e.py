@@ -26,8 +26,8 @@ from testkit.server import VLLM_OFFLOAD, server_env
 from vllm_offload import cluster_router
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.config import ClusterBox, ClusterSection, DeploymentConfig, parse, save
-from vllm_offload.vllm_client import VllmClient, wait_until
-from vllm_offload.vllm_metrics import GPU_PREFIX_HITS, PROMPT_TOKENS
+from vllm_offload.upstream.client import VllmClient, wait_until
+from vllm_offload.upstream.metrics import GPU_PREFIX_HITS, PROMPT_TOKENS
 
 pytestmark = pytest.mark.e2e
 START_S = 600  # two boxes' engines starting at once on a busy 2-core box

@@ -22,7 +22,7 @@ from testkit.server import free_port
 from vllm_offload.config import DeploymentConfig, save, with_overrides
 from vllm_offload.systemd import install, unit_files
 from vllm_offload.systemd.control import Systemd
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent

@@ -22,7 +22,7 @@ import pytest
 from testkit.stack import ARTIFACTS, CHROMIUM_ARGS
 from tests.e2e.test_faults_browser import TOKEN, Stack, supervised  # noqa: F401 (fixture)
 from vllm_offload import config as config_mod
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
 WEDGE_AFTER_S = 10

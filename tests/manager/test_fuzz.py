@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 from tests.conftest import make_host
 from tests.manager.conftest import TOKEN, UNIT
 from tests.test_argv_check import NASTY, string_fields
-from vllm_offload import argv_check, demo_model, deployment, disk_layout
+from vllm_offload import argv_check, deployment, disk_layout
 from vllm_offload import config as config_mod
 from vllm_offload.errors import Refused
 from vllm_offload.manager import ManagerSettings, create_app
+from vllm_offload.model import demo as demo_model
 from vllm_offload.systemd.control import Systemd
 
 BIN = Path(sys.executable).parent

@@ -15,7 +15,7 @@ import pytest
 
 from tests.manager.conftest import TOKEN, Env
 from vllm_offload.bench.server_process import free_port
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 
 def closed_by_peer(conn: socket.socket, within_s: float) -> bool:

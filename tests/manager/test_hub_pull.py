@@ -11,7 +11,7 @@ import httpx
 
 from testkit import stack
 from tests.hub_server import Hub, serve_hub
-from tests.test_hub import WEIGHTS, _repo
+from tests.model.test_hub import WEIGHTS, _repo
 from vllm_offload import config as config_mod
 
 TOKEN = "hub-pull-token-0123456789"

@@ -15,7 +15,7 @@ from vllm_offload.manager.metrics import (
     Sampler,
     vllm_view,
 )
-from vllm_offload.vllm_client import sum_samples_by_model, totals
+from vllm_offload.upstream.client import sum_samples_by_model, totals
 
 
 def test_memory_stays_flat_once_the_history_is_full() -> None:

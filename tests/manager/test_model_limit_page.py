@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.manager.conftest import BEARER, Env
-from vllm_offload.demo_model import MAX_POSITIONS
+from vllm_offload.model.demo import MAX_POSITIONS
 
 pytestmark = pytest.mark.anyio
 

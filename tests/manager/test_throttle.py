@@ -17,7 +17,7 @@ from tests.manager.conftest import TOKEN, Env, login
 from vllm_offload.bench.server_process import free_port
 from vllm_offload.manager import ManagerSettings, create_app
 from vllm_offload.manager.throttle import FAILURES_PER_MINUTE
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 pytestmark = pytest.mark.anyio
 ORIGIN = {"Origin": "http://testserver"}

@@ -15,11 +15,11 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import DEEPSEEK_V2_LITE, GEMMA3_4B_TEXT, LLAMA3_8B, QWEN3_30B_A3B, write_shape
-from vllm_offload import model_facts
 from vllm_offload.config import DeploymentConfig, load, with_overrides
 from vllm_offload.deployment import prepare
 from vllm_offload.hardware import GIB, GpuFacts, declared
 from vllm_offload.launch import build
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import Plan, PlanError, make_plan, render
 
 LLAMA3_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"

@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, QWEN25_7B, write_shape
-from vllm_offload import model_facts
 from vllm_offload.config import parse
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, fleet_json, plan_fleet
 from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes

@@ -12,11 +12,11 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import SHAPES, write_shape
-from vllm_offload import model_facts
 from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, parse, with_overrides
 from vllm_offload.config.schema import engine_configs
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.fleet_host import holds

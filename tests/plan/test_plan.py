@@ -7,9 +7,9 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, SHAPES, write_shape
-from vllm_offload import model_facts
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import PlanError, kv_bytes_per_token, make_plan, render
 from vllm_offload.plan.gpu import prefetch_layout
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, write_shape
-from vllm_offload import model_facts
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.hardware import GIB
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import Plan, make_plan, render
 from vllm_offload.plan.working_memory import cuda_graphs, vllm_default_chunk
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_offload.systemd.control import ServiceError, Systemd
-from vllm_offload.vllm_client import wait_until
+from vllm_offload.upstream.client import wait_until
 
 BIN = Path(sys.executable).parent
 

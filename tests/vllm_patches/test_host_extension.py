@@ -210,9 +210,9 @@ def test_the_planners_length_is_vllms(demo_dir: Path) -> None:
     """The planner rounds both parts as the patch does: its auto max_model_len for a pool
     and extension off the alignment is the one vLLM's own auto-fit reaches."""
     from tests.conftest import make_host
-    from vllm_offload import model_facts
     from vllm_offload.config import DeploymentConfig, with_overrides
     from vllm_offload.hardware import GIB
+    from vllm_offload.model import facts as model_facts
     from vllm_offload.plan import make_plan
 
     deployment = with_overrides(

@@ -178,8 +178,9 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     import psutil
 
     from tests.conftest import make_host
-    from vllm_offload import launch, model_facts
+    from vllm_offload import launch
     from vllm_offload.config import DeploymentConfig, with_overrides
+    from vllm_offload.model import facts as model_facts
     from vllm_offload.plan import make_plan
 
     available = int(available_gib * GIB)

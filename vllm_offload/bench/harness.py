@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from vllm_offload import model_facts
 from vllm_offload.bench import prompts, reuse, workloads
 from vllm_offload.bench.options import Arm, BenchOptions
 from vllm_offload.bench.server_process import GIB, ServerProcess, split_serve_args
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import compute_dtype_bytes, kv_bytes_per_token
 
 

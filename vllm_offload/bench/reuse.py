@@ -13,7 +13,7 @@ import httpx
 
 from vllm_offload.bench.client import Prompt, RequestResult, complete
 from vllm_offload.bench.workloads import Repeat, first_error, mean_or_none
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 # Where a reused document's TTFT goes, from the server's side (sums over a pass).
 PASS_METRICS = (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 GIB = 1 << 30
 LOG_PATTERNS = {

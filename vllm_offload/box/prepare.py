@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import hardware, launch, model_facts
+from vllm_offload import hardware, launch
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.config.schema import engine_configs, entry_field
 from vllm_offload.deployment import (
@@ -22,13 +22,14 @@ from vllm_offload.deployment import (
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
-from vllm_offload.model_config import ModelFactsError
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model.config_json import ModelFactsError
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import FleetInputs, PlanError
+from vllm_offload.upstream.version import SUPPORTED, InstalledVllm
 from vllm_offload.vllm_ext import plugin_missing
-from vllm_offload.vllm_version import SUPPORTED, InstalledVllm
 
 ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alone
 CONTROL_SOCKET = "control.sock"  # the front door's control routes, for the manager

@@ -14,12 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vllm_offload import compat, hardware
 from vllm_offload import config as config_mod
+from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.flags import flag_name, key_flag, owning_key
 from vllm_offload.errors import VllmOffloadError
-from vllm_offload.vllm_version import InstalledVllm, VllmNotFound, find
+from vllm_offload.upstream import compat
+from vllm_offload.upstream.version import InstalledVllm, VllmNotFound, find
 
 # Short spellings for the flags people type most.
 ALIASES = {"model.path": "--model", "server.host": "--host", "server.port": "--port"}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_offload import demo_model, real_model
 from vllm_offload.cli._common import UsageError
+from vllm_offload.model import demo as demo_model
+from vllm_offload.model import real as real_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_offload import patching
 from vllm_offload.cli._common import UsageError
+from vllm_offload.upstream import patching
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,7 +16,7 @@ from vllm_offload.hardware import HostFacts
 from vllm_offload.length_advice import short_for_chat
 from vllm_offload.plan import PlanError, render
 from vllm_offload.plan.fleet import fleet_json, render_fleet
-from vllm_offload.vllm_version import InstalledVllm
+from vllm_offload.upstream.version import InstalledVllm
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_offload import deployment, hub
+from vllm_offload import deployment
 from vllm_offload.cli import _common
 from vllm_offload.config import ConfigError
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.model import hub
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -8,15 +8,16 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from vllm_offload import deployment, hub, launch, run_vllm
+from vllm_offload import deployment, launch, run_vllm
 from vllm_offload.box.prepare import prepare_fleet, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
+from vllm_offload.model import hub
 from vllm_offload.plan import render
 from vllm_offload.plan.fleet import render_fleet
-from vllm_offload.vllm_version import InstalledVllm
+from vllm_offload.upstream.version import InstalledVllm
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,7 +4,7 @@ reads a token's flag name."""
 
 from __future__ import annotations
 
-from vllm_offload import compat
+from vllm_offload.upstream import compat
 
 # vLLM server flags the launcher writes from the config, and the key that owns each. Given
 # again in extra_args (or after `serve --`), vLLM would keep the last value and serve

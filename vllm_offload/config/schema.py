@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from vllm_offload import real_model
 from vllm_offload.config.cluster import ClusterSection
 from vllm_offload.config.flags import flag_name, refused_flag
 from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
@@ -26,7 +25,8 @@ from vllm_offload.config.sections import (
     _Section,
 )
 from vllm_offload.errors import FieldError
-from vllm_offload.hub import hub_ref
+from vllm_offload.model import real as real_model
+from vllm_offload.model.hub import hub_ref
 
 
 class ConfigError(FieldError):

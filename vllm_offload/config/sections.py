@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vllm_offload import compat
+from vllm_offload.upstream import compat
 
 Auto = Literal["auto"]
 

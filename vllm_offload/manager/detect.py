@@ -7,7 +7,7 @@ from typing import Any
 
 import psutil
 
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 LOOKS_LIKE_VLLM = ("vllm", "vllm_offload")
 

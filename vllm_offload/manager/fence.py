@@ -14,7 +14,7 @@ from vllm_offload.config import ClusterSection, ConfigError, DeploymentConfig, f
 from vllm_offload.config.schema import model_name
 from vllm_offload.config.sections import ManagerSection
 from vllm_offload.errors import Forbidden
-from vllm_offload.hub import HubRef, shaped_like_id
+from vllm_offload.model.hub import HubRef, shaped_like_id
 
 # Config keys only the file may set: all of [manager] (its roots, the flags and hub ids the
 # API may pass, and how it treats a wedged server), where the server listens and reads its

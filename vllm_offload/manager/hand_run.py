@@ -13,7 +13,7 @@ import psutil
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.manager.reach import server_url
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 MODELS_TIMEOUT_S = 1.0
 

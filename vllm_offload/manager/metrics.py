@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import psutil
 
-from vllm_offload import vllm_metrics as vm
 from vllm_offload.hardware import nvml_devices
 from vllm_offload.manager import tier_report, wedge
-from vllm_offload.vllm_client import VllmClient, sum_samples, totals
+from vllm_offload.upstream import metrics as vm
+from vllm_offload.upstream.client import VllmClient, sum_samples, totals
 
 HISTORY_S = 600
 

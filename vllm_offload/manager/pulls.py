@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from vllm_offload import hub
 from vllm_offload.errors import Refused, VllmOffloadError
+from vllm_offload.model import hub
 
 KEPT = 20  # finished downloads the page still lists
 

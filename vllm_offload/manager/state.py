@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from vllm_offload import config as config_mod
-from vllm_offload import deployment, model_facts, vllm_version
+from vllm_offload import deployment
 from vllm_offload.box.prepare import PreparedFleet, control_socket, prepare_fleet, several
 from vllm_offload.box.prepare import single as single_config
 from vllm_offload.config import DeploymentConfig
@@ -30,8 +30,10 @@ from vllm_offload.manager.metrics import Sampler
 from vllm_offload.manager.pulls import Pulls
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.unit_monitor import UnitMonitor
-from vllm_offload.patch_journal import STATE_FILE
+from vllm_offload.model import facts as model_facts
 from vllm_offload.systemd.control import Systemd
+from vllm_offload.upstream import version as vllm_version
+from vllm_offload.upstream.patch_journal import STATE_FILE
 
 # A prepared plan is planned again after this long even when nothing it read changed: the
 # host's free RAM (an 'auto' CPU tier's size) moves.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_offload import vllm_metrics as vm
+from vllm_offload.upstream import metrics as vm
 
 # vLLM metric -> Totals field. Counters run since the server started.
 SOURCES = {

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from vllm_offload import vllm_metrics as vm
+from vllm_offload.upstream import metrics as vm
 
 # vLLM metric -> Counters field (sums over label sets; the KV-fetch gauge is per stage).
 SOURCES = {

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import DiskFacts, HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.host import weights_room_bytes
 from vllm_offload.plan.kv import compute_dtype_bytes
 from vllm_offload.plan.records import PlanError

@@ -1,11 +1,11 @@
 """Combinations known to fail or to run badly with vLLM 0.32 (or with this host), each
 refused as a problem or warned about, with where it comes from upstream. Each has a test
-(tests/plan/test_fit.py, tests/test_amx.py)."""
+(tests/plan/test_fit.py, tests/vllm_ext/test_amx.py)."""
 
 from __future__ import annotations
 
 from vllm_offload.config import DeploymentConfig, flag_name
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.records import Backend, Notes, PlanInputs, Problem
 
 

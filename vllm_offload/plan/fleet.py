@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GIB, HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
 from vllm_offload.plan.fleet_host import Away, Idle, holds, host_view, tier_shares
 from vllm_offload.plan.records import FleetInputs, Notes, Plan, PlanError, Platform, gib

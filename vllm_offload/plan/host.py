@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_offload import compat
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.plan.records import (
@@ -20,6 +19,7 @@ from vllm_offload.plan.records import (
     Platform,
     gib,
 )
+from vllm_offload.upstream import compat
 
 # Host RAM kept free for the OS and page cache. The launcher hands this figure to patched
 # vLLM (VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with

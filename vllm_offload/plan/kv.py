@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vllm_offload.model_config import LayerKind
-from vllm_offload.model_facts import DTYPE_BYTES, ModelFacts
+from vllm_offload.model.config_json import LayerKind
+from vllm_offload.model.facts import DTYPE_BYTES, ModelFacts
 
 
 def compute_dtype_bytes(model: ModelFacts, dtype: str) -> int:

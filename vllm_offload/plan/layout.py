@@ -10,7 +10,7 @@ from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, place_weights
 from vllm_offload.plan.host import extension_bytes
 from vllm_offload.plan.kv import kv_bytes_per_token, kv_dtype_bytes, without_hybrid_manager

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.gpu import AUTO_OFFLOAD_ROOM_TOKENS, Target
 from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for, request_kv_bytes
 from vllm_offload.plan.records import (

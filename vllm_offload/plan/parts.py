@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.model_facts import ModelFacts
-from vllm_offload.model_parts import Component, matching
+from vllm_offload.model.facts import ModelFacts
+from vllm_offload.model.parts import Component, matching
 from vllm_offload.plan.records import Notes, Problem, gib
 
 FIELD = "weights_offload.params"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import FieldError
 from vllm_offload.hardware import DiskFacts, HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 
 Platform = Literal["cuda", "cpu"]
 Backend = Literal["native", "lmcache", "none"]

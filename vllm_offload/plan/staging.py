@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.lengths import pool_shape
 from vllm_offload.plan.records import KvLayout, Notes, gib
 from vllm_offload.vllm_ext.staged_prefill import scratch_bytes

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.kv import KvSizing, pool_bytes_for
 from vllm_offload.plan.lengths import target

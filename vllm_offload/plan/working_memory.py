@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model.facts import ModelFacts
+from vllm_offload.model.vision import DEFAULT_MAX_PIXELS, VisionProfile
 from vllm_offload.plan.kv import compute_dtype_bytes
 from vllm_offload.plan.records import ChunkSource, Notes, Platform, PrefillChunk, gib
-from vllm_offload.vision_profile import DEFAULT_MAX_PIXELS, VisionProfile
 
 # Measured on an H100 with an 8B shape (docs/benchmarks.md), scaled with the model's
 # hidden size; vLLM's API server chunk there was its default for cards of 70 GiB or more.

@@ -13,7 +13,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload import hub
+from vllm_offload.model import hub
 from vllm_offload.systemd import access
 from vllm_offload.systemd.access import EXECUTE, READ, Who
 from vllm_offload.systemd.unit_files import InstallError, InstallOptions, config_of

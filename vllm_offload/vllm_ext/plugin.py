@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from vllm_offload import amx
-from vllm_offload.vllm_ext import start_phases
+from vllm_offload.vllm_ext import amx, start_phases
 from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV, STAGED_PREFILL_ENV
 
 logger = logging.getLogger("vllm_offload")

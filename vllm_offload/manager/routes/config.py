@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Header, Response
 from pydantic import BaseModel
 
 from vllm_offload import config as config_mod
-from vllm_offload import hub
 from vllm_offload.box.prepare import PreparedFleet
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import list_models, model_roots
@@ -19,6 +18,7 @@ from vllm_offload.manager import bounded, fence
 from vllm_offload.manager.fence import allowed
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.state import AnyPrepared, Manager, manager_of
+from vllm_offload.model import hub
 from vllm_offload.plan.fleet import fleet_json
 from vllm_offload.systemd.control import ServiceError
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.manager.state import Manager, manager_of
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]

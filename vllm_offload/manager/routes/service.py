@@ -17,7 +17,7 @@ from vllm_offload.errors import Refused, VllmOffloadError
 from vllm_offload.manager import reach
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.systemd.control import ServiceError
-from vllm_offload.vllm_client import VllmClient
+from vllm_offload.upstream.client import VllmClient
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]

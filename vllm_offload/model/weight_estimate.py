@@ -5,7 +5,7 @@ Quantized linear layers store ``bits`` per weight plus, per group of ``group_siz
 weights, a 16-bit scale (and a packed zero point where the scheme is asymmetric); modules a
 checkpoint leaves unquantized (``modules_to_not_convert``, compressed-tensors' ``ignore``,
 ``llm_int8_skip_modules``, ``ignored_layers``), and embeddings always, stay at the model's
-dtype. Checked against published sizes (tests/test_weight_estimate.py).
+dtype. Checked against published sizes (tests/model/test_weight_estimate.py).
 """
 
 from __future__ import annotations

@@ -27,12 +27,18 @@ from enum import Enum
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from vllm_offload import patch_journal
-from vllm_offload.patch_journal import MAX_FILE_BYTES, STATE_FILE, PatchError, read_file
 from vllm_offload.safe_files import read_regular
-from vllm_offload.unified_diff import DiffMismatch, FilePatch, Hunk, apply_hunks, parse_diff
-from vllm_offload.vllm_version import find as find_vllm
-from vllm_offload.vllm_version import version_from_tree
+from vllm_offload.upstream import patch_journal
+from vllm_offload.upstream.patch_journal import MAX_FILE_BYTES, STATE_FILE, PatchError, read_file
+from vllm_offload.upstream.unified_diff import (
+    DiffMismatch,
+    FilePatch,
+    Hunk,
+    apply_hunks,
+    parse_diff,
+)
+from vllm_offload.upstream.version import find as find_vllm
+from vllm_offload.upstream.version import version_from_tree
 
 PATCHES_DIR = importlib.resources.files("vllm_offload") / "patches"
 HASHES_FILE = "pristine.sha256"

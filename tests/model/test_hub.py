@@ -19,7 +19,7 @@ import pytest
 from tests.hub_server import GOOD_TOKEN, Hub, Repo, serve_hub
 from tests.shapes import LLAMA3_8B
 
-REPO_ROOT = Path(__file__).parents[1]
+REPO_ROOT = Path(__file__).parents[2]
 WEIGHTS = 12 * 1024 * 1024  # BF16 elements: 24 MiB, past huggingface_hub's 10 MB chunk
 
 
@@ -215,7 +215,7 @@ def test_a_mirror_under_a_path_is_checked_as_the_hub() -> None:
     serves the hub under a prefix (https://host/artifactory/api/huggingfaceml/repo)."""
     import httpx
 
-    from vllm_offload import hub_guard
+    from vllm_offload.model import hub_guard
 
     endpoint = "https://mirror.lan/artifactory/api/huggingfaceml/hf"
     info = httpx.URL(endpoint + "/api/models/org/x/revision/main")

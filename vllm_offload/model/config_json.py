@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vllm_offload import weight_estimate
 from vllm_offload.errors import VllmOffloadError
+from vllm_offload.model import weight_estimate
 
 LayerKindName = Literal["full", "sliding", "mla", "linear"]
 

@@ -18,9 +18,9 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from vllm_offload import site_files
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import read_regular
+from vllm_offload.upstream import site_files
 
 STATE_FILE = ".vllm_offload_patches.json"
 JOURNAL_DIR = ".vllm_offload_journal"

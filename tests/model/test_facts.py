@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from tests.shapes import DEEPSEEK_V2_LITE, GEMMA3_4B_TEXT, LLAMA3_8B, QWEN3_30B_A3B, write_shape
-from vllm_offload import model_facts
-from vllm_offload.model_config import ModelFactsError
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model.config_json import ModelFactsError
 
 
 def test_llama(tmp_path: Path) -> None:

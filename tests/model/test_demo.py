@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vllm_offload import demo_model, model_facts
+from vllm_offload.model import demo as demo_model
+from vllm_offload.model import facts as model_facts
 
 
 def test_demo_model_files(demo_dir: Path) -> None:

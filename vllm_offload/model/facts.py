@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vllm_offload import (
-    model_limit,
-    model_parts,
-    safetensors_header,
-    vision_profile,
-    weight_estimate,
-)
-from vllm_offload.model_config import (
+from vllm_offload.model import limit as model_limit
+from vllm_offload.model import parts as model_parts
+from vllm_offload.model import safetensors_header, weight_estimate
+from vllm_offload.model import vision as vision_profile
+from vllm_offload.model.config_json import (
     MAX_LAYERS,
     MAX_TOKENS,
     MAX_VOCAB,

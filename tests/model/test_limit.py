@@ -12,12 +12,13 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import GEMMA3_4B_TEXT, LLAMA3_8B, QWEN3_30B_A3B, write_shape
-from vllm_offload import launch, model_facts
+from vllm_offload import launch
 from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import make_plan
 
-LLAMA31_8B = Path(__file__).parents[1] / "benchmarks/models/llama-3.1-8b"
+LLAMA31_8B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-8b"
 LINEAR_ROPE = dict(
     LLAMA3_8B, max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 4.0}
 )

@@ -14,11 +14,12 @@ import pytest
 
 from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, write_shape
-from vllm_offload import amx, hardware, model_facts
+from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.hardware import HostFacts
+from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import make_plan
-from vllm_offload.vllm_ext import plugin
+from vllm_offload.vllm_ext import amx, plugin
 
 WITH_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile\n"
 WITHOUT_AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"

@@ -3,7 +3,7 @@ derived from config.json as vLLM 0.32 derives it for a generating model (config/
 _get_and_verify_max_len; its keys in model_arch_config_convertor.py): the smallest of the
 length keys, a Command-R ``model_max_length`` over them, times the RoPE scaling factor for
 the rope types that do not already scale ``max_position_embeddings`` (the tokenizer's
-``model_max_length`` counts only for pooling models). tests/test_model_limit.py
+``model_max_length`` counts only for pooling models). tests/model/test_limit.py
 checks it against vLLM's own ModelConfig."""
 
 from __future__ import annotations

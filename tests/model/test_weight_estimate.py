@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.shapes import QWEN3_30B_A3B, write_shape
-from vllm_offload import model_facts
 from vllm_offload.cli import main
+from vllm_offload.model import facts as model_facts
 
 LLAMA2_7B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -37,7 +37,7 @@ LLAMA2_13B = dict(
     num_key_value_heads=40,
 )
 LLAMA31_8B: dict[str, Any] = json.loads(
-    (Path(__file__).parents[1] / "benchmarks/models/llama-3.1-8b/config.json").read_text()
+    (Path(__file__).parents[2] / "benchmarks/models/llama-3.1-8b/config.json").read_text()
 )
 AWQ = {
     "quant_method": "awq",

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from vllm_offload import vision_profile
 from vllm_offload.cli import main
+from vllm_offload.model import vision as vision_profile
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 RESULTS = ROOT / "benchmarks/results/vlm-h200-vllm-0.33.0"
 GIB = 1 << 30
 # each run's max_pixels and its raw file ('gpu' arm: everything on the GPU)

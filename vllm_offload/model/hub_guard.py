@@ -24,7 +24,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_offload.model_config import ModelFactsError
+from vllm_offload.model.config_json import ModelFactsError
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 CONTENT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import patch_journal, patching, real_model, vllm_version
 from vllm_offload.deployment import patch_problem
-from vllm_offload.patch_journal import PatchError
-from vllm_offload.patching import State
-from vllm_offload.vllm_version import InstalledVllm, find
+from vllm_offload.model import real as real_model
+from vllm_offload.upstream import patch_journal, patching
+from vllm_offload.upstream import version as vllm_version
+from vllm_offload.upstream.patch_journal import PatchError
+from vllm_offload.upstream.patching import State
+from vllm_offload.upstream.version import InstalledVllm, find
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRISTINE_033 = real_model.cache_root() / "pristine/vllm-0.33.0"  # tools/fetch_pristine_vllm.sh
 
 
@@ -124,7 +126,7 @@ def test_crash_midway_is_rolled_back_by_the_next_command(site: Path) -> None:
     crash = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from vllm_offload import patch_journal, patching\n"
+        "from vllm_offload.upstream import patch_journal, patching\n"
         "real = patch_journal.replace_file\n"
         "n = [0]\n"
         "def crashing(site, rel, data):\n"

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_offload import hub_guard, model_facts
-from vllm_offload.model_config import ModelFactsError
-from vllm_offload.model_facts import ModelFacts
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model import hub_guard
+from vllm_offload.model.config_json import ModelFactsError
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.safe_files import read_regular
 
 # The hub's own rule for a repo's parts (letters, digits, '-', '_', '.'; at most 96

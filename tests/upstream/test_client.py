@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from vllm_offload.vllm_client import VllmClient, wait_until
+from vllm_offload.upstream.client import VllmClient, wait_until
 
 METRICS = """# TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{model_name="m",engine="0"} 10.0
@@ -70,7 +70,7 @@ def test_answers_are_read_only_up_to_a_cap() -> None:
     """Found re-reading for #29: whatever listens on the server's port (another user's
     process while the server is down) answers the manager's polls every second, and
     the whole answer was read into memory."""
-    from vllm_offload.vllm_client import MAX_CONTROL_BYTES
+    from vllm_offload.upstream.client import MAX_CONTROL_BYTES
 
     def flood(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=iter([b"#" * (1 << 20)] * (MAX_CONTROL_BYTES >> 19)))

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import model_facts
 from vllm_offload.cli import main
 from vllm_offload.config import DeploymentConfig, with_overrides
-from vllm_offload.model_config import ModelFactsError
+from vllm_offload.model import facts as model_facts
+from vllm_offload.model.config_json import ModelFactsError
 from vllm_offload.plan import make_plan
 from vllm_offload.plan.budget import decoder_layer_bytes
 
-QWEN25_VL_7B = Path(__file__).parents[1] / "benchmarks/models/qwen2.5-vl-7b"
+QWEN25_VL_7B = Path(__file__).parents[2] / "benchmarks/models/qwen2.5-vl-7b"
 PLAN = ["plan", "--gpu-mem-gib", "24", "--ram-gib", "64", "--model-max-model-len", "32768"]
 
 
@@ -259,7 +259,7 @@ def test_the_random_vlm_checkpoint_has_the_components_the_plan_counts() -> None:
     leaves out its norms and q/k/v biases: 0.3 M of 7.6 B), and 'visual' takes every tower
     tensor."""
     from benchmarks.gpu import random_checkpoint as script
-    from vllm_offload.model_parts import from_tensors, matching
+    from vllm_offload.model.parts import from_tensors, matching
 
     config = json.loads((QWEN25_VL_7B / "config.json").read_text())
     shapes = script.shapes(config)

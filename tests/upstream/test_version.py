@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import patching, vllm_version
 from vllm_offload.cli import main
+from vllm_offload.upstream import patching
+from vllm_offload.upstream import version as vllm_version
 
 
 def test_version_from_a_setuptools_scm_tree(tmp_path: Path) -> None:
