@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue #16: one vLLM release (its bundle unpacked in SITE, default /root/site) measured
+# Issue #16: one vLLM release (its bundle unpacked in SITE, default /root/site; the plugin's
+# dist-info in VO, default /root/vo; random checkpoints in CHECKPOINTS, default /root) measured
 # on the GPU host through the project's own scripts; one device call per case, back to back:
 #   benchmarks/gpu/release.sh 0.32.0 pinned   # pinned_memory.py: registered vs torch-pinned
 #                                             # host buffers (the H2D figure for the others)
@@ -78,6 +79,8 @@ set -uo pipefail
 release=${1:-0.32.0}
 case=${2:?pinned|tier|weights|weights-files|decode|kill9|reuse|layerwise|layerwise-graphs|hits|saturated|saturated-graphs|saturated-blocks|blocks|blocks-saturated|host-extension|lmcache|switch|vlm|turns}
 site=${SITE:-/root/site}
+vo=${VO:-/root/vo}  # the plugin's dist-info (as host_setup.sh writes it)
+ckpts=${CHECKPOINTS:-/root}  # where random checkpoints are written, once per host
 h2d_file=$(dirname "$site")/h2d-gbps.txt  # written by the pinned case on this host
 h2d=${H2D_GBPS:-$([ -s "$h2d_file" ] && cat "$h2d_file" || echo 55.4)}
 deadline=${DEADLINE:-560}
@@ -137,13 +140,13 @@ EOF
 # plugin (AMX, the sleep arena) by its entry point, as an installed package's: give it one;
 # the random Llama-3-8B-shaped checkpoint both models serve, made once per host.
 fleet_setup() {
-  local info=/root/vo/vllm_offload-0.1.0.dist-info
+  local info=$vo/vllm_offload-0.1.0.dist-info
   mkdir -p $info
   printf 'Metadata-Version: 2.1\nName: vllm-offload\nVersion: 0.1.0\n' > $info/METADATA
   printf '[vllm.general_plugins]\nvllm_offload = vllm_offload.vllm_ext.plugin:register\n' \
     > $info/entry_points.txt
-  export PYTHONPATH=/root/vo:$PYTHONPATH
-  ckpt=/root/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
+  export PYTHONPATH=$vo:$PYTHONPATH
+  ckpt=$ckpts/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
   [ -f $ckpt/model.safetensors.index.json ] || \
     python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
 }
@@ -197,7 +200,7 @@ weights-files)
   # The weights case's start times with real weight files: dummy weights fill CPU-resident
   # (prefetch-offloaded) parameters with the CPU's random generator, which UVA's GPU views
   # never pay. Random bf16 safetensors, read warm from the page cache by every arm.
-  ckpt=/root/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
+  ckpt=$ckpts/ckpt-llama-3-8b-std0.02  # the std in the name: an older uniform one is not reused
   [ -f $ckpt/model.safetensors.index.json ] || \
     python3 benchmarks/gpu/random_checkpoint.py $model/config.json $ckpt --std 0.02
   files=(--skip-tokenizer-init --enforce-eager)
@@ -299,7 +302,7 @@ host-extension)
   weights=()
   if [ -n "${RANDOM_WEIGHTS_STD:-}" ]; then  # a context-sensitive random checkpoint
     python3 benchmarks/gpu/random_checkpoint.py benchmarks/models/llama-3.1-8b/config.json \
-      /root/ckpt-std --std "$RANDOM_WEIGHTS_STD" && weights=(--weights /root/ckpt-std)
+      "$ckpts/ckpt-std" --std "$RANDOM_WEIGHTS_STD" && weights=(--weights "$ckpts/ckpt-std")
   fi
   timeout -k 10 $(($(left) - 15)) python3 benchmarks/gpu/host_extension.py --out "$out/host-extension" \
     "${weights[@]}" ${HOST_EXTENSION_ARGS:-}
@@ -333,7 +336,7 @@ vlm)
   patch apply
   # shellcheck disable=SC2086  # VLM_ARGS: several flags
   timeout -k 10 $(($(left) - 15)) python3 "$bench_dir/gpu/vlm_parts.py" --out "$out/vlm" \
-    --checkpoint /root/ckpt-qwen2.5-vl-7b ${VLM_ARGS:-}
+    --checkpoint "$ckpts/ckpt-qwen2.5-vl-7b" ${VLM_ARGS:-}
   leftovers
   ;;
 turns)  # issue #43: switch rate against waiting (turns.py), ARMS (comma-separated) in this call
