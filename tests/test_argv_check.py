@@ -58,7 +58,7 @@ def string_fields() -> list[tuple[str, bool]]:
 def build(model: Path, overrides: dict[str, Any]) -> tuple[DeploymentConfig, launch.LaunchSpec]:
     cfg = with_overrides(DeploymentConfig(), {"model.path": str(model), **overrides})
     plan = make_plan(cfg, model_facts.read(model), make_host(24), "cuda")
-    return cfg, launch.build(cfg, plan, model, "0.32.0")
+    return cfg, launch.build(cfg, plan, model)
 
 
 def vllm_reads(args: tuple[str, ...]) -> dict[str, Any]:

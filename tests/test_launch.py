@@ -32,8 +32,9 @@ def spec_for(
 ) -> launch.LaunchSpec:
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
     host = make_host(gpu_gib)
-    plan = make_plan(config, model_facts.read(demo_dir), host, "cuda" if gpu_gib else "cpu")
-    return launch.build(config, plan, demo_dir, version, api_key=api_key)
+    platform = "cuda" if gpu_gib else "cpu"
+    plan = make_plan(config, model_facts.read(demo_dir), host, platform, vllm_release=version)
+    return launch.build(config, plan, demo_dir, api_key=api_key)
 
 
 def flag(spec: launch.LaunchSpec, name: str) -> str:
@@ -347,7 +348,7 @@ def test_the_tier_must_fit_ram_and_shm(demo_dir: Path) -> None:
     assert "/dev/shm" in errors[1]["message"] and "<= 31" in errors[1]["message"]
     ok = make_plan(with_overrides(config, {"kv_offload.cpu_tier_gib": 16}), facts, host, "cuda")
     assert ok.notes.problems == ()
-    assert launch.build(config, ok, demo_dir, "0.32.0").env[launch.CPU_TIER_RESERVE_ENV] == str(
+    assert launch.build(config, ok, demo_dir).env[launch.CPU_TIER_RESERVE_ENV] == str(
         8 * GIB
     )  # vLLM's own check keeps the planner's reserve
 
@@ -535,7 +536,7 @@ def test_the_planned_prefill_chunk_reaches_vllm_as_one_token(tmp_path: Path) -> 
     def args_for(overrides: dict[str, object]) -> tuple[str, ...]:
         config = with_overrides(DeploymentConfig(), {"model.path": str(model), **overrides})
         plan = make_plan(config, model_facts.read(model), make_host(24), "cuda")
-        spec = launch.build(config, plan, model, "0.33.0")
+        spec = launch.build(config, plan, model)
         argv_check.check(spec)  # vLLM's parser reads what the plan says, or this exits 2
         return spec.args
 
@@ -560,7 +561,7 @@ def test_the_planned_prefill_chunk_reaches_vllm_as_one_token(tmp_path: Path) -> 
     )
     plan = make_plan(config, model_facts.read(fork), make_host(24), "cuda")
     assert plan.prefill.source == "kept: larger costs pool"
-    assert not [a for a in launch.build(config, plan, fork, "0.33.0").args if "batched" in a]
+    assert not [a for a in launch.build(config, plan, fork).args if "batched" in a]
 
 
 def test_a_passed_through_chunk_is_refused_naming_the_key() -> None:
@@ -575,3 +576,38 @@ def test_a_passed_through_chunk_is_refused_naming_the_key() -> None:
         assert "gpu.prefill_chunk_tokens (`serve --gpu-prefill-chunk-tokens`)" in (
             info.value.message
         )
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_the_launcher_asks_what_the_plan_shows_for_the_release(
+    tmp_path: Path, release: str
+) -> None:
+    """Issue #57: the launcher decided by release what the plan never saw, so on a 0.32
+    GPU host `plan` showed a staging scratch (and a smaller pool) the launcher never asked
+    for. Now the plan is made for the release and the launcher writes what it holds: the
+    scratch and the sync-load budget are in both or in neither."""
+    from tests.shapes import LLAMA3_8B, write_shape
+    from vllm_offload.vllm_ext.knobs import STAGING_TOKENS_KEY
+
+    model = write_shape(tmp_path / "llama-8b", dict(LLAMA3_8B, max_position_embeddings=131072))
+    overrides = {
+        "model.path": str(model),
+        "model.max_model_len": 32768,
+        "kv_offload.host_extension_gib": 4.0,
+        "gpu.kv_cache_memory_bytes": 2 * GIB,
+    }
+    config = with_overrides(DeploymentConfig(), overrides)
+    plan = make_plan(config, model_facts.read(model), make_host(24), "cuda", vllm_release=release)
+    spec = launch.build(config, plan, model)
+    additional = json.loads(flag(spec, "--additional-config"))
+    assert plan.vllm_release == release
+    staged = release != "0.32.0"  # staged_attention fits 0.33.0's FlashAttention only
+    assert bool(plan.extension.staging_scratch_bytes) == staged
+    assert additional.get(STAGING_TOKENS_KEY, 0) == plan.extension.staging_scratch_tokens
+    assert (STAGING_TOKENS_KEY in additional) == staged
+    if not staged:
+        assert any("vLLM 0.32.0's FlashAttention" in d for d in plan.notes.decisions)
+    assert spec.kv_transfer_config is not None
+    extra = spec.kv_transfer_config["kv_connector_extra_config"]
+    assert bool(plan.cpu_tier.sync_load_budget_bytes) == (release != "0.32.0")
+    assert extra.get("sync_load_budget_bytes", 0) == plan.cpu_tier.sync_load_budget_bytes

@@ -29,7 +29,7 @@ from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
 from vllm_offload.upstream import patching
 from vllm_offload.upstream.patch_journal import PatchError
-from vllm_offload.upstream.version import API_KEY_ENV, SUPPORTED, InstalledVllm
+from vllm_offload.upstream.version import API_KEY_ENV, InstalledVllm, release_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,14 +131,19 @@ def plan_for(
     host: HostFacts,
     environ: Mapping[str, str],
     facts: ModelFacts | None = None,
+    vllm: InstalledVllm | None = None,
 ) -> Plan:
     """The plan of ``config`` with the model in ``directory`` (or of ``facts`` read
-    elsewhere) on ``host``; raises ModelFactsError or PlanError, each naming the field."""
+    elsewhere) on ``host``, for ``vllm`` (none installed: the platform's pinned release);
+    raises ModelFactsError or PlanError, each naming the field."""
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     path = config.kv_offload.disk_path
     disk = hardware.probe_disk(path) if path else None
     facts = facts or model_facts.read(directory)
-    return make_plan(config, facts, host, platform, env=dict(environ), disk=disk)
+    release = release_for(vllm, platform)
+    return make_plan(
+        config, facts, host, platform, env=dict(environ), disk=disk, vllm_release=release
+    )
 
 
 def prepare(
@@ -161,11 +166,11 @@ def prepare(
     remote = hub_not_downloaded(config) if from_hub else None
     if remote is not None:
         directory = Path(str(hub_models(config)[0]))
-        plan = plan_for(config, directory, host, environ, remote[0])
+        plan = plan_for(config, directory, host, environ, remote[0], vllm)
     else:
         directory = confined_model_dir(config, roots)
         config = model_dtype(config, directory)
-        plan = plan_for(config, directory, host, environ)
+        plan = plan_for(config, directory, host, environ, vllm=vllm)
     problems: list[VllmOffloadError] = [
         PlanError(p["field"], p["message"]) for p in plan.notes.problems
     ]
@@ -174,8 +179,7 @@ def prepare(
     api_key, found, notes = machine_checks(
         config, plan.kv.backend == "lmcache", environ, vllm, allow_unpatched
     )
-    version = vllm.version if vllm is not None else SUPPORTED[0]
-    spec = launch.build(config, plan, directory, version, api_key=api_key)
+    spec = launch.build(config, plan, directory, api_key=api_key)
     problems += found
     return Prepared(
         model_dir=directory,

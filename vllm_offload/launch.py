@@ -25,8 +25,6 @@ from vllm_offload.upstream.version import (
     API_KEY_ENV,
     AUTO_MAX_MODEL_LEN,
     SERVER_MODULE,
-    has_staged_prefill,
-    has_sync_loads,
 )
 from vllm_offload.vllm_ext import forwarded_routes
 from vllm_offload.vllm_ext.knobs import (
@@ -171,17 +169,8 @@ class _Options:
         self.owned[_dest(flag)] = list(values)
 
 
-def sync_load_budget_bytes(config: DeploymentConfig, plan: Plan) -> int:
-    """vLLM 0.33's sync-load budget per step: patch 0005's layer-wise loads ride on it
-    (a hit vLLM loads inside its step), so 'auto' lifts the limit where they are on."""
-    budget = config.kv_offload.sync_load_budget_gib
-    if budget == "auto":
-        return plan.gpu.kv_pool_bytes if config.kv_offload.layerwise_loads else 0
-    return int(budget * GIB)
-
-
 def kv_transfer_config(
-    config: DeploymentConfig, plan: Plan, sleeps: bool = False, sync_loads: bool = False
+    config: DeploymentConfig, plan: Plan, sleeps: bool = False
 ) -> dict[str, Any] | None:
     if plan.kv.backend == "native":
         extra: dict[str, Any] = {
@@ -189,8 +178,8 @@ def kv_transfer_config(
             "eviction_policy": config.kv_offload.eviction_policy,
             LAYERWISE_LOADS_KEY: config.kv_offload.layerwise_loads,
         }
-        if sync_loads and (budget := sync_load_budget_bytes(config, plan)):
-            extra[SYNC_LOAD_BUDGET_KEY] = budget
+        if plan.cpu_tier.sync_load_budget_bytes:  # planned for the release (plan.host)
+            extra[SYNC_LOAD_BUDGET_KEY] = plan.cpu_tier.sync_load_budget_bytes
         if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
             extra["block_size"] = plan.kv.chunk_tokens
         if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
@@ -237,13 +226,13 @@ def build(
     config: DeploymentConfig,
     plan: Plan,
     model_dir: Path,
-    vllm_version: str,
     *,
     api_key: str | None = None,
     engine: EngineLaunch | None = None,
 ) -> LaunchSpec:
     """The exact server invocation for ``plan`` (``engine``: as one of several models);
-    pure."""
+    pure. It decides nothing: every value is the plan's (made for the vLLM release it
+    will run on) or the config's as it is."""
     options = _Options()
     options.add("--model", str(model_dir))
     name = model_name(config.model)  # the folder's name, unless configured
@@ -297,7 +286,7 @@ def build(
         _weight_offload(options, config, plan)
     if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
         additional: dict[str, int | float] = {HOST_EXTENSION_KEY: plan.extension.bytes}
-        if plan.extension.staging_scratch_tokens and has_staged_prefill(vllm_version):
+        if plan.extension.staging_scratch_tokens:  # planned for the release (plan.staging)
             additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
             env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
         share = config.kv_offload.spilled_step_share
@@ -306,7 +295,7 @@ def build(
             options.add("--scheduler-cls", FAIR_SCHEDULER)
         options.add("--additional-config", additional)
     sleeps = engine is not None and engine.sleeps
-    kv_config = kv_transfer_config(config, plan, sleeps, has_sync_loads(vllm_version))
+    kv_config = kv_transfer_config(config, plan, sleeps)
     if kv_config is not None:
         options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:

@@ -28,7 +28,7 @@ def test_serve_and_the_front_door_name_a_model_alike(
     monkeypatch.chdir(folder if written == "." else tmp_path)
     config = with_overrides(DeploymentConfig(), {"model.path": written})
     plan = make_plan(config, model_facts.read(folder), make_host(24), "cuda")
-    spec = launch.build(config, plan, folder, "0.32.0")
+    spec = launch.build(config, plan, folder)
     assert spec.option("--served-model-name") == "mymodel" == model_name(config.model)
     other = write_shape(tmp_path / "other", LLAMA3_8B)
     several = parse({"models": [{"path": written}, {"path": str(other)}]})

@@ -110,10 +110,10 @@ def test_allowed_on_purpose_tells_vllm(tmp_path: Path) -> None:
         },
     )
     plan = make_plan(config, model_facts.read(model), make_host(80, ram_gib=256), "cuda")
-    spec = launch.build(config, plan, model, "0.32.0")
+    spec = launch.build(config, plan, model)
     assert spec.env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
     within = config.model_copy(
         update={"model": config.model.model_copy(update={"max_model_len": 16384})}
     )
     plan = make_plan(within, model_facts.read(model), make_host(80, ram_gib=256), "cuda")
-    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in launch.build(within, plan, model, "0.32.0").env
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in launch.build(within, plan, model).env

@@ -188,8 +188,8 @@ def test_kv_cache_dtype_fit_picks_fp8_only_when_the_model_dtype_needs_more_offlo
     long = plan_of(directory, 24, **fit, **{"model.max_model_len": 57344})
     assert (long.kv.cache_dtype, long.kv.dtype_bytes, long.weights.offloaded_bytes) == ("fp8", 1, 0)
     assert any(d.startswith("model.kv_cache_dtype fit -> fp8") for d in long.notes.decisions)
-    assert build(DeploymentConfig(), long, directory, "0.32.0").option("--kv-cache-dtype") == "fp8"
-    assert build(DeploymentConfig(), short, directory, "0.32.0").option("--kv-cache-dtype") is None
+    assert build(DeploymentConfig(), long, directory).option("--kv-cache-dtype") == "fp8"
+    assert build(DeploymentConfig(), short, directory).option("--kv-cache-dtype") is None
     # 'auto' stays the model's dtype and offloads instead.
     auto = plan_of(
         directory, 24, **{"weights_offload.cpu_gib": "auto", "model.max_model_len": 65536}
@@ -208,7 +208,7 @@ def test_concurrent_requests_are_held_or_refused(tmp_path: Path) -> None:
     plan = plan_of(directory, 24, **{"gpu.min_concurrent_requests": 4})
     blocks = plan.gpu.kv_pool_blocks - 1
     assert plan.length.max_model_len == blocks // 4 * 128
-    spec = build(DeploymentConfig(), plan, directory, "0.32.0")
+    spec = build(DeploymentConfig(), plan, directory)
     assert spec.option("--max-model-len") == str(plan.length.max_model_len)
 
 

@@ -20,6 +20,7 @@ from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import FleetInputs, PlanError
 from vllm_offload.plan.together import gpu_need
+from vllm_offload.upstream.version import PINNED
 
 
 def two_models(tmp_path: Path, **residency: Any) -> dict[str, Any]:
@@ -40,6 +41,7 @@ def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> F
             disks={n: None for n in engines},
             host=host,
             platform=platform,  # type: ignore[arg-type]
+            vllm_release=PINNED[platform],
             env={},
         )
     )

@@ -226,6 +226,7 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
                     disks={n: None for n in engines},
                     host=host,
                     platform="cuda",
+                    vllm_release="0.33.0",
                     env={},
                 )
             )

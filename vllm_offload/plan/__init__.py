@@ -29,7 +29,12 @@ from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
 from vllm_offload.plan.gpu import place_weights
-from vllm_offload.plan.host import cpu_backend_ram_check, extension_bytes, size_cpu_tier
+from vllm_offload.plan.host import (
+    cpu_backend_ram_check,
+    extension_bytes,
+    size_cpu_tier,
+    sync_load_budget,
+)
 from vllm_offload.plan.kv import (
     KvSizing,
     compute_dtype_bytes,
@@ -64,6 +69,7 @@ from vllm_offload.plan.render import render
 from vllm_offload.plan.reproducible import kernel_choice
 from vllm_offload.plan.staging import staging_scratch
 from vllm_offload.plan.working_memory import chunk_notes, prefill_chunk
+from vllm_offload.upstream.version import PINNED
 
 __all__ = [
     "Plan",
@@ -86,11 +92,16 @@ def make_plan(
     *,
     env: dict[str, str] | None = None,
     disk: DiskFacts | None = None,
+    vllm_release: str | None = None,
 ) -> Plan:
-    """Resolve every 'auto' of ``config`` into numbers, or raise PlanError."""
+    """Resolve every 'auto' of ``config`` into numbers, or raise PlanError; for
+    ``vllm_release`` (default: the platform's pinned release)."""
     env = env or {}
     tp = config.parallel.tensor_parallel_size
-    asked = PlanInputs(config=config, model=model, host=host, platform=platform, env=env)
+    release = vllm_release or PINNED[platform]
+    asked = PlanInputs(
+        config=config, model=model, host=host, platform=platform, vllm_release=release, env=env
+    )
     notes = Notes(
         warnings=tuple(f"could not read {what}" for what in model.unknown), unplanned=model.unknown
     )
@@ -115,13 +126,15 @@ def make_plan(
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
     staged = extension if platform == "cuda" else 0
-    scratch, step = staging_scratch(config, planned, layout, memory.kv_pool_bytes, staged)
+    scratch, step = staging_scratch(inputs, layout, memory.kv_pool_bytes, staged)
     notes += step
     memory = replace(memory, kv_pool_bytes=memory.kv_pool_bytes - scratch.bytes)
     shape, length, step = fit_lengths(inputs, layout, memory.kv_pool_bytes, extension)
     notes += step
     tier, ram, step = size_cpu_tier(inputs, layout, memory.weights_offloaded_bytes, extension)
     notes += step
+    budget = sync_load_budget(inputs, layout, memory.kv_pool_bytes)
+    tier = replace(tier, sync_load_budget_bytes=budget)
     kv = KvSizing(
         model=planned, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
     )
@@ -174,5 +187,6 @@ def make_plan(
         tensor_parallel_size=tp,
         costs=costs,
         reproducible=reproducible,
+        vllm_release=release,
         notes=notes,
     )

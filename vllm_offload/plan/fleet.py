@@ -212,7 +212,15 @@ def _plan(
     others leave it)."""
     model, disk = inputs.facts[name], inputs.disks[name]
     try:
-        return make_plan(config, model, host, inputs.platform, env=inputs.env, disk=disk)
+        return make_plan(
+            config,
+            model,
+            host,
+            inputs.platform,
+            env=inputs.env,
+            disk=disk,
+            vllm_release=inputs.vllm_release,
+        )
     except PlanError as exc:
         raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None
 

@@ -20,6 +20,7 @@ from vllm_offload.plan.records import (
     gib,
 )
 from vllm_offload.upstream import compat
+from vllm_offload.upstream.version import has_sync_loads
 
 # Host RAM kept free for the OS and page cache. The launcher hands this figure to patched
 # vLLM (VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES), whose own check of the tier then agrees with
@@ -277,3 +278,16 @@ def tier_fits(layout: KvLayout, tier: int, ram: HostRam, weights_in_ram: int) ->
             "/dev/shm more room)",
         )
     return notes
+
+
+def sync_load_budget(inputs: PlanInputs, layout: KvLayout, pool_bytes: int) -> int:
+    """vLLM 0.33's sync-load budget a step, for its native CPU tier: patch 0005's
+    layer-wise loads ride on it (a hit vLLM loads inside its step), so 'auto' lifts the
+    limit (the whole pool) where they are on, and asks none where they are off; 0 on a
+    release without one (0.32.0's series loads in the scheduler itself)."""
+    offload = inputs.config.kv_offload
+    if layout.backend != "native" or not has_sync_loads(inputs.vllm_release):
+        return 0
+    if offload.sync_load_budget_gib == "auto":
+        return pool_bytes if offload.layerwise_loads else 0
+    return int(offload.sync_load_budget_gib * GIB)

@@ -176,6 +176,8 @@ class CpuTier:
     bytes: int = field(metadata=_key("cpu_tier_bytes"))
     blocks: int = field(metadata=_key("cpu_tier_blocks"))
     tokens: int = field(metadata=_key("cpu_tier_tokens"))
+    # vLLM 0.33's sync-load budget a step (0: none asked, vLLM loads a hit asynchronously)
+    sync_load_budget_bytes: int = field(default=0, metadata=_key("sync_load_budget_bytes"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +234,9 @@ class Plan:
     costs: Costs
     # Kernels chosen by rule, not by timing at start-up (server.reproducible, on a GPU).
     reproducible: bool
+    # The vLLM release planned for: the installed one, else the platform's pin
+    # (upstream.version.release_for); the launcher asks that release for what is planned.
+    vllm_release: str
     notes: Notes
 
     def to_json(self) -> dict[str, Any]:
@@ -241,20 +246,21 @@ class Plan:
 @dataclass(frozen=True, kw_only=True)
 class PlanInputs:
     """What one model's plan is made from, as each step takes it: the config, the model's
-    facts, the host, its platform and the server's environment."""
+    facts, the host, its platform, the vLLM release and the server's environment."""
 
     config: DeploymentConfig
     model: ModelFacts
     host: HostFacts
     platform: Platform
+    vllm_release: str
     env: dict[str, str]
 
 
 @dataclass(frozen=True, kw_only=True)
 class FleetInputs:
     """What a set of models is planned from: the whole config, each model's engine config
-    and facts and disk tier's facts (by name, in the file's order), the host, its platform
-    and the server's environment."""
+    and facts and disk tier's facts (by name, in the file's order), the host, its platform,
+    the vLLM release and the server's environment."""
 
     config: DeploymentConfig
     engines: Mapping[str, DeploymentConfig]
@@ -262,6 +268,7 @@ class FleetInputs:
     disks: Mapping[str, DiskFacts | None]
     host: HostFacts
     platform: Platform
+    vllm_release: str
     env: dict[str, str]
 
 

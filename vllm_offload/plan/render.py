@@ -12,7 +12,7 @@ def render(plan: Plan) -> str:
     kv, w, length, ext, ram = plan.kv, plan.weights, plan.length, plan.extension, plan.host_ram
     rows = [
         ("model", f"{plan.architecture} at {plan.model_path}"),
-        ("platform", plan.platform),
+        ("platform", f"{plan.platform}, planned for vLLM {plan.vllm_release}"),
         ("weights", f"{gib(w.bytes)} ({w.source})"),
         (
             "  on GPU / offloaded",

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_offload.config import DeploymentConfig
-from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.lengths import pool_shape
-from vllm_offload.plan.records import KvLayout, Notes, gib
+from vllm_offload.plan.records import KvLayout, Notes, PlanInputs, gib
+from vllm_offload.upstream.version import has_staged_prefill
 from vllm_offload.vllm_ext.staged_prefill import scratch_bytes
 
 # Each scratch token costs 1 / layers of a pool token: with few layers the whole context
@@ -30,18 +29,24 @@ class StagingScratch:
 
 
 def staging_scratch(
-    config: DeploymentConfig,
-    model: ModelFacts,
-    layout: KvLayout,
-    pool_bytes: int,
-    extension: int,
+    inputs: PlanInputs, layout: KvLayout, pool_bytes: int, extension: int
 ) -> tuple[StagingScratch, Notes]:
     """The scratch for a pool of ``pool_bytes`` with ``extension`` bytes of host RAM after
-    it (none without one, with kv_offload.staged_prefill off, or when no request can
-    reach the host part)."""
+    it (none without one, with kv_offload.staged_prefill off, on a vLLM release whose
+    FlashAttention staged_attention does not fit, or when no request can reach the host
+    part)."""
+    config, model = inputs.config, inputs.model
     per_block = layout.bytes_per_block
     if not (extension and per_block and config.kv_offload.staged_prefill):
         return StagingScratch(), Notes()
+    if not has_staged_prefill(inputs.vllm_release):
+        return StagingScratch(), Notes(
+            decisions=(
+                f"staging scratch: none (vLLM {inputs.vllm_release}'s FlashAttention is not "
+                "the one staged prefill extends); a spilled request's prefill reads its host "
+                "blocks in place",
+            )
+        )
     if layout.dtype_bytes > 2:  # float32: vLLM serves it without FlashAttention
         return StagingScratch(), Notes(
             decisions=(

