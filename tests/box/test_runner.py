@@ -11,10 +11,10 @@ from typing import Any
 
 from tests.box.test_residency import StandIn
 from tests.conftest import make_host
-from tests.plan.test_fleet import fleet_of, two_models
+from tests.plan.test_box import fleet_of, two_models
 from tests.shapes import LLAMA3_8B, write_shape
 from vllm_offload.box.front import FrontDoor
-from vllm_offload.box.prepare import PreparedFleet
+from vllm_offload.box.prepare import PreparedBox
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import ResidencySettings
 from vllm_offload.box.runner import warm_up
@@ -24,8 +24,8 @@ from vllm_offload.hardware import declared
 def started(tmp_path: Path, data: dict[str, Any], gpu_gib: float) -> list[str]:
     """What start-up asked of each engine, for the set ``data`` planned on a card."""
     fleet = fleet_of(data, declared(make_host(None), gpu_mem_gib=gpu_gib, ram_gib=256))
-    prepared = PreparedFleet(
-        fleet=fleet,
+    prepared = PreparedBox(
+        plan=fleet,
         model_dirs={},
         specs={},
         runtime_dir=tmp_path,
@@ -104,7 +104,7 @@ def test_a_serving_engine_that_sleeps_is_shown_holding_its_arena_copy(tmp_path: 
     sleep arena kept its weights' copy (~23.6 GiB in all on the H200); the planner's
     fitness check counted it, the per-state figures did not."""
     from vllm_offload.box.runner import planned_memory
-    from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
+    from vllm_offload.plan.box_host import SLEEP_POOLS_BYTES
 
     fleet = fleet_of(two_models(tmp_path, max_resident=1), big_host_for_test())
     chat = fleet.models["chat"]

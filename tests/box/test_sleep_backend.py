@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from tests.plan.test_fleet import two_models
-from vllm_offload.box.prepare import prepare_fleet
+from tests.plan.test_box import two_models
+from vllm_offload.box.prepare import prepare_box
 from vllm_offload.config import parse
 from vllm_offload.hardware import declared
 from vllm_offload.launch import LaunchSpec
@@ -43,8 +43,8 @@ def test_serve_refuses_a_sleeping_set_without_the_registration(
 ) -> None:
     host = declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
     config = parse(two_models(tmp_path, max_resident=1))
-    assert prepare_fleet(config, host, {}, None).problems == ()
-    excluded = prepare_fleet(config, host, {"VLLM_PLUGINS": "other"}, None)
+    assert prepare_box(config, host, {}, None).problems == ()
+    excluded = prepare_box(config, host, {"VLLM_PLUGINS": "other"}, None)
     assert [p.field for p in excluded.problems] == ["residency.idle"]
     assert "VLLM_PLUGINS" in excluded.problems[0].message
     # the package's dist-info gone (a run from a source tree): no entry point at all
@@ -55,10 +55,10 @@ def test_serve_refuses_a_sleeping_set_without_the_registration(
         return importlib.metadata.EntryPoints(e for e in found if e.name != PLUGIN_NAME)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", without_ours)
-    (problem,) = prepare_fleet(config, host, {}, None).problems
+    (problem,) = prepare_box(config, host, {}, None).problems
     assert problem.field == "residency.idle" and "install the package" in problem.message
     stopping = parse(two_models(tmp_path, max_resident=1, idle="stop"))
-    assert prepare_fleet(stopping, host, {}, None).problems == ()  # nothing sleeps
+    assert prepare_box(stopping, host, {}, None).problems == ()  # nothing sleeps
 
 
 def test_the_engine_process_refuses_to_start_without_it(tmp_path: Path) -> None:
@@ -85,14 +85,14 @@ def test_engines_that_sleep_are_launched_for_the_arena(tmp_path: Path) -> None:
     """Each engine of a set that sleeps gets vLLM's sleep mode and the arena's variable;
     a set whose models all stay on the GPU gets neither (nothing sleeps)."""
     host = declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
-    sleeping = prepare_fleet(parse(two_models(tmp_path, max_resident=1)), host, {}, None)
+    sleeping = prepare_box(parse(two_models(tmp_path, max_resident=1)), host, {}, None)
     for spec in sleeping.specs.values():
         assert "--enable-sleep-mode" in spec.args and spec.env[SLEEP_ARENA_ENV] == "1"
     data = two_models(tmp_path)
     for entry in data["models"]:
         entry["max_model_len"] = 8192
-    together = prepare_fleet(parse(data), host, {}, None)
-    assert together.fleet.max_resident == 2
+    together = prepare_box(parse(data), host, {}, None)
+    assert together.plan.max_resident == 2
     for spec in together.specs.values():
         assert "--enable-sleep-mode" not in spec.args and SLEEP_ARENA_ENV not in spec.env
 

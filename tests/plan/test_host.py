@@ -18,10 +18,10 @@ from vllm_offload.config.schema import engine_configs
 from vllm_offload.model import facts as model_facts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, make_plan
-from vllm_offload.plan.fleet import FleetPlan, plan_fleet
-from vllm_offload.plan.fleet_host import holds
+from vllm_offload.plan.box import BoxPlan, plan_box
+from vllm_offload.plan.box_host import holds
 from vllm_offload.plan.host import ram_reserve, server_ram_bytes
-from vllm_offload.plan.records import FleetInputs, Platform
+from vllm_offload.plan.records import BoxInputs, Platform
 
 LLAMA_70B = Path(__file__).parents[2] / "benchmarks/models/llama-3.1-70b"
 
@@ -190,7 +190,7 @@ def test_a_plan_that_may_start_fits_the_host_ram(models: list[ModelFacts]) -> No
     assert started > 100 and min(started_on.values()) > 30, started_on
 
 
-def fleet_ram_placed(fleet: FleetPlan, level: int) -> int:
+def fleet_ram_placed(fleet: BoxPlan, level: int) -> int:
     """What the set holds in host RAM at once: every engine alive (asleep or serving) with
     its processes, offloaded weights, host extension, slept weights and CPU tier."""
     return sum(holds(m.plan, m.idle, level) + m.plan.cpu_tier.bytes for m in fleet.models.values())
@@ -218,8 +218,8 @@ def test_a_set_that_may_start_fits_the_host_ram(tmp_path: Path) -> None:
         facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
         host = make_host(gpu_gib=rng.choice([24, 48, 80]), ram_gib=rng.choice([32, 64, 128, 256]))
         try:
-            fleet = plan_fleet(
-                FleetInputs(
+            fleet = plan_box(
+                BoxInputs(
                     config=config,
                     engines=engines,
                     facts=facts,

@@ -13,10 +13,10 @@ import httpx
 from fastapi import FastAPI
 
 from tests.conftest import make_host
-from tests.plan.test_fleet import LLAMA3_8B, write_shape
+from tests.plan.test_box import LLAMA3_8B, write_shape
 from tests.test_argv_check import vllm_reads
 from vllm_offload import argv_check
-from vllm_offload.box.prepare import prepare_fleet
+from vllm_offload.box.prepare import prepare_box
 from vllm_offload.config import parse
 from vllm_offload.hardware import declared
 from vllm_offload.vllm_ext.forwarded_routes import FORWARDED_MARK, MIDDLEWARE, ForwardedOnly
@@ -68,7 +68,7 @@ def test_every_engine_of_several_models_runs_the_guard(tmp_path: Path) -> None:
         "residency": {"runtime_dir": str(tmp_path / "run")},
     }
     host = declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
-    prepared = prepare_fleet(parse(data), host, {}, None)
+    prepared = prepare_box(parse(data), host, {}, None)
     for spec in prepared.specs.values():
         assert f"--middleware={MIDDLEWARE}" in spec.args
         assert vllm_reads(spec.args)["middleware"] == [MIDDLEWARE]  # as vLLM reads it

@@ -1,5 +1,5 @@
 """``deployment.prepare`` for several models: each model's folder read (inside the model
-roots), the set planned (``plan.fleet``), the machine checked once, and each engine's
+roots), the set planned (``plan.box``), the machine checked once, and each engine's
 launch spec built (its unix socket, sleep mode). `serve`, `plan` and the manager call it
 for a config with two or more ``[[models]]``, as they call ``prepare`` for one."""
 
@@ -26,8 +26,8 @@ from vllm_offload.model import facts as model_facts
 from vllm_offload.model.config_json import ModelFactsError
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Platform
-from vllm_offload.plan.fleet import FleetPlan, plan_fleet
-from vllm_offload.plan.records import FleetInputs, PlanError
+from vllm_offload.plan.box import BoxPlan, plan_box
+from vllm_offload.plan.records import BoxInputs, PlanError
 from vllm_offload.upstream.version import InstalledVllm, release_for
 from vllm_offload.vllm_ext import plugin_missing
 
@@ -36,8 +36,8 @@ CONTROL_SOCKET = "control.sock"  # the front door's control routes, for the mana
 
 
 @dataclass(frozen=True, kw_only=True)
-class PreparedFleet:
-    fleet: FleetPlan
+class PreparedBox:
+    plan: BoxPlan
     model_dirs: dict[str, Path]
     specs: dict[str, LaunchSpec]  # each engine's, by model name
     runtime_dir: Path
@@ -71,7 +71,7 @@ def runtime_dir(config: DeploymentConfig, environ: Mapping[str, str]) -> Path:
     return Path.home() / ".cache" / "vllm-offload" / "run"
 
 
-def prepare_fleet(
+def prepare_box(
     config: DeploymentConfig,
     host: HostFacts,
     environ: Mapping[str, str],
@@ -80,7 +80,7 @@ def prepare_fleet(
     allow_unpatched: bool = False,
     roots: Sequence[Path] | None = None,
     from_hub: bool = False,
-) -> PreparedFleet:
+) -> PreparedBox:
     """Everything short of starting the set: raises what makes a plan impossible (naming
     the model's entry), lists in ``problems`` what forbids a start here and now.
     ``from_hub``: as ``deployment.prepare``'s, for each hub id."""
@@ -105,8 +105,8 @@ def prepare_fleet(
         name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
         for name, e in engines.items()
     }
-    fleet = plan_fleet(
-        FleetInputs(
+    box_plan = plan_box(
+        BoxInputs(
             config=config,
             engines=engines,
             facts=facts,
@@ -118,30 +118,30 @@ def prepare_fleet(
         )
     )
     problems: list[VllmOffloadError] = [
-        PlanError(p["field"], p["message"]) for p in fleet.notes.problems
+        PlanError(p["field"], p["message"]) for p in box_plan.notes.problems
     ]
     problems += not_pulled
-    for i, (name, model) in enumerate(fleet.models.items()):
+    for i, (name, model) in enumerate(box_plan.models.items()):
         for problem in model.plan.notes.problems:
             problems.append(
                 PlanError(entry_field(i, problem["field"]), f"'{name}': {problem['message']}")
             )
-    sleeps = any(m.idle == "sleep" for m in fleet.models.values())
+    sleeps = any(m.idle == "sleep" for m in box_plan.models.values())
     missing = plugin_missing(environ) if sleeps else None
     if missing:  # vLLM's own sleep backend would run: more host RAM than planned
         why = f"models that sleep need our sleep backend, and {missing}"
         problems.append(PlanError("residency.idle", f"{why}; or set residency.idle = 'stop'"))
-    lmcache = any(m.plan.kv.backend == "lmcache" for m in fleet.models.values())
+    lmcache = any(m.plan.kv.backend == "lmcache" for m in box_plan.models.values())
     api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
     problems += found
     run_dir = runtime_dir(config, environ)
     specs = {}
-    for i, (name, model) in enumerate(fleet.models.items()):
+    for i, (name, model) in enumerate(box_plan.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
         engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)
-    return PreparedFleet(
-        fleet=fleet,
+    return PreparedBox(
+        plan=box_plan,
         model_dirs=dirs,
         specs=specs,
         runtime_dir=run_dir,
@@ -151,7 +151,7 @@ def prepare_fleet(
     )
 
 
-def socket_of(prepared: PreparedFleet, name: str) -> Path:
+def socket_of(prepared: PreparedBox, name: str) -> Path:
     return Path(str(prepared.specs[name].option("--uds")))
 
 

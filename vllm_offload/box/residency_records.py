@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypedDict
 
-from vllm_offload.config.fleet import ResidencySection
+from vllm_offload.config.models import ResidencySection
 
 Status = Literal["serving", "draining", "away", "moving", "failed"]
 Step = Literal["bring-in", "put-away"]

@@ -29,12 +29,12 @@ from vllm_offload import http_limits
 from vllm_offload.box.control import EVENTS_KEPT, create_control_app
 from vllm_offload.box.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
-from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedFleet, socket_of
+from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedBox, socket_of
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, ModelPlan
-from vllm_offload.plan.fleet_host import holds
+from vllm_offload.plan.box import ASLEEP_GPU_BYTES, BoxPlan, ModelPlan
+from vllm_offload.plan.box_host import holds
 
 ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds
@@ -54,13 +54,13 @@ def say(text: str) -> None:
     print(f"vllm-offload: {text}", file=sys.stderr, flush=True)
 
 
-def settings(config: DeploymentConfig, fleet: FleetPlan) -> ResidencySettings:
+def settings(config: DeploymentConfig, box_plan: BoxPlan) -> ResidencySettings:
     """The switcher's settings: max_resident and min_resident_s as the plan resolved them."""
     residency = config.residency
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
     return ResidencySettings(
-        max_resident=fleet.max_resident,
-        min_resident_s=fleet.min_resident_s,
+        max_resident=box_plan.max_resident,
+        min_resident_s=box_plan.min_resident_s,
         keep_alive_s=keep,
         queue_limit=residency.queue_limit,
         drain_timeout_s=residency.drain_timeout_s,
@@ -85,7 +85,7 @@ def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
     }
 
 
-def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
+def write_specs(prepared: PreparedBox) -> dict[str, Path]:
     """Each engine's launch spec as a file only the server's user reads (beside its
     socket), which its process runs."""
     engines_dir = prepared.runtime_dir / ENGINES_DIR
@@ -103,26 +103,26 @@ def write_specs(prepared: PreparedFleet) -> dict[str, Path]:
     return files
 
 
-async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> None:
+async def warm_up(front: FrontDoor, prepared: PreparedBox, preload: bool) -> None:
     """The models that stay on the GPU in, the default first (then the front door is
     ready). Where not all of them fit at once, every model that sleeps is first brought in
     and put away once (preload), the default too, as any of them may be put away later: a
     first sleep makes the host copy of its weights, 5-11 s for 16 GB on the H200 (the
     default's first put-away made the first switch 6.3 s instead of 0.5), later ones take
     0.05 s. Where all fit, none sleeps: none keeps a host copy of its weights."""
-    fleet = prepared.fleet
-    names = [fleet.default, *(n for n in fleet.models if n != fleet.default)]
-    resident = names[: fleet.max_resident]
-    sleepers = [n for n in names if fleet.models[n].idle == "sleep"]
-    for name in sleepers[::-1] if preload and len(names) > fleet.max_resident else ():
+    box_plan = prepared.plan
+    names = [box_plan.default, *(n for n in box_plan.models if n != box_plan.default)]
+    resident = names[: box_plan.max_resident]
+    sleepers = [n for n in names if box_plan.models[n].idle == "sleep"]
+    for name in sleepers[::-1] if preload and len(names) > box_plan.max_resident else ():
         try:
             await front.residency.bring_in(name)
             await front.residency.put_away(name)
         except Unavailable as exc:
             say(f"'{name}' did not start ({exc}); it starts again when asked for")
-    await front.residency.bring_in(fleet.default)
+    await front.residency.bring_in(box_plan.default)
     front.ready = True
-    say(f"serving {', '.join(fleet.models)}; '{fleet.default}' on the GPU")
+    say(f"serving {', '.join(box_plan.models)}; '{box_plan.default}' on the GPU")
     for name in resident[1:] if preload else ():
         try:
             await front.residency.bring_in(name)
@@ -130,8 +130,8 @@ async def warm_up(front: FrontDoor, prepared: PreparedFleet, preload: bool) -> N
             say(f"'{name}' did not start ({exc}); it starts again when asked for")
 
 
-def fleet_engines(
-    prepared: PreparedFleet, config: DeploymentConfig, on_exit: Callable[[str, int], None]
+def box_engines(
+    prepared: PreparedBox, config: DeploymentConfig, on_exit: Callable[[str, int], None]
 ) -> dict[str, EngineProcess]:
     """Each model's engine, not started yet: its launch spec written to a file, which
     ``python -m vllm_offload.box.engine`` runs."""
@@ -139,7 +139,7 @@ def fleet_engines(
 
     def engine(name: str, spec_file: Path) -> EngineProcess:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
-        idle = prepared.fleet.models[name].idle
+        idle = prepared.plan.models[name].idle
         spec = EngineSpec(
             name=name,
             command=command,
@@ -170,7 +170,7 @@ def front_config(app: Any, host: str, port: int) -> uvicorn.Config:
 def front_and_control(
     front: FrontDoor,
     events: deque[Event],
-    prepared: PreparedFleet,
+    prepared: PreparedBox,
     config: DeploymentConfig,
     control_socket: Path,
 ) -> tuple[_Server, _Server]:
@@ -178,7 +178,7 @@ def front_and_control(
     control app (the manager's) on its unix socket."""
     public = _Server(front_config(create_front_app(front), config.server.host, config.server.port))
     level = config.residency.sleep_level
-    memory = {n: planned_memory(m, level) for n, m in prepared.fleet.models.items()}
+    memory = {n: planned_memory(m, level) for n, m in prepared.plan.models.items()}
     control = _Server(
         uvicorn.Config(
             create_control_app(front, events, memory),
@@ -191,14 +191,14 @@ def front_and_control(
     return public, control
 
 
-async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
+async def serve_box(prepared: PreparedBox, config: DeploymentConfig) -> int:
     """Serve until SIGTERM (0), or until the default model cannot be brought in (1)."""
 
     def exited(name: str, code: int) -> None:  # called once the switcher below exists
         say(f"the engine of '{name}' exited ({code})")
         residency.engine_exited(name)
 
-    engines = fleet_engines(prepared, config, on_exit=exited)
+    engines = box_engines(prepared, config, on_exit=exited)
     events: deque[Event] = deque(maxlen=EVENTS_KEPT)
 
     def record(event: Event) -> None:
@@ -206,8 +206,8 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
         say(f"{event.text}{took}")
 
-    residency = Residency(engines, settings(config, prepared.fleet), on_event=record)
-    lengths = {n: m.plan.length.max_model_len for n, m in prepared.fleet.models.items()}
+    residency = Residency(engines, settings(config, prepared.plan), on_event=record)
+    lengths = {n: m.plan.length.max_model_len for n, m in prepared.plan.models.items()}
     front = FrontDoor(
         engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key
     )
@@ -227,7 +227,7 @@ async def serve_fleet(prepared: PreparedFleet, config: DeploymentConfig) -> int:
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if warm.done() and warm.exception() is not None:
-            default = prepared.fleet.default
+            default = prepared.plan.default
             say(
                 f"error: the default model '{default}' could not start: {warm.exception()}; "
                 "stopping"

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_offload import config as config_mod
 from vllm_offload.cli import _common
-from vllm_offload.config.fleet import ModelEntry
+from vllm_offload.config.models import ModelEntry
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

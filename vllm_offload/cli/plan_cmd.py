@@ -8,14 +8,14 @@ import os
 from typing import Any
 
 from vllm_offload import cluster_router, deployment
-from vllm_offload.box.prepare import prepare_fleet, several, single
+from vllm_offload.box.prepare import prepare_box, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.length_advice import short_for_chat
 from vllm_offload.plan import PlanError, render
-from vllm_offload.plan.fleet import fleet_json, render_fleet
+from vllm_offload.plan.box import box_json, render_box
 from vllm_offload.upstream.version import InstalledVllm
 
 
@@ -53,15 +53,15 @@ def _run(args: argparse.Namespace, config: DeploymentConfig, cluster: dict[str, 
     host = _common.host_facts(args)
     vllm = None if _common.declared(args) else _common.installed_vllm(required=False)
     if several(config):
-        fleet = prepare_fleet(config, host, os.environ, vllm, from_hub=True)
-        details = [problem.detail() for problem in fleet.problems]
+        box_plan = prepare_box(config, host, os.environ, vllm, from_hub=True)
+        details = [problem.detail() for problem in box_plan.problems]
         if args.json:
-            print(json.dumps({**fleet_json(fleet.fleet), "problems": details, **cluster}, indent=2))
+            print(json.dumps({**box_json(box_plan.plan), "problems": details, **cluster}, indent=2))
         else:
-            print(render_fleet(fleet.fleet))
-            for problem in fleet.problems:
+            print(render_box(box_plan.plan))
+            for problem in box_plan.problems:
                 print(f"cannot start: {problem.field}: {problem.message}")
-        return max((problem.exit_code for problem in fleet.problems), default=0)
+        return max((problem.exit_code for problem in box_plan.problems), default=0)
     return _single(args, single(config), cluster, host, vllm)
 
 

@@ -9,14 +9,14 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from vllm_offload import deployment, launch, run_vllm
-from vllm_offload.box.prepare import prepare_fleet, several, single
+from vllm_offload.box.prepare import prepare_box, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.model import hub
 from vllm_offload.plan import render
-from vllm_offload.plan.fleet import render_fleet
+from vllm_offload.plan.box import render_box
 from vllm_offload.upstream.version import InstalledVllm
 
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
         for ref in deployment.hub_models(config):
             print(f"pulled {ref} into {hub.pull(ref)}", file=sys.stderr)
     if several(config):
-        return run_fleet(args, config, host, vllm)
+        return run_box(args, config, host, vllm)
     config = single(config)
     prepared = deployment.prepare(
         config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched
@@ -72,20 +72,20 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     return 0
 
 
-def run_fleet(
+def run_box(
     args: argparse.Namespace, config: DeploymentConfig, host: HostFacts, vllm: InstalledVllm | None
 ) -> int:
     """Several models: plan the set, then serve their front door (engines as children)."""
     import asyncio
 
-    from vllm_offload.box.runner import serve_fleet
+    from vllm_offload.box.runner import serve_box
 
-    prepared = prepare_fleet(config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched)
-    print(render_fleet(prepared.fleet), file=sys.stderr)
+    prepared = prepare_box(config, host, os.environ, vllm, allow_unpatched=args.allow_unpatched)
+    print(render_box(prepared.plan), file=sys.stderr)
     refused = _checked(args, config, vllm, prepared.notes, prepared.problems, prepared.specs)
     if refused is not None:
         return refused
-    return asyncio.run(serve_fleet(prepared, config))
+    return asyncio.run(serve_box(prepared, config))
 
 
 def _checked(

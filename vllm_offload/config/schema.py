@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from vllm_offload.config.cluster import ClusterSection
 from vllm_offload.config.flags import flag_name, refused_flag
-from vllm_offload.config.fleet import MODEL_TABLES, ModelEntry, ResidencySection
+from vllm_offload.config.models import MODEL_TABLES, ModelEntry, ResidencySection
 from vllm_offload.config.offload_sections import KvOffloadSection, WeightsOffloadSection
 from vllm_offload.config.sections import (
     GpuSection,

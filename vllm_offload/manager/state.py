@@ -18,7 +18,7 @@ from fastapi import Request
 
 from vllm_offload import config as config_mod
 from vllm_offload import deployment
-from vllm_offload.box.prepare import PreparedFleet, control_socket, prepare_fleet, several
+from vllm_offload.box.prepare import PreparedBox, control_socket, prepare_box, several
 from vllm_offload.box.prepare import single as single_config
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import Prepared, model_dir, model_roots
@@ -39,7 +39,7 @@ from vllm_offload.upstream.patch_journal import STATE_FILE
 # host's free RAM (an 'auto' CPU tier's size) moves.
 PLAN_MAX_AGE_S = 60.0
 
-AnyPrepared = Prepared | PreparedFleet
+AnyPrepared = Prepared | PreparedBox
 
 
 @dataclass(kw_only=True)
@@ -98,7 +98,7 @@ class Manager:
 
         def plan() -> AnyPrepared:
             if several(config):
-                return prepare_fleet(config, host(), os.environ, vllm, roots=roots)
+                return prepare_box(config, host(), os.environ, vllm, roots=roots)
             return deployment.prepare(single_config(config), host(), os.environ, vllm, roots=roots)
 
         return bounded.call(plan, "model.path", "reading the model folder")

@@ -3,7 +3,7 @@ its unit in its name, and the notes the steps left (decisions, warnings, problem
 
 ``plan_json`` flattens it into the keys `plan --json`, the manager's page and the bench
 read (each field's ``json`` name, in declaration order). ``PlanInputs`` is what the steps
-of one model's plan carry, ``FleetInputs`` what planning several models starts from.
+of one model's plan carry, ``BoxInputs`` what planning several models starts from.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class PlanInputs:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FleetInputs:
+class BoxInputs:
     """What a set of models is planned from: the whole config, each model's engine config
     and facts and disk tier's facts (by name, in the file's order), the host, its platform,
     the vLLM release and the server's environment."""

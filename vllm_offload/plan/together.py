@@ -21,7 +21,7 @@ from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.kv import KvSizing, pool_bytes_for
 from vllm_offload.plan.lengths import target
-from vllm_offload.plan.records import FleetInputs, Notes, Plan, gib
+from vllm_offload.plan.records import BoxInputs, Notes, Plan, gib
 from vllm_offload.plan.working_memory import gpu_overhead_bytes
 
 
@@ -45,7 +45,7 @@ def gpu_need(config: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
 
 
 def resident_models(
-    inputs: FleetInputs, alone: Mapping[str, Plan], asleep_bytes: int
+    inputs: BoxInputs, alone: Mapping[str, Plan], asleep_bytes: int
 ) -> tuple[int, dict[str, float], Notes]:
     """(max_resident, each model's GPU share when more than one is resident, the decision).
     ``alone``: each model planned by itself; ``asleep_bytes``: what a sleeping engine keeps

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Header, Response
 from pydantic import BaseModel
 
 from vllm_offload import config as config_mod
-from vllm_offload.box.prepare import PreparedFleet
+from vllm_offload.box.prepare import PreparedBox
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.deployment import list_models, model_roots
 from vllm_offload.errors import Refused, StorageFull
@@ -19,7 +19,7 @@ from vllm_offload.manager.fence import allowed
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.state import AnyPrepared, Manager, manager_of
 from vllm_offload.model import hub
-from vllm_offload.plan.fleet import fleet_json
+from vllm_offload.plan.box import box_json
 from vllm_offload.systemd.control import ServiceError
 
 router = APIRouter()
@@ -31,8 +31,8 @@ class ConfigBody(BaseModel):
 
 
 def plan_of(prepared: AnyPrepared) -> dict[str, Any]:
-    if isinstance(prepared, PreparedFleet):
-        return fleet_json(prepared.fleet)
+    if isinstance(prepared, PreparedBox):
+        return box_json(prepared.plan)
     return prepared.plan.to_json()
 
 

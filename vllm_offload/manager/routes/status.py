@@ -15,7 +15,7 @@ from fastapi.responses import PlainTextResponse
 
 from vllm_offload import disk_layout
 from vllm_offload.box.control import read_models
-from vllm_offload.box.prepare import PreparedFleet
+from vllm_offload.box.prepare import PreparedBox
 from vllm_offload.config import DeploymentConfig, ManagerSection
 from vllm_offload.config.schema import model_name
 from vllm_offload.deployment import Prepared
@@ -24,7 +24,7 @@ from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.manager.switches import ended, progress, switches
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
-from vllm_offload.plan.fleet import fleet_json
+from vllm_offload.plan.box import box_json
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]
@@ -76,7 +76,7 @@ def status(manager: Shared) -> dict[str, Any]:
     if found is not None:  # what the server itself says, not the unit
         served = ", ".join(found["models"] or []) or body["served_name"]
         body.update(pid=found["pid"], hand_run=found, served_name=served)
-    if isinstance(prepared, PreparedFleet):
+    if isinstance(prepared, PreparedBox):
         body.update(models_cards(manager, config, prepared, unit.running or found is not None))
         body["events"] = sorted(body["events"] + body.pop("switches"), key=lambda e: e["t"])
     return body
@@ -93,7 +93,7 @@ def process_age(pid: int | None) -> float | None:
 def plan_cards(
     manager: Manager,
     config: DeploymentConfig,
-    prepared: Prepared | PreparedFleet | VllmOffloadError,
+    prepared: Prepared | PreparedBox | VllmOffloadError,
 ) -> dict[str, Any]:
     """The plan, what forbids a start, the CPU and disk tier cards."""
     if isinstance(prepared, VllmOffloadError):
@@ -106,14 +106,14 @@ def plan_cards(
             "disk": manager.sampler.disk_card(0, None),
         }
     problems = [p.detail() for p in prepared.problems]
-    if isinstance(prepared, PreparedFleet):
-        fleet = prepared.fleet
-        tiers = sum(m.plan.cpu_tier.bytes for m in fleet.models.values())
+    if isinstance(prepared, PreparedBox):
+        box_plan = prepared.plan
+        tiers = sum(m.plan.cpu_tier.bytes for m in box_plan.models.values())
         return {
-            "plan": fleet_json(fleet),
+            "plan": box_json(box_plan),
             "problems": problems,
             "model": "several models",
-            "served_name": ", ".join(fleet.models),
+            "served_name": ", ".join(box_plan.models),
             "tier": manager.sampler.tier_card(tiers),
             "disk": manager.sampler.disk_card(0, None),
         }
@@ -134,7 +134,7 @@ def plan_cards(
 
 
 def models_cards(
-    manager: Manager, config: DeploymentConfig, prepared: PreparedFleet, running: bool
+    manager: Manager, config: DeploymentConfig, prepared: PreparedBox, running: bool
 ) -> dict[str, Any]:
     """Several models: a card each (where its weights and KV go, its state now, its last
     switch), and the front door's switches for the events card (``running``: a front door
@@ -145,14 +145,14 @@ def models_cards(
     states = live.get("models", {}) if isinstance(live, dict) else {}
     events = switches(live.get("events") if isinstance(live, dict) else None)
     cards = []
-    for name, model in prepared.fleet.models.items():
+    for name, model in prepared.plan.models.items():
         plan = model.plan
         last = next((e for e in reversed(events) if e["model"] == name), None)
         cards.append(
             {
                 "name": name,
                 "path": str(prepared.model_dirs[name]),
-                "default": name == prepared.fleet.default,
+                "default": name == prepared.plan.default,
                 "idle": model.idle,
                 "state": "unknown" if unreachable else live_state(states.get(name)),
                 "progress": progress(states.get(name)),
@@ -172,7 +172,7 @@ def models_cards(
     return {
         "models": cards,
         "switches": texts,
-        "switch_steps": ended(events, prepared.fleet.models),
+        "switch_steps": ended(events, prepared.plan.models),
         "control_error": unreachable,
     }
 

@@ -64,7 +64,7 @@ async function pollStatus() {
       row('TTFT without (last window)', fmt(ms(lastOf('ttft_without_cpu_hits_s')), 0) + ' ms'));
     show('plan', ...(typeof s.plan === 'string'
       ? [el('tr', {}, el('td', {colspan: 2, class: 'error'}, s.plan))]
-      : s.plan.models ? fleetRows(s.plan) : planRows(s.plan)));
+      : s.plan.models ? boxRows(s.plan) : planRows(s.plan)));
     showModels(s.models, s.control_error, s.switch_steps);
   } catch (e) { document.getElementById('state').textContent = 'unreachable'; }
 }
@@ -125,7 +125,7 @@ function planRows(p) {
     ...(p.decisions || []).map(d => row('Chose', d)),
     ...(p.warnings || []).map(w => row('Warning', error(w)))];
 }
-function fleetRows(f) {
+function boxRows(f) {
   return [...Object.entries(f.models).map(([name, p]) => row(name + (name === f.default ? ' (default)' : ''),
       `GPU KV pool ${fmt(p.gpu_kv_pool_bytes / GIB, 2)} GiB; one request up to ${fmt(usableTokens(p), 0)} tokens; `
       + `CPU tier ${fmt(p.cpu_tier_bytes / GIB, 2)} GiB; ${p.idle === 'sleep' ? 'asleep' : 'stopped'} when away`)),

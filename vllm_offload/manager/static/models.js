@@ -71,7 +71,7 @@ async function editedConfig(edit) {
 async function previewModels(edit) {
   try {
     const r = await api('/api/config/preview', {method: 'POST', body: JSON.stringify({config: await editedConfig(edit)})});
-    show('models-msg', el('table', {}, ...(r.plan.models ? fleetRows(r.plan) : planRows(r.plan)),
+    show('models-msg', el('table', {}, ...(r.plan.models ? boxRows(r.plan) : planRows(r.plan)),
       ...(r.problems || []).map(p => row('Cannot start', error(`${p.field}: ${p.message}`)))));
   } catch (e) { show('models-msg', error(e.message ? `${e.field}: ${e.message}` : JSON.stringify(e))); }
 }

@@ -1,5 +1,5 @@
 """Several models on one box: each model planned as its engine runs when on the GPU, and the
-GPU memory and host RAM of the whole set (the RAM's arithmetic: ``plan.fleet_host``).
+GPU memory and host RAM of the whole set (the RAM's arithmetic: ``plan.box_host``).
 
 Models asleep keep their engines: each holds some GPU memory (CUDA context, workspaces,
 graphs' pool) and, at level 1, its weights in host RAM; so the model on the GPU gets the
@@ -20,8 +20,8 @@ from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
-from vllm_offload.plan.fleet_host import Away, Idle, holds, host_view, tier_shares
-from vllm_offload.plan.records import FleetInputs, Notes, Plan, PlanError, Platform, gib
+from vllm_offload.plan.box_host import Away, Idle, holds, host_view, tier_shares
+from vllm_offload.plan.records import BoxInputs, Notes, Plan, PlanError, Platform, gib
 from vllm_offload.plan.together import resident_models
 
 # GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
@@ -50,7 +50,7 @@ class ModelPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FleetPlan:
+class BoxPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
     max_resident: int  # models on the GPU at once ('auto' resolved)
@@ -135,7 +135,7 @@ def _gpu_share(
     )
 
 
-def plan_fleet(inputs: FleetInputs) -> FleetPlan:
+def plan_box(inputs: BoxInputs) -> BoxPlan:
     """Plan every model of the set; raises PlanError naming the model's entry for what no
     setting makes fit, lists in the notes' problems what forbids a start."""
     config, engines, host = inputs.config, inputs.engines, inputs.host
@@ -177,7 +177,7 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
             away_ram_bytes=held,
         )
     default = config.residency.default_model or next(iter(engines))
-    return FleetPlan(
+    return BoxPlan(
         models=planned,
         default=default,
         max_resident=resident,
@@ -186,7 +186,7 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
     )
 
 
-def _resident(inputs: FleetInputs) -> tuple[int, dict[str, DeploymentConfig], Notes]:
+def _resident(inputs: BoxInputs) -> tuple[int, dict[str, DeploymentConfig], Notes]:
     """max_resident as configured (no shares set here), or 'auto' (plan.together): the
     count, and each model's config with its share when several stay together."""
     engines = inputs.engines
@@ -206,7 +206,7 @@ def _resident(inputs: FleetInputs) -> tuple[int, dict[str, DeploymentConfig], No
 
 
 def _plan(
-    inputs: FleetInputs, index: int, name: str, config: DeploymentConfig, host: HostFacts
+    inputs: BoxInputs, index: int, name: str, config: DeploymentConfig, host: HostFacts
 ) -> Plan:
     """Model ``name`` planned with ``config`` (its share of the set) on ``host`` (as the
     others leave it)."""
@@ -277,32 +277,32 @@ def _disk_tiers_apart(configs: Mapping[str, DeploymentConfig]) -> Notes:
     return Notes()
 
 
-def render_fleet(fleet: FleetPlan) -> str:
+def render_box(box_plan: BoxPlan) -> str:
     """Each model's plan as `plan` prints one, then the set's decisions and problems."""
     parts = []
-    for name, model in fleet.models.items():
+    for name, model in box_plan.models.items():
         away = "asleep when away" if model.idle == "sleep" else "stopped when away"
         if model.away_ram_bytes:
             away += f", holding {gib(model.away_ram_bytes)} of host RAM"
-        default = ", the default" if name == fleet.default else ""
+        default = ", the default" if name == box_plan.default else ""
         parts.append(f"== model '{name}' ({away}{default})\n{render(model.plan)}")
-    lines = [f"chose: {d}" for d in fleet.notes.decisions]
-    lines += [f"warning: {w}" for w in fleet.notes.warnings]
-    lines += [f"cannot start: {p['field']}: {p['message']}" for p in fleet.notes.problems]
+    lines = [f"chose: {d}" for d in box_plan.notes.decisions]
+    lines += [f"warning: {w}" for w in box_plan.notes.warnings]
+    lines += [f"cannot start: {p['field']}: {p['message']}" for p in box_plan.notes.problems]
     return "\n\n".join(parts) + ("\n\n== the set\n" + "\n".join(lines) if lines else "")
 
 
-def fleet_json(fleet: FleetPlan) -> dict[str, object]:
+def box_json(box_plan: BoxPlan) -> dict[str, object]:
     models = {
         name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
-        for name, m in fleet.models.items()
+        for name, m in box_plan.models.items()
     }
     return {
         "models": models,
-        "default": fleet.default,
-        "max_resident": fleet.max_resident,
-        "min_resident_s": fleet.min_resident_s,
-        "decisions": list(fleet.notes.decisions),
-        "warnings": list(fleet.notes.warnings),
-        "problems": list(fleet.notes.problems),
+        "default": box_plan.default,
+        "max_resident": box_plan.max_resident,
+        "min_resident_s": box_plan.min_resident_s,
+        "decisions": list(box_plan.notes.decisions),
+        "warnings": list(box_plan.notes.warnings),
+        "problems": list(box_plan.notes.problems),
     }

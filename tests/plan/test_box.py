@@ -15,10 +15,10 @@ from vllm_offload.config import parse
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
 from vllm_offload.model import facts as model_facts
-from vllm_offload.plan.fleet import ASLEEP_GPU_BYTES, FleetPlan, fleet_json, plan_fleet
-from vllm_offload.plan.fleet_host import SLEEP_POOLS_BYTES
+from vllm_offload.plan.box import ASLEEP_GPU_BYTES, BoxPlan, box_json, plan_box
+from vllm_offload.plan.box_host import SLEEP_POOLS_BYTES
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
-from vllm_offload.plan.records import FleetInputs, PlanError
+from vllm_offload.plan.records import BoxInputs, PlanError
 from vllm_offload.plan.together import gpu_need
 from vllm_offload.upstream.version import PINNED
 
@@ -29,12 +29,12 @@ def two_models(tmp_path: Path, **residency: Any) -> dict[str, Any]:
     return {"models": [{"path": str(chat)}, {"path": str(coder)}], "residency": residency}
 
 
-def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> FleetPlan:
+def fleet_of(data: dict[str, Any], host: HostFacts, platform: str = "cuda") -> BoxPlan:
     config = parse(data)
     engines = engine_configs(config)
     facts = {n: model_facts.read(Path(c.model.path)) for n, c in engines.items()}
-    return plan_fleet(
-        FleetInputs(
+    return plan_box(
+        BoxInputs(
             config=config,
             engines=engines,
             facts=facts,
@@ -133,7 +133,7 @@ def test_a_model_that_cannot_fit_is_named_by_its_entry(tmp_path: Path) -> None:
 def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
     """examples/config-two-models.toml on the host it describes (an RTX 4090, 128 GB):
     prepared as `serve` prepares it, no problem, and its figures as the README shows."""
-    from vllm_offload.box.prepare import prepare_fleet
+    from vllm_offload.box.prepare import prepare_box
     from vllm_offload.config import load
 
     example = load(Path(__file__).parents[2] / "examples/config-two-models.toml")
@@ -144,9 +144,9 @@ def test_the_two_model_example_passes_its_own_check(tmp_path: Path) -> None:
         shape = dict(LLAMA3_8B, max_position_embeddings=131072)
         entry["path"] = str(write_shape(tmp_path / name, QWEN25_7B if "Qwen" in name else shape))
     host = declared(make_host(None), gpu_mem_gib=24, ram_gib=128)
-    prepared = prepare_fleet(parse(data), host, {}, None)
+    prepared = prepare_box(parse(data), host, {}, None)
     assert prepared.problems == ()
-    chat, coder = prepared.fleet.models["chat"], prepared.fleet.models["coder"]
+    chat, coder = prepared.plan.models["chat"], prepared.plan.models["coder"]
     assert chat.idle == "sleep" and coder.plan.cpu_tier.bytes == 16 * GIB
     # beside the other model asleep on a 24 GB card (CUDA graphs counted): the coder's
     # 16,384 tokens fit its pool; the chat's 'auto' is what one request can have in its own
@@ -228,7 +228,7 @@ def test_auto_turn_is_none_with_level_1_sleep_and_5_s_where_a_switch_is_slow(
         if platform == "cpu":
             data["kv_offload"], host = {"backend": "none"}, make_host(None)
         fleet = fleet_of(data, host, platform)
-        assert fleet_json(fleet)["min_resident_s"] == fleet.min_resident_s
+        assert box_json(fleet)["min_resident_s"] == fleet.min_resident_s
         said = [d for d in fleet.notes.decisions if d.startswith("residency.min_resident_s")]
         return fleet.min_resident_s, said
 
