@@ -21,7 +21,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_offload.vllm_ext import spill_share
+from vllm_offload.vllm_ext import knobs, spill_share
 from vllm_offload.vllm_ext.knobs import SPILLED_STEP_SHARE_KEY
 from vllm_offload.vllm_ext.kv_host_extension import DeviceFirstFreeBlockQueue
 
@@ -40,8 +40,7 @@ class FairScheduler(Scheduler):
         self.host_blocks = getattr(kv_cache_config, "num_host_blocks", 0)  # patch 0006
         self.first_host_block = kv_cache_config.num_blocks - self.host_blocks
         # Not given (the launcher always gives it): no time limit, GPU blocks first.
-        additional = vllm_config.additional_config
-        share = additional.get(SPILLED_STEP_SHARE_KEY, 1.0) if isinstance(additional, dict) else 1.0
+        share = knobs.additional(vllm_config, SPILLED_STEP_SHARE_KEY, 1.0)
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
         # The long requests holding host blocks as this step began.
         self.spilled: list[Request] = []

@@ -1,6 +1,9 @@
 """Every name patched vLLM and vllm_ext's hooks read, in one place: the launcher writes
 them (launch.py), the hooks inside vLLM's processes read them. Plain strings, no vLLM
-import: launch.py imports this module on hosts where vLLM is not importable yet."""
+import: launch.py imports this module on hosts where vLLM is not importable yet.
+``additional`` and ``whole_number`` are the one reader of our --additional-config keys."""
+
+from typing import Any
 
 # Environment variables. Not named VLLM_*: vLLM warns of every VLLM_* name it does not know
 # ("Unknown vLLM environment variable detected"), on each start.
@@ -40,3 +43,21 @@ SPILLED_STEP_SHARE_KEY = "kv_spilled_step_share"
 # vLLM flag values.
 # The scheduler that shares the GPU fairly beside a spilled request (--scheduler-cls).
 FAIR_SCHEDULER = "vllm_offload.vllm_ext.fair_scheduler.FairScheduler"
+
+
+def additional(vllm_config: Any, key: str, default: object) -> object:
+    """``--additional-config``'s ``key`` as given (``default`` where there is no config, no
+    additional config or no such key)."""
+    given = getattr(vllm_config, "additional_config", None)
+    return given.get(key, default) if isinstance(given, dict) else default
+
+
+def whole_number(vllm_config: Any, key: str, unit: str) -> int:
+    """``--additional-config``'s ``key``, a whole number of ``unit`` >= 0 (0 where absent);
+    ValueError names the key."""
+    value = additional(vllm_config, key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"--additional-config {key} must be a whole number of {unit} >= 0, not {value!r}"
+        )
+    return value

@@ -24,6 +24,7 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
+from vllm_offload.vllm_ext import knobs
 from vllm_offload.vllm_ext.knobs import HOST_EXTENSION_KEY
 
 logger = init_logger("vllm.vllm_offload.kv_host_extension")  # printed as vLLM's own
@@ -35,13 +36,7 @@ MAP_GRANULE = 2 << 20
 
 def extension_bytes(vllm_config: Any) -> int:
     """The host RAM asked for, per GPU (0: none); ValueError names the fix."""
-    additional = vllm_config.additional_config
-    value = additional.get(HOST_EXTENSION_KEY, 0) if isinstance(additional, dict) else 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"--additional-config {HOST_EXTENSION_KEY} must be a whole number of bytes >= 0, "
-            f"not {value!r}"
-        )
+    value = knobs.whole_number(vllm_config, HOST_EXTENSION_KEY, "bytes")
     if value:
         from vllm.platforms import current_platform
 

@@ -36,7 +36,7 @@ from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionMetadata,
 )
 
-from vllm_offload.vllm_ext import kv_host_mapping, staged_prefill
+from vllm_offload.vllm_ext import knobs, kv_host_mapping, staged_prefill
 from vllm_offload.vllm_ext.knobs import STAGING_TOKENS_KEY
 
 # A row whose blocks fall in more runs than this is copied by one gather per layer.
@@ -65,14 +65,7 @@ class _Step:
 
 
 def staging_tokens(vllm_config: Any) -> int:
-    additional = vllm_config.additional_config if vllm_config is not None else None
-    value = additional.get(STAGING_TOKENS_KEY, 0) if isinstance(additional, dict) else 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"--additional-config {STAGING_TOKENS_KEY} must be a whole number of tokens >= 0, "
-            f"not {value!r}"
-        )
-    return value
+    return knobs.whole_number(vllm_config, STAGING_TOKENS_KEY, "tokens")
 
 
 def _reserve_scratch(num_kv_heads: int, head_size: int, kv_cache_dtype: str) -> torch.Tensor | None:
