@@ -14,6 +14,7 @@ read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -157,9 +158,9 @@ async def forward_request(front: FrontDoor, route: str, request: Request) -> Res
     name = model_of(body, front.engines)
     if isinstance(name, JSONResponse):
         return name
-    lease = front.residency.lease(name)
+    held = contextlib.AsyncExitStack()  # the lease, then the engine's answer: closed in turn
     try:
-        await lease.__aenter__()
+        await held.enter_async_context(front.residency.lease(name))
     except Busy as exc:
         return openai_error(
             503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(exc.retry_after_s)}
@@ -171,10 +172,11 @@ async def forward_request(front: FrontDoor, route: str, request: Request) -> Res
     try:
         upstream = await client.send(upstream_request, stream=True)
     except httpx.HTTPError as exc:
-        await lease.__aexit__(None, None, None)
+        await held.aclose()
         return openai_error(
             502, f"the engine of '{name}' did not answer: {exc}", "ServiceUnavailableError"
         )
+    held.push_async_callback(upstream.aclose)
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
 
     async def relay() -> AsyncIterator[bytes]:
@@ -188,9 +190,8 @@ async def forward_request(front: FrontDoor, route: str, request: Request) -> Res
                     "error": {"message": message, "type": "ServiceUnavailableError", "code": 502}
                 }
                 yield f"data: {json.dumps(error)}\n\n".encode()
-        finally:  # also when the client goes away mid-stream
-            await upstream.aclose()
-            await lease.__aexit__(None, None, None)
+        finally:  # also when the client goes away mid-stream: the answer, then the lease
+            await held.aclose()
 
     kept = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED_RESPONSE_HEADERS}
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
