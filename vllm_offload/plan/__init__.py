@@ -111,17 +111,17 @@ def make_plan(
     # The steps after the layout plan the model as vLLM does with its backend.
     planned = planned_model(model, layout.backend)
     inputs = replace(asked, model=planned)
-    chunk = prefill_chunk(config, planned, host, platform)  # its activations: in place_weights
+    chunk = prefill_chunk(inputs)  # its activations: in place_weights
     notes += chunk_notes(chunk)
     memory, step = place_weights(inputs, layout, target(config, planned))
     notes += step
     if platform == "cpu":
         cpu_backend_ram_check(inputs, memory.weights_gpu_bytes, memory.kv_pool_bytes)
-    notes += offload_param_checks(config, model)
+    notes += offload_param_checks(asked)
     notes += offload_room_check(
-        config, model, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
+        asked, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
     )
-    notes += tower_first_note(config, model, memory.weights_offloaded_bytes)
+    notes += tower_first_note(asked, memory.weights_offloaded_bytes)
     extension, step = extension_bytes(inputs)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
@@ -148,7 +148,7 @@ def make_plan(
     notes += combination_checks(asked, layout.backend)
     costs, spilled_ceiling, step = offload_costs(inputs, layout, memory, shape, length, extension)
     notes += step
-    reproducible, step = kernel_choice(config, platform)
+    reproducible, step = kernel_choice(asked)
     notes += step
     return Plan(
         platform=platform,

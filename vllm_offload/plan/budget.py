@@ -5,14 +5,13 @@ host RAM)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.host import weights_room_bytes
 from vllm_offload.plan.kv import compute_dtype_bytes
-from vllm_offload.plan.records import PlanError
+from vllm_offload.plan.records import PlanError, PlanInputs
 from vllm_offload.plan.working_memory import gpu_overhead_bytes, prefill_chunk
 
 
@@ -70,9 +69,8 @@ def decoder_layer_bytes(model: ModelFacts, weight_bytes: int, dtype_bytes: int) 
     return max(1, (weight_bytes - towers - embeddings) // max(1, model.num_layers))
 
 
-def gpu_budget(
-    config: DeploymentConfig, model: ModelFacts, host: HostFacts, weight_bytes: int
-) -> GpuBudget:
+def gpu_budget(inputs: PlanInputs, weight_bytes: int) -> GpuBudget:
+    config, model, host = inputs.config, inputs.model, inputs.host
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     if not host.gpus:
         raise PlanError("gpu", "no NVIDIA GPU found; plan for a card with --gpu-mem-gib N")
@@ -86,7 +84,7 @@ def gpu_budget(
         budget_bytes=int(total * config.gpu.memory_utilization),
         # at the planned prefill chunk (plan.working_memory)
         overhead_bytes=gpu_overhead_bytes(model, config)
-        + prefill_chunk(config, model, host, "cuda").working_bytes,
+        + prefill_chunk(replace(inputs, platform="cuda")).working_bytes,
         weights_bytes=weight_bytes // (tp * pp),
         layer_bytes=layer,
         layers=max(1, model.num_layers // pp),

@@ -86,7 +86,7 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
     if inputs.platform != "cuda":
         return cpu_platform_memory(config, weight_bytes, inputs.env), Notes()
     tp = config.parallel.tensor_parallel_size
-    gpu = gpu_budget(config, model, host, weight_bytes)
+    gpu = gpu_budget(inputs, weight_bytes)
     fixed_pool = config.gpu.kv_cache_memory_bytes
     offload = config.weights_offload.cpu_gib
     tokens, requests = target
@@ -187,7 +187,7 @@ def reachable_tokens(
     layer's weights offloaded (capped at the model's limit), at ``dtype_b`` bytes per KV
     element in blocks of ``block`` tokens."""
     config, model = inputs.config, inputs.model
-    gpu = gpu_budget(config, model, inputs.host, weight_bytes)
+    gpu = gpu_budget(inputs, weight_bytes)
     cap = model.max_len_limit or 1 << 24
     tp = config.parallel.tensor_parallel_size
     kv = KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp)
@@ -199,10 +199,10 @@ def unreachable(
 ) -> PlanError:
     """Why no weight offload reaches ``target``, the longest length that is reachable, and
     what else would reach further, each with its number."""
-    config, model, host = inputs.config, inputs.model, inputs.host
+    config, host = inputs.config, inputs.host
     dtype_b, block = layout.dtype_bytes, layout.block_tokens
     tokens, requests = target
-    gpu = gpu_budget(config, model, host, weight_bytes)
+    gpu = gpu_budget(inputs, weight_bytes)
     if config.gpu.kv_cache_memory_bytes != "auto":
         return PlanError(
             "gpu.kv_cache_memory_bytes",

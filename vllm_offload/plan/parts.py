@@ -9,7 +9,7 @@ from typing import Any
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.model.parts import Component, matching
-from vllm_offload.plan.records import Notes, Problem, gib
+from vllm_offload.plan.records import Notes, PlanInputs, Problem, gib
 
 FIELD = "weights_offload.params"
 
@@ -51,9 +51,10 @@ def _offloadable(config: DeploymentConfig, model: ModelFacts) -> list[Component]
     return [p for p in model.components if not prefetch or p.kind == "language model"]
 
 
-def offload_param_checks(config: DeploymentConfig, model: ModelFacts) -> Notes:
+def offload_param_checks(inputs: PlanInputs) -> Notes:
     """Each pattern of weights_offload.params refused when it takes nothing vLLM would
     offload, and what each takes, as a decision."""
+    config, model = inputs.config, inputs.model
     params = config.weights_offload.params
     if not params or not model.components:
         return Notes()
@@ -79,10 +80,11 @@ def language_only(model: ModelFacts) -> list[str]:
     return [first for first in firsts if not matching(first, towers)]
 
 
-def tower_first_note(config: DeploymentConfig, model: ModelFacts, offloaded_bytes: int) -> Notes:
+def tower_first_note(inputs: PlanInputs, offloaded_bytes: int) -> Notes:
     """With no patterns, vLLM's UVA offloader fills cpu_gib in construction order, and a
     multi-part model builds its towers before its language model (models/interfaces.py
     _mark_tower_model wraps them as they are built): the towers go first."""
+    config, model = inputs.config, inputs.model
     towers = [p for p in model.components if p.kind != "language model"]
     uva = config.weights_offload.backend == "uva"
     if config.weights_offload.params or not offloaded_bytes or not towers or not uva:
@@ -100,11 +102,10 @@ def tower_first_note(config: DeploymentConfig, model: ModelFacts, offloaded_byte
     )
 
 
-def offload_room_check(
-    config: DeploymentConfig, model: ModelFacts, offloaded_bytes: int, served_bytes: int
-) -> Notes:
+def offload_room_check(inputs: PlanInputs, offloaded_bytes: int, served_bytes: int) -> Notes:
     """Refuses an offload larger than the components the patterns take (per rank, at the
     served dtype): vLLM would offload less and the pool the plan counts would not exist."""
+    config, model = inputs.config, inputs.model
     params = config.weights_offload.params
     if not params or not offloaded_bytes or not model.components:
         return Notes()

@@ -16,12 +16,12 @@ kernels, C++ kernels), so there it changes nothing.
 
 from __future__ import annotations
 
-from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan.records import Notes, Platform
+from vllm_offload.plan.records import Notes, PlanInputs
 
 
-def kernel_choice(config: DeploymentConfig, platform: Platform) -> tuple[bool, Notes]:
+def kernel_choice(inputs: PlanInputs) -> tuple[bool, Notes]:
     """Whether the launcher pins vLLM's kernel choices, and the decision that says so."""
+    config, platform = inputs.config, inputs.platform
     if platform != "cuda":
         return False, Notes()
     if config.server.reproducible:

@@ -15,7 +15,7 @@ from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.model.vision import DEFAULT_MAX_PIXELS, VisionProfile
 from vllm_offload.plan.kv import compute_dtype_bytes
-from vllm_offload.plan.records import ChunkSource, Notes, Platform, PrefillChunk, gib
+from vllm_offload.plan.records import ChunkSource, Notes, PlanInputs, Platform, PrefillChunk, gib
 
 # Measured on an H100 with an 8B shape (docs/benchmarks.md), scaled with the model's
 # hidden size; vLLM's API server chunk there was its default for cards of 70 GiB or more.
@@ -138,10 +138,9 @@ def encoder_bytes(vision: VisionProfile, dtype_bytes: int, tokens: int) -> int:
     return tokens * vision.patches_per_token * per_patch * dtype_bytes
 
 
-def prefill_chunk(
-    config: DeploymentConfig, model: ModelFacts, host: HostFacts, platform: Platform
-) -> PrefillChunk:
+def prefill_chunk(inputs: PlanInputs) -> PrefillChunk:
     """gpu.prefill_chunk_tokens resolved, and what it adds to the working memory."""
+    config, model, host, platform = inputs.config, inputs.model, inputs.host, inputs.platform
     world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     default = vllm_default_chunk(host, platform, world)
     asked = config.gpu.prefill_chunk_tokens
