@@ -46,6 +46,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
 from kit.model import GIB, split_line, write_model
+from kit.record import Record
 
 from vllm_offload.bench.client import fixed_length_body
 from vllm_offload.bench.server_process import ServerProcess
@@ -188,8 +189,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = write_model(Path("/tmp/host-extension-model"), args.weights)
-    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result: dict[str, Any] = {"options": given, "arms": {}}
+    result = Record(args.out / "host_extension.json", vars(args))
+    result["arms"] = {}
     try:
         result["mapping_check"] = mapping_check()
     except Exception as exc:  # the servers will say more
@@ -248,7 +249,7 @@ def main() -> None:
     }
 
     def save() -> None:
-        (args.out / "host_extension.json").write_text(json.dumps(result, indent=1) + "\n")
+        result.save()
 
     try:
         live = start_arms(servers, flags, result["arms"])

@@ -26,7 +26,6 @@ no layer waits for its own copy. Writes OUT/layerwise_check.json and each server
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import threading
@@ -38,6 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
+from kit.record import Record
 
 from vllm_offload.bench.server_process import ServerProcess
 
@@ -131,8 +131,8 @@ def main() -> None:
     fillers = [tokens(args.doc_tokens) for _ in range(args.fillers)]
     pool = ["--gpu-kv-cache-memory-bytes", str(args.pool_tokens * KV_BYTES_PER_TOKEN)]
     tier = ["--kv-offload-backend", "native", "--kv-offload-cpu-tier-gib", "16"]
-    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result: dict[str, Any] = {"options": given, "arms": {}}
+    result = Record(args.out / "layerwise_check.json", vars(args))
+    result["arms"] = {}
     for name in args.arms.split(","):
         flags = [*tier, "--kv-offload-layerwise-loads", str(name == "layerwise").lower()]
         server = ServerProcess(
@@ -199,7 +199,7 @@ def main() -> None:
             print(name, "failed:", exc, flush=True)
         finally:
             server.stop()
-        (args.out / "layerwise_check.json").write_text(json.dumps(result, indent=1) + "\n")
+        result.save()
 
 
 if __name__ == "__main__":

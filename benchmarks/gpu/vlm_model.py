@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from kit.model import write_tokenizer
 
 # Qwen2.5-VL's special tokens and their ids (its tokenizer's added_tokens)
 SPECIAL_TOKENS = {
@@ -87,29 +88,13 @@ def tiny_config(config: dict[str, Any]) -> dict[str, Any]:
 def write_processor_files(folder: Path, vocab: int, max_pixels: int) -> None:
     """tokenizer.json (token i is the word 't<i>', Qwen's special tokens by name),
     tokenizer_config.json with the chat template, preprocessor_config.json."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
-    words = {f"t{i}": i for i in range(vocab)}
-    for name, index in SPECIAL_TOKENS.items():
-        words.pop(f"t{index}", None)
-        words[name] = index
-    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([AddedToken(name, special=True) for name in SPECIAL_TOKENS])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": "t0",
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "model_max_length": 32768,
-                "chat_template": CHAT_TEMPLATE,
-            },
-            indent=1,
-        )
-    )
+    settings = {
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    write_tokenizer(folder, vocab, special=SPECIAL_TOKENS, settings=settings)
     processor = PREPROCESSOR | {"max_pixels": max_pixels}
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
 

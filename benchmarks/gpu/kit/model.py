@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 GIB = 1 << 30
 BENCH_GPU = Path(__file__).resolve().parents[1]
@@ -22,28 +23,37 @@ def write_model(
     """``config`` and a tokenizer whose token i is the word 't<i>' for each of the model's
     ``vocab`` ids (vLLM needs one for logprobs; dummy weights barely depend on the
     context, so equal tokens alone prove little: the logprobs must be equal too)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     if weights is not None:  # a checkpoint beside its config.json
         folder = weights
     folder.mkdir(parents=True, exist_ok=True)
     if weights is None:
         shutil.copy(config, folder / "config.json")
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": "t0",
-                "bos_token": "t128000",
-                "eos_token": "t128001",
-                "model_max_length": 131072,
-            }
-        )
-    )
+    settings = {"bos_token": "t128000", "eos_token": "t128001", "model_max_length": 131072}
+    write_tokenizer(folder, vocab, settings=settings)
     return folder
+
+
+def write_tokenizer(
+    folder: Path,
+    vocab: int,
+    *,
+    special: dict[str, int] | None = None,
+    settings: dict[str, Any] | None = None,
+) -> None:
+    """tokenizer.json, whose token i is the word 't<i>' (or a ``special`` token's name), and
+    tokenizer_config.json with ``settings`` (its bos/eos tokens, length, chat template)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    words = {f"t{i}": i for i in range(vocab)}
+    for name, index in (special or {}).items():
+        words.pop(f"t{index}", None)
+        words[name] = index
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken(name, special=True) for name in special or {}])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    fields = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", **(settings or {})}
+    (folder / "tokenizer_config.json").write_text(json.dumps(fields, indent=1))
 
 
 def random_checkpoint(folder: Path, *, config: Path = MODEL_CONFIG, std: float = 0.02) -> Path:
