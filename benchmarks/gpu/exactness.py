@@ -104,28 +104,19 @@ def differences(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             pairs[f"{a} vs {b}"] = {
-                key: compare(as_answer(results[a][key]), as_answer(results[b][key]))
+                key: compare(Answer.from_json(results[a][key]), Answer.from_json(results[b][key]))
                 for key in results[a]
                 if key in results[b]
             }
     controls = {
         name: {
-            key: compare(as_answer(got[key + "-control"]), as_answer(got[key]))
+            key: compare(Answer.from_json(got[key + "-control"]), Answer.from_json(got[key]))
             for key in got
             if not key.endswith("-control") and key + "-control" in got
         }
         for name, got in results.items()
     }
     return {"pairs": pairs, "controls": controls}
-
-
-def as_answer(saved: dict[str, Any]) -> Answer:
-    return Answer(
-        began=0.0,
-        tokens=saved["tokens"],
-        logprobs=saved["token_logprobs"],
-        top=saved["top_logprobs"],
-    )
 
 
 def main() -> None:

@@ -42,10 +42,10 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import compare, stream
 from kit import options
+from kit.link import h2d_rate, staged_copy_bytes
 from kit.model import GIB, split_line, write_model
-from staged_prefill import h2d_rate, staged_copy_bytes
+from kit.stream import compare_records, stream_record
 
 from vllm_offload.bench.server_process import VLLM_OFFLOAD, ServerProcess, scan_log
 
@@ -138,8 +138,8 @@ def run_arm(
         arm["healthy_s"] = server.wait_healthy(timeout_s=420)
         arm |= logged(server.log_path.read_text(errors="replace"))
         with httpx.Client(base_url=server.base_url, timeout=900) as http:
-            stream(http, prompt[:512], 4)  # warm: the first request's compiles
-            arm["long"] = stream(http, prompt, output)
+            stream_record(http, prompt[:512], 4)  # warm: the first request's compiles
+            arm["long"] = stream_record(http, prompt, output)
         print(name, "TTFT", arm["long"]["ttft_s"], "TPOT", arm["long"]["tpot_median_s"], flush=True)
     except Exception as exc:
         arm["error"] = repr(exc)
@@ -183,7 +183,7 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
         arm["decode_tok_per_s"] = 1 / long["tpot_median_s"]
         if name == "reference" or not reference:
             continue
-        arm["vs_reference"] = compare(long, reference) | {
+        arm["vs_reference"] = compare_records(long, reference) | {
             "ttft_ratio": long["ttft_s"] / reference["ttft_s"],
             "decode_ratio": reference["tpot_median_s"] / long["tpot_median_s"],
         }

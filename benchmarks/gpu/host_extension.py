@@ -32,12 +32,10 @@ and each server's log.
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,69 +43,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
-from kit.model import GIB, split_line, write_model
+from kit.arms import start_arms
+from kit.model import GIB, KV_BYTES_PER_TOKEN, write_model
 from kit.record import Record
+from kit.stream import compare_records, stream_record
 
-from vllm_offload.bench.client import fixed_length_body
 from vllm_offload.bench.server_process import ServerProcess
 
-KV_BYTES_PER_TOKEN = 128 * 1024  # 32 layers x K,V x 8 heads x 128 x bf16
 QUERY_ROWS_PER_KV_READ = 128 / 4  # FA3 tiles 128 rows of 4 grouped query heads: 32 tokens
-
-
-def stream(
-    http: httpx.Client,
-    prompt: list[int],
-    max_tokens: int,
-    model: str = "m",
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Greedy, exactly max_tokens, 5 logprobs a token; TTFT and each token's arrival.
-    ``extra``: more fields of the body."""
-    began = time.perf_counter()
-    times: list[float] = []
-    tokens: list[str] = []
-    logprobs: list[float] = []
-    top: list[dict[str, float]] = []
-    body = fixed_length_body(prompt, max_tokens, model) | {"logprobs": 5} | (extra or {})
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line[6:])["choices"][0]
-            lp = choice.get("logprobs") or {}
-            if lp.get("tokens"):
-                times.extend([time.perf_counter() - began] * len(lp["tokens"]))
-                tokens += lp["tokens"]
-                logprobs += lp["token_logprobs"]
-                top += lp["top_logprobs"]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    return {
-        "ttft_s": times[0] if times else None,
-        "total_s": time.perf_counter() - began,
-        "tpot_median_s": statistics.median(gaps) if gaps else None,
-        "tpot_min_max_s": [min(gaps), max(gaps)] if gaps else None,
-        "tokens": tokens,
-        "token_logprobs": logprobs,
-        "top_logprobs": top,
-    }
-
-
-def compare(answer: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """Two streamed answers to one greedy request: equal tokens, logprobs, top logprobs."""
-    return {
-        "same_tokens": answer["tokens"] == reference["tokens"],
-        "same_logprobs": answer["token_logprobs"] == reference["token_logprobs"],
-        "same_top_logprobs": answer["top_logprobs"] == reference["top_logprobs"],
-        "max_logprob_diff": max(
-            (
-                abs(a - b)
-                for a, b in zip(answer["token_logprobs"], reference["token_logprobs"], strict=False)
-            ),
-            default=None,
-        ),
-    }
 
 
 def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
@@ -120,24 +63,6 @@ def prefill_host_bytes(long_tokens: int, gpu_tokens: int, chunk: int) -> float:
         host = max(0, end - gpu_tokens)
         total += host * KV_BYTES_PER_TOKEN * ((end - start) / QUERY_ROWS_PER_KV_READ)
     return total
-
-
-def start_arms(
-    servers: dict[str, ServerProcess], flags: dict[str, list[str]], arms: dict[str, Any]
-) -> list[str]:
-    """Start every server at once, wait for each, note its flags, start time and pool
-    split in ``arms``; the names of those that came up."""
-    for server in servers.values():
-        server.start()
-    for name, server in servers.items():
-        arm: dict[str, Any] = {"flags": flags[name]}
-        arms[name] = arm
-        try:
-            arm["healthy_s"] = server.wait_healthy()
-            arm["split"] = split_line(server.log_path.read_text(errors="replace"))
-        except Exception as exc:
-            arm["error"] = repr(exc)
-    return [name for name in servers if "error" not in arms[name]]
 
 
 def mapping_check() -> dict[str, Any]:
@@ -257,7 +182,7 @@ def main() -> None:
             arm = result["arms"][name]
             try:
                 with httpx.Client(base_url=servers[name].base_url, timeout=900) as http:
-                    arm["long"] = stream(http, long_prompt, args.output_tokens)
+                    arm["long"] = stream_record(http, long_prompt, args.output_tokens)
                 print(
                     name,
                     "long: TTFT",
@@ -275,11 +200,11 @@ def main() -> None:
             at = args.long_tokens * 3 // 4  # a token the extended pool keeps in host RAM
             changed[at] = changed[at] + 1
             with httpx.Client(base_url=servers["reference"].base_url, timeout=900) as http:
-                control = stream(http, changed, args.output_tokens)
+                control = stream_record(http, changed, args.output_tokens)
             original = result["arms"]["reference"].get("long")
             result["control"] = {"changed_token_at": at}
             if original:  # the control must differ: same_* false
-                result["control"] |= compare(control, original)
+                result["control"] |= compare_records(control, original)
             print("control:", result["control"], flush=True)
         for index, prompt in enumerate(shorts):  # interleaved, rotating the order
             order = live[index % len(live) :] + live[: index % len(live)]
@@ -288,7 +213,7 @@ def main() -> None:
                 if "error" in arm:
                     continue
                 with httpx.Client(base_url=servers[name].base_url, timeout=300) as http:
-                    short = stream(http, prompt, 128)
+                    short = stream_record(http, prompt, 128)
                 arm.setdefault("short_tpot_s", []).append(short["tpot_median_s"])
                 arm.setdefault("short_ttft_s", []).append(short["ttft_s"])
     finally:
@@ -301,7 +226,7 @@ def main() -> None:
         long = arm.get("long")
         if not long or not reference or name == "reference":
             continue
-        arm |= compare(long, reference)
+        arm |= compare_records(long, reference)
         split = arm.get("split")
         if split and long["tpot_median_s"] and reference["tpot_median_s"]:
             spilled = max(0, args.long_tokens + args.output_tokens - split["gpu_tokens"])

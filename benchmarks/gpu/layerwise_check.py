@@ -37,13 +37,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
+from kit.model import KV_BYTES_PER_TOKEN
 from kit.record import Record
 
 from vllm_offload.bench.server_process import ServerProcess
 
 MODEL = "benchmarks/models/llama-3-8b"
 DUMMY = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager"]
-KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B, bf16
 
 
 Answer = dict[str, list[Any]]

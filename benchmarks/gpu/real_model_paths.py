@@ -50,8 +50,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import compare, stream  # the same greedy request and comparison
-from switch import control  # the front door's control socket: models and events
+from fleet_serve import control  # the front door's control socket: models and events
+from kit.stream import compare_records, stream_record  # one greedy request, compared
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # testkit/real_reference.py: the prompts and the near-tie rule
@@ -130,9 +130,11 @@ def changed_prompt(prompt: list[int], at: int) -> list[int]:
 
 
 def same(answer: dict[str, Any], base: dict[str, Any], steps: int) -> dict[str, Any]:
-    """compare() over the first ``steps`` tokens, and whether that makes them the same."""
+    """compare_records() over the first ``steps`` tokens, and whether that makes them the same."""
     keys = ("tokens", "token_logprobs", "top_logprobs")
-    found = compare({k: answer[k][:steps] for k in keys}, {k: base[k][:steps] for k in keys})
+    found = compare_records(
+        {k: answer[k][:steps] for k in keys}, {k: base[k][:steps] for k in keys}
+    )
     found["steps"] = steps
     found["all_tokens_equal"] = answer["tokens"] == base["tokens"]
     gap = found["max_logprob_diff"] or 0.0
@@ -226,7 +228,7 @@ CHECKS = {
 
 def ask_all(base_url: str, prompts: list[list[int]], model: str = "m") -> list[dict[str, Any]]:
     with httpx.Client(base_url=base_url, timeout=300) as http:
-        return [stream(http, p, ref.NEW_TOKENS, model) for p in prompts]
+        return [stream_record(http, p, ref.NEW_TOKENS, model) for p in prompts]
 
 
 def run_gpu(

@@ -35,38 +35,13 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_extension import GIB, KV_BYTES_PER_TOKEN, compare, start_arms, stream, write_model
 from kit import options
+from kit.arms import start_arms
+from kit.link import h2d_rate, staged_copy_bytes
+from kit.model import GIB, KV_BYTES_PER_TOKEN, write_model
+from kit.stream import compare_records, stream_record
 
 from vllm_offload.bench.server_process import ServerProcess
-
-
-def h2d_rate() -> float:
-    """Bytes per second from pinned host RAM to the GPU (256 MiB, best of 5)."""
-    import torch
-
-    src = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()
-    dst = torch.empty_like(src, device="cuda")
-    best = 0.0
-    for _ in range(5):
-        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        began.record()
-        dst.copy_(src, non_blocking=True)
-        ended.record()
-        torch.cuda.synchronize()
-        best = max(best, src.numel() / (began.elapsed_time(ended) / 1000))
-    return best
-
-
-def staged_copy_bytes(
-    long_tokens: int, gpu_tokens: int, chunk: int, kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
-) -> int:
-    """Host bytes the staged prefill copies: each chunk, the host part of its context
-    (its own tokens included), once per layer."""
-    return sum(
-        max(0, min(start + chunk, long_tokens) - gpu_tokens) * kv_bytes_per_token
-        for start in range(0, long_tokens, chunk)
-    )
 
 
 def main() -> None:
@@ -149,8 +124,8 @@ def main() -> None:
             arm = result["arms"][name]
             try:
                 with httpx.Client(base_url=servers[name].base_url, timeout=1800) as http:
-                    stream(http, long_prompt[:512], 4)  # warm: the first request's compiles
-                    arm["long"] = stream(http, long_prompt, args.output_tokens)
+                    stream_record(http, long_prompt[:512], 4)  # warm: the first request's compiles
+                    arm["long"] = stream_record(http, long_prompt, args.output_tokens)
                 print(name, "TTFT", arm["long"]["ttft_s"], "TPOT", arm["long"]["tpot_median_s"])
             except Exception as exc:
                 arm["error"] = repr(exc)
@@ -161,10 +136,10 @@ def main() -> None:
             at = args.long_tokens * 3 // 4  # a token the extended pool keeps in host RAM
             changed[at] += 1
             with httpx.Client(base_url=servers["reference"].base_url, timeout=1800) as http:
-                control = stream(http, changed, args.output_tokens)
+                control = stream_record(http, changed, args.output_tokens)
             original = result["arms"]["reference"].get("long")
             result["control"] = {"changed_token_at": at} | (
-                compare(control, original) if original else {}
+                compare_records(control, original) if original else {}
             )
             print("control (must differ):", result["control"], flush=True)
     finally:
@@ -183,7 +158,7 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
         long, split = arm.get("long"), arm.get("split")
         if name == "reference" or not (long and reference):
             continue
-        arm |= compare(long, reference)
+        arm |= compare_records(long, reference)
         if not split:
             continue
         copied = staged_copy_bytes(args.long_tokens, split["gpu_tokens"], args.chunk_tokens)

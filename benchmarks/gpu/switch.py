@@ -46,7 +46,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
-from host_extension import compare, stream  # the same greedy request and comparison
+from kit.stream import compare_records, stream_record  # one greedy request, compared
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ SAME_TOKENS = 32
 def same_answer(port: int, model: str, prompt: list[int]) -> dict[str, Any]:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:
         # logprobs from an engine with no tokenizer (--skip-tokenizer-init)
-        return stream(http, prompt, SAME_TOKENS, model, {"return_tokens_as_token_ids": True})
+        return stream_record(http, prompt, SAME_TOKENS, model, {"return_tokens_as_token_ids": True})
 
 
 async def switches(
@@ -149,7 +149,7 @@ async def switches(
                 "to": model,
                 "first_token_s": round(ttft, 4),
                 "steps": [(e["text"], e["seconds"]) for e in events],
-                "same": compare(answer, reference) | {"tokens": answer["tokens"][:8]},
+                "same": compare_records(answer, reference) | {"tokens": answer["tokens"][:8]},
             }
         )
         print(f"switch to {model}: {ttft * 1000:.0f} ms {out[-1]['steps']}", flush=True)
@@ -239,11 +239,11 @@ async def measure(
     result["same"] = same = {
         "prompt": prompt,
         "first": {"a": first},
-        "control": compare(same_answer(port, "a", changed), first),
+        "control": compare_records(same_answer(port, "a", changed), first),
     }
     print(f"control (one prompt token changed): {same['control']}", flush=True)
     result["switches"] = await switches(front, port, run_dir, args.switches, same)
-    same["a_vs_b"] = compare(same["first"]["a"], same["first"]["b"])
+    same["a_vs_b"] = compare_records(same["first"]["a"], same["first"]["b"])
     result["rss"].append(rss_now(run_dir, f"after {args.switches} switches"))
     if args.idle == "sleep":
         result["tier"] = await tier_survives(front)

@@ -47,8 +47,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
-from host_extension import stream
 from kit import options
+from kit.stream import stream_record
 from random_checkpoint import write_checkpoint
 from vlm_model import (
     PREPROCESSOR,
@@ -175,7 +175,7 @@ def interleave(
             arm, http = arms[name], clients[name]
             try:
                 if index <= args.text_requests:
-                    text = stream(http, prompts[index], args.output_tokens)
+                    text = stream_record(http, prompts[index], args.output_tokens)
                     sample = {k: text[k] for k in ("ttft_s", "tpot_median_s", "total_s")}
                     arm.setdefault("text", []).append(sample | {"warm_up": index == 0})
                 if index <= args.image_requests:

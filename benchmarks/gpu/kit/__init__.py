@@ -7,7 +7,12 @@
   compile cache (cold or shared), stopped together;
 - ``stream``: one streamed greedy request with each token's arrival, its logprobs, and the
   tail a user feels (mean time per token, p99 and the worst gap); two answers compared;
-- ``record``: the JSON an experiment writes as it goes (options, arms, results).
+- ``record``: the JSON an experiment writes as it goes (options, arms, results);
+- ``options``: the command line's shared knobs (``--out``, pools, lengths), each named once;
+- ``link``: the host link's measured rate and the bytes staged prefill copies over it.
+
+``stream.stream_record`` and ``compare_records`` keep the earlier experiments' JSON keys
+(TTFT, total, median and min-max gap) over the same streamed request.
 
 Scripts import it as ``kit`` (they put their own folder on sys.path); nothing here imports
 tests.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kit.model import split_line
 from vllm_offload.bench.server_process import ServerProcess
 
 # What vLLM logs of a start's phases (seconds).
@@ -99,3 +100,21 @@ def serving(arms: list[Arm], out: Path, timeout_s: float = 1200) -> Iterator[dic
     finally:
         for server in servers.values():
             server.stop()
+
+
+def start_arms(
+    servers: dict[str, ServerProcess], flags: dict[str, list[str]], arms: dict[str, Any]
+) -> list[str]:
+    """Start every server at once, wait for each, note its flags, start time and pool
+    split in ``arms``; the names of those that came up."""
+    for server in servers.values():
+        server.start()
+    for name, server in servers.items():
+        arm: dict[str, Any] = {"flags": flags[name]}
+        arms[name] = arm
+        try:
+            arm["healthy_s"] = server.wait_healthy()
+            arm["split"] = split_line(server.log_path.read_text(errors="replace"))
+        except Exception as exc:
+            arm["error"] = repr(exc)
+    return [name for name in servers if "error" not in arms[name]]

@@ -15,6 +15,7 @@ GIB = 1 << 30
 BENCH_GPU = Path(__file__).resolve().parents[1]
 MODEL_CONFIG = BENCH_GPU.parent / "models/llama-3.1-8b/config.json"
 VOCAB = 128256
+KV_BYTES_PER_TOKEN = 128 * 1024  # the 8B shape: 32 layers x K,V x 8 heads x 128 x bf16
 
 
 def write_model(

@@ -33,6 +33,17 @@ class Answer:
     def ttft_s(self) -> float | None:
         return self.times[0] if self.times else None
 
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> Answer:
+        """The tokens, logprobs and top 5 of an answer as ``to_json`` (or
+        ``stream_record``) saved them."""
+        return cls(
+            began=0.0,
+            tokens=saved["tokens"],
+            logprobs=saved["token_logprobs"],
+            top=saved["top_logprobs"],
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ttft_s": self.ttft_s,
@@ -54,13 +65,17 @@ def stream(
     model: str = "m",
     timeout_s: float = 1800,
     answer: Answer | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Answer:
     """Greedy, exactly ``max_tokens``; vLLM's usage count in every chunk says how many
     tokens arrived (``logprobs`` > 0 also returns them, with their top ``logprobs``).
-    ``answer``: filled as tokens arrive (another thread may watch it)."""
-    body = fixed_length_body(prompt, max_tokens, model) | {
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}
-    }
+    ``answer``: filled as tokens arrive (another thread may watch it); ``extra``: more
+    fields of the body."""
+    body = (
+        fixed_length_body(prompt, max_tokens, model)
+        | {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        | (extra or {})
+    )
     if logprobs:
         body["logprobs"] = logprobs
     if answer is None:
@@ -131,3 +146,35 @@ def compare(answer: Answer, reference: Answer) -> dict[str, Any]:
             default=None,
         ),
     }
+
+
+def stream_record(
+    http: httpx.Client,
+    prompt: list[int],
+    max_tokens: int,
+    model: str = "m",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``stream`` with 5 logprobs a token to ``http``'s server, as the earlier experiments
+    record it (their JSON keys): TTFT, the whole time, the median and min-max gap between
+    tokens, the tokens, their logprobs and top 5. A refusal raises."""
+    began = time.perf_counter()
+    answer = stream(str(http.base_url), prompt, max_tokens, logprobs=5, model=model, extra=extra)
+    if answer.refused:
+        raise RuntimeError(f"the server refused the request: {answer.refused}")
+    gaps = [b - a for a, b in itertools.pairwise(answer.times)]
+    return {
+        "ttft_s": answer.ttft_s,
+        "total_s": time.perf_counter() - began,
+        "tpot_median_s": statistics.median(gaps) if gaps else None,
+        "tpot_min_max_s": [min(gaps), max(gaps)] if gaps else None,
+        "tokens": answer.tokens,
+        "token_logprobs": answer.logprobs,
+        "top_logprobs": answer.top,
+    }
+
+
+def compare_records(answer: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """``compare`` of two answers recorded by ``stream_record``."""
+
+    return compare(Answer.from_json(answer), Answer.from_json(reference))
