@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_serve import control  # the front door's control socket: models and events
+from kit.box import control  # the front door's control socket: models and events
 from kit.stream import compare_records, stream_record  # one greedy request, compared
 
 REPO = Path(__file__).resolve().parents[2]

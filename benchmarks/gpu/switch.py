@@ -45,7 +45,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
+from kit.box import PROMPT_IDS, box_config, control, first_token, plan, serving, tokens
 from kit.stream import compare_records, stream_record  # one greedy request, compared
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
         "sleep_level": args.level,
         "min_resident_s": 0.0,
     }
-    return fleet_config(
+    return box_config(
         checkpoint=args.checkpoint,
         port=port,
         run_dir=run_dir,
@@ -280,7 +280,7 @@ def main() -> int:
     parser.add_argument("--vocab-high", type=int, default=30000)
     parser.add_argument("--vllm-arg", action="append", default=[], help="e.g. --enforce-eager")
     args = parser.parse_args()
-    VOCAB[1] = args.vocab_high
+    PROMPT_IDS[1] = args.vocab_high
     name = f"{args.idle}{args.level if args.idle == 'sleep' else ''}-arena{args.arena}"
     run_dir = Path(f"/tmp/vllm-offload-switch/run-{name}")
     config = run_dir.parent / f"{name}.toml"

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_serve import VOCAB, control, first_token, fleet_config, plan, serving, tokens
+from kit.box import PROMPT_IDS, box_config, control, first_token, plan, serving, tokens
 from kit.stream import nearest_rank
 
 ARM = re.compile(r"auto|turn(\d+(?:\.\d+)?)")
@@ -173,7 +173,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     config = run_dir.parent / f"{arm}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
-        fleet_config(
+        box_config(
             checkpoint=args.checkpoint,
             port=args.port,
             run_dir=run_dir,
@@ -262,7 +262,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, help="skip arms that would end past this")
     parser.add_argument("--vocab-high", type=int, default=30000)
     args = parser.parse_args()
-    VOCAB[1] = args.vocab_high
+    PROMPT_IDS[1] = args.vocab_high
     arms = args.arms.split(",")
     for arm in arms:  # every name checked before anything starts
         try:

@@ -9,7 +9,9 @@
   tail a user feels (mean time per token, p99 and the worst gap); two answers compared;
 - ``record``: the JSON an experiment writes as it goes (options, arms, results);
 - ``options``: the command line's shared knobs (``--out``, pools, lengths), each named once;
-- ``link``: the host link's measured rate and the bytes staged prefill copies over it.
+- ``link``: the host link's measured rate and the bytes staged prefill copies over it;
+- ``box``: a box of several models (two [[models]] of one checkpoint) served, its
+  token-id prompts, a first token, and the front door's control socket.
 
 ``stream.stream_record`` and ``compare_records`` keep the earlier experiments' JSON keys
 (TTFT, total, median and min-max gap) over the same streamed request.

@@ -21,10 +21,10 @@ import httpx
 
 from vllm_offload.bench.client import fixed_length_body
 
-VOCAB = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
+PROMPT_IDS = [100, 30000]  # token ids drawn from here (--vocab-high: a smaller model's)
 
 
-def fleet_config(
+def box_config(
     *,
     checkpoint: Path,
     port: int,
@@ -51,7 +51,7 @@ def fleet_config(
 
 def tokens(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(*VOCAB) for _ in range(n)]
+    return [rng.randrange(*PROMPT_IDS) for _ in range(n)]
 
 
 async def first_token(
