@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Issue #46 on the GPU host: offloading a vision-language model's vision tower, measured.
-A Qwen2.5-VL-7B-shaped random checkpoint (random_checkpoint.py, std 0.02; vlm_model.py's
+A Qwen2.5-VL-7B-shaped random checkpoint (random_checkpoint.py, std 0.02; kit/vlm.py's
 tokenizer, chat template and image processor), served by `vllm-offload serve` in two arms,
 both up (started one after the other) and the requests interleaved, or with --sequential
 each arm alone (start, requests, stop):
@@ -48,9 +48,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
 from kit import options
+from kit.checkpoint import write_checkpoint
 from kit.stream import stream_record
-from random_checkpoint import write_checkpoint
-from vlm_model import (
+from kit.vlm import (
     PREPROCESSOR,
     image_request,
     tiny_config,

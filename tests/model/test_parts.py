@@ -253,12 +253,12 @@ def test_a_checkpoint_whose_layers_are_not_recognised_refuses_no_pattern(tmp_pat
 
 
 def test_the_random_vlm_checkpoint_has_the_components_the_plan_counts() -> None:
-    """benchmarks/gpu/random_checkpoint.py's Qwen2.5-VL-7B tensors (the GPU measurement's
+    """benchmarks/gpu/kit/checkpoint.py's Qwen2.5-VL-7B tensors (the GPU measurement's
     checkpoint, issue #46), read as a checkpoint's headers are: the same components, the
     towers with the bytes config.json alone gives them (the language model's estimate
     leaves out its norms and q/k/v biases: 0.3 M of 7.6 B), and 'visual' takes every tower
     tensor."""
-    from benchmarks.gpu import random_checkpoint as script
+    from benchmarks.gpu.kit import checkpoint as script
     from vllm_offload.model.parts import from_tensors, matching
 
     config = json.loads((QWEN25_VL_7B / "config.json").read_text())

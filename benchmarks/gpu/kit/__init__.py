@@ -10,6 +10,8 @@
 - ``record``: the JSON an experiment writes as it goes (options, arms, results);
 - ``options``: the command line's shared knobs (``--out``, pools, lengths), each named once;
 - ``link``: the host link's measured rate and the bytes staged prefill copies over it;
+- ``checkpoint``: a random safetensors checkpoint of a config's shape (random_checkpoint.py
+  is its command line); ``vlm``: the files a random Qwen2.5-VL needs to serve images;
 - ``box``: a box of several models (two [[models]] of one checkpoint) served, its
   token-id prompts, a first token, and the front door's control socket.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from kit.model import write_tokenizer
 
 # Qwen2.5-VL's special tokens and their ids (its tokenizer's added_tokens)
@@ -152,7 +153,7 @@ def use_wheels(folder: Path, site: Path) -> list[str]:
     )
     check = [sys.executable, "-c", "import torchvision.transforms.v2.functional"]
     if (site / FAKE_KERNELS).exists() and subprocess.run(check, capture_output=True).returncode:
-        (site / FAKE_KERNELS).write_text('"""emptied by vlm_model.use_wheels"""\n')
+        (site / FAKE_KERNELS).write_text('"""emptied by kit.vlm.use_wheels"""\n')
         done.append(f"emptied {FAKE_KERNELS}: its compiled ops do not load with this torch")
     return done
 
