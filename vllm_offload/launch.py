@@ -34,6 +34,7 @@ from vllm_offload.vllm_ext.knobs import (
     HOST_EXTENSION_KEY,
     LAYERWISE_LOADS_KEY,
     SLEEP_ARENA_ENV,
+    SLEEP_KEEP_COPY_ENV,
     SPILLED_STEP_SHARE_KEY,
     STAGED_PREFILL_ENV,
     STAGING_TOKENS_KEY,
@@ -82,10 +83,13 @@ REPRODUCIBLE_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1", "VLLM_TRITON_FORCE_FIRST
 @dataclass(frozen=True, kw_only=True)
 class EngineLaunch:
     """One engine of several models: it listens on a unix socket only the front door
-    reaches, instead of server.host:port, and (sleeps) is put to sleep when away."""
+    reaches, instead of server.host:port, and (sleeps) is put to sleep when away, keeping
+    its sleep copy of the weights while it serves or not (keeps_copy, residency.host_copy
+    as planned)."""
 
     socket: str
     sleeps: bool
+    keeps_copy: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +253,8 @@ def build(
             options.add_flag("--enable-sleep-mode")
             env[DEV_MODE_ENV] = "1"
             env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
+            if not engine.keeps_copy:  # given back after each wake (vllm_ext/sleep.py)
+                env[SLEEP_KEEP_COPY_ENV] = "0"
     options.add("--block-size", plan.kv.block_tokens)
     options.add("--max-model-len", int(max_model_len_arg(plan)))
     if plan.length.max_model_len > plan.length.model_max_tokens:  # allowed on purpose

@@ -109,15 +109,17 @@ def test_a_serving_engine_that_sleeps_is_shown_holding_its_arena_copy(tmp_path: 
     fleet = fleet_of(two_models(tmp_path, max_resident=1), big_host_for_test())
     chat = fleet.models["chat"]
     assert chat.idle == "sleep"
-    shown = planned_memory(chat, level=1)
+    shown = planned_memory(chat)
     copy = chat.plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
     assert shown["host_bytes_serving"] >= copy + chat.plan.cpu_tier.bytes
     assert shown["host_bytes_serving"] == shown["host_bytes_away"]  # the same copy, kept
     stops = fleet_of(two_models(tmp_path, max_resident=1, idle="stop"), big_host_for_test())
     stopped = stops.models["chat"]
-    assert (
-        planned_memory(stopped, level=1)["host_bytes_serving"] < copy + stopped.plan.cpu_tier.bytes
-    )
+    assert planned_memory(stopped)["host_bytes_serving"] < copy + stopped.plan.cpu_tier.bytes
+    # residency.host_copy = 'release': the serving engine gives the copy back
+    given = fleet_of(two_models(tmp_path, max_resident=1, host_copy="release"), big_host_for_test())
+    shown = planned_memory(given.models["chat"])
+    assert shown["host_bytes_serving"] == shown["host_bytes_away"] - copy
 
 
 def big_host_for_test() -> Any:

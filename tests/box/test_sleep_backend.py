@@ -22,7 +22,7 @@ from vllm_offload.config import parse
 from vllm_offload.hardware import declared
 from vllm_offload.launch import LaunchSpec
 from vllm_offload.vllm_ext import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET, plugin_missing
-from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
+from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV, SLEEP_KEEP_COPY_ENV
 
 OURS = importlib.metadata.EntryPoint(PLUGIN_NAME, PLUGIN_TARGET, PLUGIN_GROUP)
 OTHER = importlib.metadata.EntryPoint("lora_filesystem_resolver", "x:y", PLUGIN_GROUP)
@@ -88,6 +88,10 @@ def test_engines_that_sleep_are_launched_for_the_arena(tmp_path: Path) -> None:
     sleeping = prepare_box(parse(two_models(tmp_path, max_resident=1)), host, {}, None)
     for spec in sleeping.specs.values():
         assert "--enable-sleep-mode" in spec.args and spec.env[SLEEP_ARENA_ENV] == "1"
+        assert SLEEP_KEEP_COPY_ENV not in spec.env  # the host holds every copy: kept
+    released = two_models(tmp_path, max_resident=1, host_copy="release")
+    for spec in prepare_box(parse(released), host, {}, None).specs.values():
+        assert spec.env[SLEEP_KEEP_COPY_ENV] == "0"  # the arena goes back after each wake
     data = two_models(tmp_path)
     for entry in data["models"]:
         entry["max_model_len"] = 8192

@@ -253,3 +253,36 @@ def test_auto_turn_is_none_with_level_1_sleep_and_5_s_where_a_switch_is_slow(
     data = two_models(tmp_path, max_resident=2)
     together = fleet_of(data, big_host())
     assert not any("min_resident_s" in d for d in together.notes.decisions)
+
+
+def three_models(tmp_path: Path, host_copy: str) -> dict[str, Any]:
+    shape = dict(LLAMA3_8B, max_position_embeddings=131072)
+    paths = [write_shape(tmp_path / name, shape) for name in ("a", "b", "c")]
+    models = [{"path": str(p), "max_model_len": 8192} for p in paths]  # CPU tiers 'auto'
+    return {"models": models, "residency": {"max_resident": 1, "host_copy": host_copy}}
+
+
+def test_a_released_host_copy_shows_less_ram_serving_and_fits_no_more_models(
+    tmp_path: Path,
+) -> None:
+    """Issue #58: a serving engine kept its sleep copy of the weights whatever the host had.
+    residency.host_copy = 'release' gives it back: the engine on the GPU holds the copy
+    less (`ps` says so), and the plan says what a put-away then costs. It fits no more
+    models: at a switch the model put away copies its weights out while the one coming in
+    still holds its copy, so three 8B models at level 1 on a 64 GiB host are refused
+    either way, and on a 96 GiB host get the same CPU tiers either way."""
+    roomy = declared(make_host(None), gpu_mem_gib=80, ram_gib=96)
+    tight = declared(make_host(None), gpu_mem_gib=80, ram_gib=64)
+    kept, given = (fleet_of(three_models(tmp_path, c), roomy) for c in ("keep", "release"))
+    assert kept.keeps_copy and not given.keeps_copy
+    assert not kept.notes.problems and not given.notes.problems
+    copy = kept.models["a"].plan.weights.gpu_bytes + SLEEP_POOLS_BYTES
+    assert kept.models["a"].serving_ram_bytes == kept.models["a"].away_ram_bytes
+    assert given.models["a"].serving_ram_bytes == given.models["a"].away_ram_bytes - copy
+    assert any("no more models fit" in d for d in given.notes.decisions)
+    assert box_json(given)["host_copy"] == "release" and box_json(kept)["host_copy"] == "keep"
+    tiers = {n: m.plan.cpu_tier.bytes for n, m in kept.models.items()}
+    assert tiers == {n: m.plan.cpu_tier.bytes for n, m in given.models.items()}
+    for host_copy in ("keep", "release"):
+        refused = fleet_of(three_models(tmp_path, host_copy), tight)
+        assert [p["field"] for p in refused.notes.problems] == ["models"]

@@ -138,7 +138,9 @@ def prepare_box(
     specs = {}
     for i, (name, model) in enumerate(box_plan.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
-        engine = EngineLaunch(socket=str(socket), sleeps=model.idle == "sleep")
+        engine = EngineLaunch(
+            socket=str(socket), sleeps=model.idle == "sleep", keeps_copy=box_plan.keeps_copy
+        )
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)
     return PreparedBox(
         plan=box_plan,

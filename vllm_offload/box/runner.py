@@ -34,7 +34,6 @@ from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.plan.box import ASLEEP_GPU_BYTES, BoxPlan, ModelPlan
-from vllm_offload.plan.box_host import holds
 
 ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds
@@ -67,19 +66,18 @@ def settings(config: DeploymentConfig, box_plan: BoxPlan) -> ResidencySettings:
     )
 
 
-def planned_memory(model: ModelPlan, level: int) -> dict[str, int]:
+def planned_memory(model: ModelPlan) -> dict[str, int]:
     """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
     engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing). An
     engine that sleeps at level 1 keeps the sleep arena's copy of its weights while it
-    serves too (put-away is then 0.04 s): issue #58 found `ps` saying 8.0 GiB serving for
-    an engine holding ~23.6 GiB."""
+    serves too, unless residency.host_copy gives it back: issue #58 found `ps` saying
+    8.0 GiB serving for an engine holding ~23.6 GiB."""
     plan = model.plan
-    host = holds(plan, model.idle, level) + plan.cpu_tier.bytes  # on a CPU host: weights, pool
     gpu = plan.gpu.budget_bytes if plan.platform == "cuda" else 0
     asleep = model.idle == "sleep" and plan.platform == "cuda"
     return {
         "gpu_bytes_serving": gpu,
-        "host_bytes_serving": host,
+        "host_bytes_serving": model.serving_ram_bytes,
         "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
         "host_bytes_away": model.away_ram_bytes,
     }
@@ -177,8 +175,7 @@ def front_and_control(
     """The two servers on one loop: the front door on the configured port, and the
     control app (the manager's) on its unix socket."""
     public = _Server(front_config(create_front_app(front), config.server.host, config.server.port))
-    level = config.residency.sleep_level
-    memory = {n: planned_memory(m, level) for n, m in prepared.plan.models.items()}
+    memory = {n: planned_memory(m) for n, m in prepared.plan.models.items()}
     control = _Server(
         uvicorn.Config(
             create_control_app(front, events, memory),

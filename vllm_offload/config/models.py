@@ -72,6 +72,16 @@ class ResidencySection(_Section):
         description="vLLM's sleep level: 1 keeps the weights in host RAM (fast wake), 2 drops "
         "them and reads them again from disk at wake (less RAM, slower wake).",
     )
+    host_copy: Literal["keep", "release"] = Field(
+        "keep",
+        description="The host copy of a model's weights that a level-1 sleep makes, while the "
+        "model is on the GPU: 'keep' holds it (a put-away is then near free: 0.04 s for an "
+        "8B model on an H200, nothing to copy); 'release' gives it back after each wake, so "
+        "a serving engine holds that much less host RAM, and each put-away copies the "
+        "weights out again. It does not let more models fit: at a switch the model put away "
+        "copies its weights out while the one coming in still holds its copy, and the "
+        "planner counts that moment either way.",
+    )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
         description="A model's turn on the GPU, in seconds: once used, it stays this long "

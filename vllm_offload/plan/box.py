@@ -20,7 +20,7 @@ from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
-from vllm_offload.plan.box_host import Away, Idle, holds, host_view, tier_shares
+from vllm_offload.plan.box_host import Away, Idle, holds, holds_serving, host_view, tier_shares
 from vllm_offload.plan.records import BoxInputs, Notes, Plan, PlanError, Platform, gib
 from vllm_offload.plan.together import resident_models
 
@@ -47,6 +47,7 @@ class ModelPlan:
     plan: Plan
     idle: Idle
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
+    serving_ram_bytes: int  # host RAM it holds on the GPU (with its sleep copy, if kept)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +56,7 @@ class BoxPlan:
     default: str
     max_resident: int  # models on the GPU at once ('auto' resolved)
     min_resident_s: float  # a model's turn ('auto' resolved)
+    keeps_copy: bool  # a model on the GPU keeps its sleep copy (residency.host_copy)
     notes: Notes
 
 
@@ -79,6 +81,22 @@ def idle_mode(
             "vLLM's sleep mode needs an NVIDIA GPU; set residency.idle = 'stop' (or 'auto')",
         )
     return idle, Notes()
+
+
+def host_copy(config: DeploymentConfig, idle: Idle) -> tuple[bool, Notes]:
+    """Whether a model on the GPU keeps its level-1 sleep copy of the weights
+    (residency.host_copy), and what giving it back costs and saves."""
+    if config.residency.host_copy == "keep" or idle != "sleep" or config.residency.sleep_level != 1:
+        return True, Notes()
+    return False, Notes(
+        decisions=(
+            "residency.host_copy = release: a model on the GPU gives its host copy of the "
+            "weights back after each wake, so it holds that much less host RAM while it "
+            "serves, and each put-away copies the weights out again (a slower switch); the "
+            "set's peak is the same (at a switch the model put away copies its weights out "
+            "while the one coming in still holds its copy), so no more models fit",
+        )
+    )
 
 
 def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float, Notes]:
@@ -154,6 +172,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     # Engines alive at once: every one when they sleep; else max_resident of them (counted
     # as all, which only errs on the safe side).
     away = Away(idle=idle, level=level, together=idle == "sleep" or resident > 1)
+    keeps, step = host_copy(config, idle)
+    notes += step
     tiers, step = tier_shares(alone, shares, host, away)
     notes += step + _disk_tiers_apart(shares)
     if idle == "sleep":
@@ -175,6 +195,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             plan=plan,
             idle=idle,
             away_ram_bytes=held,
+            serving_ram_bytes=holds_serving(plan, idle, level, keeps) + plan.cpu_tier.bytes,
         )
     default = config.residency.default_model or next(iter(engines))
     return BoxPlan(
@@ -182,6 +203,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
         default=default,
         max_resident=resident,
         min_resident_s=turn,
+        keeps_copy=keeps,
         notes=notes,
     )
 
@@ -294,7 +316,12 @@ def render_box(box_plan: BoxPlan) -> str:
 
 def box_json(box_plan: BoxPlan) -> dict[str, object]:
     models = {
-        name: {**plan_json(m.plan), "idle": m.idle, "away_ram_bytes": m.away_ram_bytes}
+        name: {
+            **plan_json(m.plan),
+            "idle": m.idle,
+            "away_ram_bytes": m.away_ram_bytes,
+            "serving_ram_bytes": m.serving_ram_bytes,
+        }
         for name, m in box_plan.models.items()
     }
     return {
@@ -302,6 +329,7 @@ def box_json(box_plan: BoxPlan) -> dict[str, object]:
         "default": box_plan.default,
         "max_resident": box_plan.max_resident,
         "min_resident_s": box_plan.min_resident_s,
+        "host_copy": "keep" if box_plan.keeps_copy else "release",
         "decisions": list(box_plan.notes.decisions),
         "warnings": list(box_plan.notes.warnings),
         "problems": list(box_plan.notes.problems),

@@ -5,6 +5,12 @@ model finds it beside the others.
 Models asleep keep their engines: each holds, at level 1, its weights in host RAM (and
 every engine its own processes, offloaded weights, host extension and CPU tier), so every
 engine's RAM must fit the host at once. Stopped models hold nothing.
+
+A model on the GPU keeps that copy of its weights too, unless residency.host_copy =
+'release' gives it back after each wake (``holds_serving``). That lowers what a serving
+engine holds, not the peak: at every switch the model put away copies its weights out
+while the one coming in still holds its copy, so every engine's copy is held at once then,
+and the set is planned for that moment either way.
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ def holds(plan: Plan, idle: Idle, level: int) -> int:
         engine += (plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes) * tp
     backup = (plan.weights.gpu_bytes + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
     return engine + (backup if idle == "sleep" else 0)
+
+
+def holds_serving(plan: Plan, idle: Idle, level: int, keeps_copy: bool) -> int:
+    """Host RAM one engine holds while on the GPU (besides its CPU tier): as away, less
+    its sleep copy where it gives it back (residency.host_copy = 'release')."""
+    return holds(plan, idle if keeps_copy else "stop", level)
 
 
 def tier_shares(

@@ -16,6 +16,9 @@ PIN_REGISTER_MIN_ENV = "VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES"
 # With it set to 1 (the launcher does for engines that sleep), the plugin makes
 # vllm_ext.sleep's backend the one vLLM's sleep mode uses.
 SLEEP_ARENA_ENV = "VLLMOFFLOAD_SLEEP_ARENA"
+# With it set to 0 (residency.host_copy planned 'release'), the sleep arena is given back
+# after each wake and made again at the next sleep (vllm_ext.sleep).
+SLEEP_KEEP_COPY_ENV = "VLLMOFFLOAD_SLEEP_KEEP_COPY"
 # With it set to 1 (the launcher does for engines with staged prefill), the plugin puts
 # vllm_ext.staged_attention's backend in the place of vLLM's FlashAttention.
 STAGED_PREFILL_ENV = "VLLMOFFLOAD_STAGED_PREFILL"

@@ -7,7 +7,9 @@ wake: an 8B model's engine grew 17.6 GiB for 15.6 GiB of weights (H200, issue #3
 held it. This backend copies the same allocations into one exact-size buffer of pageable
 memory registered with the GPU (made at the first sleep, kept for the next ones, which
 then cost only the copies), and lets vLLM's allocator release them without a backup of
-its own; at the wake it copies them back into the memory the allocator maps again. In an
+its own; at the wake it copies them back into the memory the allocator maps again (and, with
+VLLMOFFLOAD_SLEEP_KEEP_COPY=0, residency.host_copy = 'release', gives the arena back once
+all is copied: the next sleep makes it again and copies everything out). In an
 engine the wake is the copy: an 8B model's engine mapped its 23.5 GiB in 0.04 s and had
 copied its 15.5 GiB by 0.37 s on an H200; starting each copy as soon as its allocation was
 mapped changed nothing (benchmarks/results/h200-vllm-0.33.0/wake/). The weights are
@@ -31,6 +33,7 @@ vLLM.
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
 
 from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
+from vllm_offload.vllm_ext.knobs import SLEEP_KEEP_COPY_ENV
 
 logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
 
@@ -83,6 +87,7 @@ class ArenaBackend(CuMemBackend):
         # change while an engine serves, so the next level-1 sleep skips their copy (the
         # bulk of a put-away) where the same allocations are asleep again.
         self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
+        self._keep_copy = os.environ.get(SLEEP_KEEP_COPY_ENV, "1") != "0"
 
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
@@ -131,6 +136,10 @@ class ArenaBackend(CuMemBackend):
                 waiting.append(saved)  # a tag woken later (kv_cache first, weights after)
         self._saved = waiting
         self._state = "RUNNING"
+        if arena is not None and not waiting and not self._keep_copy:
+            arena.close()  # residency.host_copy = 'release': the next sleep copies all out
+            self._arena, self._weights_kept = None, []
+            logger.info("vllm-offload sleep arena: given back (residency.host_copy = release)")
         logger.info(
             "vllm-offload sleep arena: woke %s: mapped in %.3f s, %.2f GiB copied by %.3f s",
             "all" if tags is None else ",".join(tags),
