@@ -242,19 +242,7 @@ def build(
     name = model_name(config.model)  # the folder's name, unless configured
     options.add("--served-model-name", name, read=[name])
     env: dict[str, str] = {}
-    if engine is None:
-        options.add("--host", config.server.host)
-        options.add("--port", config.server.port)
-    else:
-        options.add("--uds", engine.socket)
-        # What the front door forwards reaches OpenAI routes only (vllm_ext/forwarded_routes)
-        options.add("--middleware", forwarded_routes.MIDDLEWARE, read=[forwarded_routes.MIDDLEWARE])
-        if engine.sleeps:
-            options.add_flag("--enable-sleep-mode")
-            env[DEV_MODE_ENV] = "1"
-            env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
-            if not engine.keeps_copy:  # given back after each wake (vllm_ext/sleep.py)
-                env[SLEEP_KEEP_COPY_ENV] = "0"
+    _listen(options, env, config, engine)
     options.add("--block-size", plan.kv.block_tokens)
     options.add("--max-model-len", int(max_model_len_arg(plan)))
     if plan.length.max_model_len > plan.length.model_max_tokens:  # allowed on purpose
@@ -276,30 +264,15 @@ def build(
         options.add("--max-num-batched-tokens", plan.prefill.tokens)
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
         options.add("--kv-cache-memory-bytes", plan.gpu.kv_pool_bytes)
-    parallel = config.parallel
-    if parallel.tensor_parallel_size > 1:
-        options.add("--tensor-parallel-size", parallel.tensor_parallel_size)
-    if parallel.pipeline_parallel_size > 1:
-        options.add("--pipeline-parallel-size", parallel.pipeline_parallel_size)
-    if parallel.distributed_executor_backend != "auto":
-        options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
-
+    _parallel(options, config)
     notes: list[str] = [
         f"KV offload backend: {plan.kv.backend} ({plan.kv.backend_reason})",
         FIRST_START[plan.platform],
     ]
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
-    if plan.extension.bytes:  # read by patch 0006 (vllm_ext/kv_host_extension.py)
-        additional: dict[str, int | float] = {HOST_EXTENSION_KEY: plan.extension.bytes}
-        if plan.extension.staging_scratch_tokens:  # planned for the release (plan.staging)
-            additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
-            env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
-        share = config.kv_offload.spilled_step_share
-        if share < 1:  # shares the GPU beside a spilled request (vllm_ext/fair_scheduler.py)
-            additional[SPILLED_STEP_SHARE_KEY] = share
-            options.add("--scheduler-cls", FAIR_SCHEDULER)
-        options.add("--additional-config", additional)
+    if plan.extension.bytes:
+        _host_extension(options, env, config, plan)
     sleeps = engine is not None and engine.sleeps
     kv_config = kv_transfer_config(config, plan, sleeps)
     if kv_config is not None:
@@ -307,13 +280,7 @@ def build(
     if plan.cpu_tier.bytes:
         env[CPU_TIER_RESERVE_ENV] = str(plan.host_ram.reserve_bytes)
     if plan.kv.backend == "lmcache":
-        env.update(
-            LMCACHE_LOCAL_CPU="True",
-            LMCACHE_MAX_LOCAL_CPU_SIZE=f"{plan.cpu_tier.bytes / GIB:.3f}",
-            LMCACHE_CHUNK_SIZE=str(LMCACHE_CHUNK_TOKENS),
-            # LMCache reports usage to stats.lmcache.ai unless told not to.
-            LMCACHE_TRACK_USAGE="false",
-        )
+        env.update(_lmcache_env(plan))
     secret: tuple[str, ...] = ()
     if api_key is not None:
         env[API_KEY_ENV] = api_key
@@ -328,6 +295,63 @@ def build(
         owned=options.owned,
         extra_args=extra,
     )
+
+
+def _listen(
+    options: _Options, env: dict[str, str], config: DeploymentConfig, engine: EngineLaunch | None
+) -> None:
+    """Where the server listens: server.host:port, or an engine's unix socket (and, for an
+    engine that sleeps, vLLM's sleep mode with our arena)."""
+    if engine is None:
+        options.add("--host", config.server.host)
+        options.add("--port", config.server.port)
+        return
+    options.add("--uds", engine.socket)
+    # What the front door forwards reaches OpenAI routes only (vllm_ext/forwarded_routes)
+    options.add("--middleware", forwarded_routes.MIDDLEWARE, read=[forwarded_routes.MIDDLEWARE])
+    if engine.sleeps:
+        options.add_flag("--enable-sleep-mode")
+        env[DEV_MODE_ENV] = "1"
+        env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
+        if not engine.keeps_copy:  # given back after each wake (vllm_ext/sleep.py)
+            env[SLEEP_KEEP_COPY_ENV] = "0"
+
+
+def _parallel(options: _Options, config: DeploymentConfig) -> None:
+    parallel = config.parallel
+    if parallel.tensor_parallel_size > 1:
+        options.add("--tensor-parallel-size", parallel.tensor_parallel_size)
+    if parallel.pipeline_parallel_size > 1:
+        options.add("--pipeline-parallel-size", parallel.pipeline_parallel_size)
+    if parallel.distributed_executor_backend != "auto":
+        options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
+
+
+def _host_extension(
+    options: _Options, env: dict[str, str], config: DeploymentConfig, plan: Plan
+) -> None:
+    """The KV pool's host extension, read by patch 0006 (vllm_ext/kv_host_extension.py),
+    with staged prefill's scratch and the fair scheduler where planned."""
+    additional: dict[str, int | float] = {HOST_EXTENSION_KEY: plan.extension.bytes}
+    if plan.extension.staging_scratch_tokens:  # planned for the release (plan.staging)
+        additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
+        env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
+    share = config.kv_offload.spilled_step_share
+    if share < 1:  # shares the GPU beside a spilled request (vllm_ext/fair_scheduler.py)
+        additional[SPILLED_STEP_SHARE_KEY] = share
+        options.add("--scheduler-cls", FAIR_SCHEDULER)
+    options.add("--additional-config", additional)
+
+
+def _lmcache_env(plan: Plan) -> dict[str, str]:
+    """LMCache's in-process connector is configured through its environment."""
+    return {
+        "LMCACHE_LOCAL_CPU": "True",
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{plan.cpu_tier.bytes / GIB:.3f}",
+        "LMCACHE_CHUNK_SIZE": str(LMCACHE_CHUNK_TOKENS),
+        # LMCache reports usage to stats.lmcache.ai unless told not to.
+        "LMCACHE_TRACK_USAGE": "false",
+    }
 
 
 def _weight_offload(options: _Options, config: DeploymentConfig, plan: Plan) -> None:
