@@ -34,9 +34,15 @@ def main() -> None:
     parser.add_argument("--shard-gib", type=float, default=4)
     parser.add_argument("--std", type=float, help="normal matrices, norms 1 (default: +-1e-3)")
     parser.add_argument("--device", default="cuda", help="where the random values are drawn")
+    parser.add_argument("--seed", type=int, default=0, help="torch's seed for the values")
     args = parser.parse_args()
     write_checkpoint(
-        args.config, args.out, std=args.std, shard_gib=args.shard_gib, device=args.device
+        args.config,
+        args.out,
+        std=args.std,
+        shard_gib=args.shard_gib,
+        device=args.device,
+        seed=args.seed,
     )
 
 

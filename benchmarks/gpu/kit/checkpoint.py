@@ -88,10 +88,19 @@ def qwen25_vl_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def write_checkpoint(
-    config_path: Path, out: Path, *, std: float | None, shard_gib: float = 4, device: str = "cuda"
+    config_path: Path,
+    out: Path,
+    *,
+    std: float | None,
+    shard_gib: float = 4,
+    device: str = "cuda",
+    seed: int = 0,
 ) -> int:
-    """The random checkpoint of ``config_path`` under ``out``; how many tensors."""
+    """The random checkpoint of ``config_path`` under ``out``; how many tensors. Seeded:
+    the same files on every machine of one kind of GPU and torch, so that answers recorded
+    on one machine are a reference on the next."""
     config = json.loads(config_path.read_text())
+    torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     if config_path.resolve() != (out / "config.json").resolve():
         shutil.copy(config_path, out / "config.json")
