@@ -76,6 +76,7 @@ def serving(arms: list[Arm], out: Path, timeout_s: float = 1200) -> Iterator[dic
 
     servers: dict[str, ServerProcess] = {}
     starts: dict[str, Any] = {}
+    out.mkdir(parents=True, exist_ok=True)
     try:
         for arm in arms:
             env = dict(os.environ) | arm.env
