@@ -94,10 +94,15 @@ def cuda_memory(nvml: Any, handle: Any) -> tuple[int, int]:
 
 
 def probe_gpus() -> tuple[GpuFacts, ...]:
-    """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU."""
+    """NVIDIA GPUs through NVML; an empty tuple where there is no driver or no GPU. Where
+    CUDA_VISIBLE_DEVICES names GPUs by index, those alone (NVML itself lists every GPU;
+    the engines see only those), keeping NVML's numbers."""
     gpus = []
+    visible = _visible_indexes(os.environ.get("CUDA_VISIBLE_DEVICES"))
     with nvml_devices() as (nvml, handles):
         for i, handle in enumerate(handles):
+            if visible is not None and i not in visible:
+                continue
             total, free = cuda_memory(nvml, handle)
             name = nvml.nvmlDeviceGetName(handle)
             link: list[int | None] = []
@@ -120,6 +125,17 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
                 )
             )
     return tuple(gpus)
+
+
+def _visible_indexes(value: str | None) -> set[int] | None:
+    """CUDA_VISIBLE_DEVICES as NVML indexes; None where it is unset or names GPUs another
+    way (UUIDs, MIG instances: every GPU is counted then)."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        return None
+    return {int(p) for p in parts}
 
 
 def _memlock_limit() -> int | None:

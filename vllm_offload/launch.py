@@ -90,6 +90,7 @@ class EngineLaunch:
     socket: str
     sleeps: bool
     keeps_copy: bool = True
+    gpus: tuple[int, ...] = ()  # its GPUs (NVML indexes) on a box with several; (): all
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,6 +308,9 @@ def _listen(
         options.add("--port", config.server.port)
         return
     options.add("--uds", engine.socket)
+    if engine.gpus:  # NVML numbers GPUs in PCI bus order; CUDA, unless told, fastest first
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, engine.gpus))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     # What the front door forwards reaches OpenAI routes only (vllm_ext/forwarded_routes)
     options.add("--middleware", forwarded_routes.MIDDLEWARE, read=[forwarded_routes.MIDDLEWARE])
     if engine.sleeps:

@@ -276,7 +276,7 @@ def test_the_switcher_s_defaults_are_the_config_s() -> None:
     from vllm_offload.box.runner import settings
     from vllm_offload.config import DeploymentConfig
 
-    resolved: Any = SimpleNamespace(max_resident=1, min_resident_s=0.0)
+    resolved: Any = SimpleNamespace(max_resident=1, min_resident_s=0.0, models={})
     assert settings(DeploymentConfig(), resolved) == ResidencySettings(min_resident_s=0.0)
     with pytest.raises(TypeError, match="min_resident_s"):
         ResidencySettings()  # type: ignore[call-arg]

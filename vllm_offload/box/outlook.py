@@ -5,7 +5,7 @@ From the switcher's books and its rules (residency.py): a resident model used in
 stays until the turn ends (``since + min_resident_s``), then until another model is asked
 for (or ``keep_alive_s`` after its last use); one nothing was asked of may go at once. A
 request for a model away waits for the turn of the resident model that goes first (when
-the GPU is full), that model's put-away, one more turn and switch for each model already
+its GPUs are full), that model's put-away, one more turn and switch for each model already
 waiting ahead of it, and its own bring-in, each switch step as long as it last took (or
 the longest such step of any model; unknown before the first: then None).
 """
@@ -59,20 +59,20 @@ def _asked(slot: Slot) -> float | None:
 
 
 def _wait(residency: Residency, slot: Slot, now: float) -> float | None:
-    resident = [s for s in residency.slots.values() if s.status in ("serving", "draining")]
+    in_the_way = residency.in_the_way(slot)
     mine = _asked(slot)
     mine = now if mine is None else mine
-    asked = [
+    asked = [  # models waiting for its GPUs (on others they switch apart)
         _asked(s)
         for s in residency.slots.values()
-        if s is not slot and s.status in ("away", "failed")
+        if s is not slot and s.status in ("away", "failed") and set(s.gpus) & set(slot.gpus)
     ]
     ahead = sum(1 for t in asked if t is not None and t < mine)
     slots = residency.slots.values()
     steps = [_step(slot.bring_in_s, [s.bring_in_s for s in slots])]
     turn = 0.0
-    if len(resident) >= residency.settings.max_resident:
-        first = min(resident, key=lambda s: turn_end(residency, s))
+    if in_the_way:
+        first = min(in_the_way, key=lambda s: turn_end(residency, s))
         turn = max(0.0, turn_end(residency, first) - now)
         steps.append(_step(first.put_away_s, [s.put_away_s for s in slots]))
     if any(step is None for step in steps):

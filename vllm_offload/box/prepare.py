@@ -139,7 +139,10 @@ def prepare_box(
     for i, (name, model) in enumerate(box_plan.models.items()):
         socket = run_dir / ENGINES_DIR / f"{i}.sock"  # an index: sockets' paths are short
         engine = EngineLaunch(
-            socket=str(socket), sleeps=model.idle == "sleep", keeps_copy=box_plan.keeps_copy
+            socket=str(socket),
+            sleeps=model.idle == "sleep",
+            keeps_copy=box_plan.keeps_copy,
+            gpus=model.gpus if len(host.gpus) > 1 else (),
         )
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)
     return PreparedBox(

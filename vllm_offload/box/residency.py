@@ -51,13 +51,15 @@ class Residency:
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[Event], None] = lambda _event: None,
         sleep: Sleep = asyncio.sleep,  # the clock's: a fake clock's test drives both
+        gpus: Mapping[str, tuple[int, ...]] | None = None,  # by model; None: all on one
     ) -> None:
         self.engines = engines
         self.settings = settings
         self.clock = clock
         self.sleep = sleep
         self.on_event = on_event
-        self.slots = {name: Slot(name=name) for name in engines}
+        placed = gpus or {}
+        self.slots = {name: Slot(name=name, gpus=placed.get(name) or (0,)) for name in engines}
         self._kick = asyncio.Event()
         self._switching = asyncio.Lock()  # one switch step at a time, by hand or not
         self._task: asyncio.Task[None] | None = None
@@ -143,9 +145,8 @@ class Residency:
             if slot.status in ("serving", "draining"):
                 return
             self._begin(slot, "bring-in")
-            if len(self._resident()) >= self.settings.max_resident:
-                victim = min(self._resident(), key=lambda s: s.last_used)
-                await self._put_away(victim)
+            while in_the_way := self.in_the_way(slot):
+                await self._put_away(min(in_the_way, key=lambda s: s.last_used))
             await self._bring_in(slot)
         if slot.status != "serving":
             raise Unavailable(f"model '{name}' could not be brought in (see the events)")
@@ -167,6 +168,20 @@ class Residency:
 
     def _resident(self) -> list[Slot]:
         return [s for s in self.slots.values() if s.status in ("serving", "draining")]
+
+    def cap(self, slot: Slot) -> int:
+        """Models on one of ``slot``'s GPUs at once."""
+        return self.settings.resident_beside.get(slot.name, self.settings.max_resident)
+
+    def full(self, slot: Slot) -> list[int]:
+        """``slot``'s GPUs that hold as many resident models as they may."""
+        resident = self._resident()
+        return [g for g in slot.gpus if sum(g in s.gpus for s in resident) >= self.cap(slot)]
+
+    def in_the_way(self, slot: Slot) -> list[Slot]:
+        """Resident models on a full GPU of ``slot``'s: one of them must go first."""
+        full = set(self.full(slot))
+        return [s for s in self._resident() if full & set(s.gpus)]
 
     async def _run(self) -> None:
         while True:
@@ -190,27 +205,47 @@ class Residency:
 
     async def _step(self) -> float | None:
         """Make the next switch, if one is due; seconds until something may change by
-        time alone (None: only a request or an exit changes anything)."""
-        target = self._next_target()
-        if target is None:
+        time alone (None: only a request or an exit changes anything). The model asked for
+        longest goes first; one whose GPUs' models must keep their turns waits, and a
+        model asked for on other GPUs may come in meanwhile."""
+        targets = self._targets()
+        if not targets:
             return await self._expire_idle()
-        if len(self._resident()) < self.settings.max_resident:
+        now = self.clock()
+        waits = []
+        for target in targets:
+            victims = self._victims(target, now)
+            if victims is None:  # a resident model's turn lasts: until the first ends
+                ends = [
+                    s.since + self.settings.min_resident_s - now for s in self.in_the_way(target)
+                ]
+                waits.append(max(0.01, min(ends, default=0.01)))
+                continue
+            self._begin(target, "bring-in")
+            for victim in victims:
+                await self._put_away(victim)
             await self._bring_in(target)
             return 0
-        now = self.clock()
-        ready = [s for s in self._resident() if s.status == "serving" and self._may_go(s, now)]
-        if not ready:  # every resident model's turn lasts: until the first ends
-            ends = [s.since + self.settings.min_resident_s - now for s in self._resident()]
-            return max(0.01, min(ends))
-        self._begin(target, "bring-in")
-        await self._put_away(min(ready, key=lambda s: s.last_used))
-        await self._bring_in(target)
-        return 0
+        return min(waits)
 
-    def _next_target(self) -> Slot | None:
-        """The model not resident whose request has waited longest."""
+    def _victims(self, target: Slot, now: float) -> list[Slot] | None:
+        """The models to put away for ``target`` (none: it has room), the least recently
+        used that may go on each of its full GPUs; None where one of them has none."""
+        chosen: list[Slot] = []
+        for gpu in self.full(target):
+            on = [s for s in self._resident() if gpu in s.gpus]
+            if any(s in chosen for s in on):  # one put away already frees this GPU too
+                continue
+            ready = [s for s in on if s.status == "serving" and self._may_go(s, now)]
+            if not ready:
+                return None
+            chosen.append(min(ready, key=lambda s: s.last_used))
+        return chosen
+
+    def _targets(self) -> list[Slot]:
+        """The models not resident that requests wait for, longest waiting first."""
         asked = [s for s in self.slots.values() if s.queue and s.status in ("away", "failed")]
-        return min(asked, key=lambda s: s.queue[0][0], default=None)
+        return sorted(asked, key=lambda s: s.queue[0][0])
 
     def _may_go(self, slot: Slot, now: float) -> bool:
         """Its turn is over, or it was never used in it."""

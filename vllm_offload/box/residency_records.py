@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypedDict
 
@@ -48,7 +49,10 @@ class ResidencySettings:
     min_resident_s has none: [residency]'s is 'auto', which the plan resolves (by idle and
     sleep_level); a default here would be a second answer that could disagree."""
 
-    max_resident: int = 1  # models on the GPU at once, as the plan resolved it
+    max_resident: int = 1  # models on one GPU at once, as the plan resolved it
+    # Models whose GPUs' group the plan resolved another count for (several GPUs, #59):
+    # models on one of their GPUs at once; the rest have max_resident.
+    resident_beside: Mapping[str, int] = field(default_factory=dict)
     min_resident_s: float  # a model's turn once used, as the plan resolved it
     keep_alive_s: float | None = None  # idle this long: put away; None ('forever'): until needed
     queue_limit: int = _SECTION["queue_limit"].default  # requests waiting, all models
@@ -60,6 +64,7 @@ class Slot:
     """One model's place in the switcher's books."""
 
     name: str
+    gpus: tuple[int, ...] = (0,)  # the GPUs its engine holds while resident (plan.placement)
     status: Status = "away"
     in_flight: int = 0
     since: float = 0.0  # when it last became resident

@@ -59,6 +59,7 @@ def settings(config: DeploymentConfig, box_plan: BoxPlan) -> ResidencySettings:
     keep = None if residency.keep_alive_s == "forever" else float(residency.keep_alive_s)
     return ResidencySettings(
         max_resident=box_plan.max_resident,
+        resident_beside={name: m.resident_beside for name, m in box_plan.models.items()},
         min_resident_s=box_plan.min_resident_s,
         keep_alive_s=keep,
         queue_limit=residency.queue_limit,
@@ -108,11 +109,12 @@ async def warm_up(front: FrontDoor, prepared: PreparedBox, preload: bool) -> Non
     first sleep makes the host copy of its weights, 5-11 s for 16 GB on the H200 (the
     default's first put-away made the first switch 6.3 s instead of 0.5), later ones take
     0.05 s. Where all fit, none sleeps: none keeps a host copy of its weights."""
-    box_plan = prepared.plan
+    box_plan, residency = prepared.plan, front.residency
     names = [box_plan.default, *(n for n in box_plan.models if n != box_plan.default)]
-    resident = names[: box_plan.max_resident]
-    sleepers = [n for n in names if box_plan.models[n].idle == "sleep"]
-    for name in sleepers[::-1] if preload and len(names) > box_plan.max_resident else ():
+    sleepers = [
+        n for n in names if box_plan.models[n].idle == "sleep" and box_plan.models[n].switches
+    ]
+    for name in sleepers[::-1] if preload else ():
         try:
             await front.residency.bring_in(name)
             await front.residency.put_away(name)
@@ -121,7 +123,9 @@ async def warm_up(front: FrontDoor, prepared: PreparedBox, preload: bool) -> Non
     await front.residency.bring_in(box_plan.default)
     front.ready = True
     say(f"serving {', '.join(box_plan.models)}; '{box_plan.default}' on the GPU")
-    for name in resident[1:] if preload else ():
+    for name in names[1:] if preload else ():
+        if residency.full(residency.slots[name]):  # its GPUs hold what they may
+            continue
         try:
             await front.residency.bring_in(name)
         except Unavailable as exc:
@@ -203,7 +207,8 @@ async def serve_box(prepared: PreparedBox, config: DeploymentConfig) -> int:
         took = f" in {event.seconds:.2f} s" if event.seconds is not None else ""
         say(f"{event.text}{took}")
 
-    residency = Residency(engines, settings(config, prepared.plan), on_event=record)
+    gpus = {name: m.gpus for name, m in prepared.plan.models.items()}
+    residency = Residency(engines, settings(config, prepared.plan), on_event=record, gpus=gpus)
     lengths = {n: m.plan.length.max_model_len for n, m in prepared.plan.models.items()}
     front = FrontDoor(
         engines=engines, residency=residency, max_model_len=lengths, api_key=prepared.api_key

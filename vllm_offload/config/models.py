@@ -35,6 +35,24 @@ class ModelEntry(ModelSection):
         default_factory=list,
         description="vLLM arguments for this model's engine, after the file's extra_args.",
     )
+    gpus: list[int] | Literal["auto"] = Field(
+        "auto",
+        description="The GPUs (NVML indexes, as nvidia-smi lists them) this model's engine "
+        "runs on; several: split over them by tensor parallelism. 'auto': the planner "
+        "places each model on a GPU of its own where it can, the largest first, splits one "
+        "that no GPU holds alone, and says why in `plan` (chose: placement). One GPU: all "
+        "models share it.",
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_list(cls, gpus: list[int] | str) -> list[int] | str:
+        if isinstance(gpus, list):
+            if not gpus:
+                raise ValueError("name at least one GPU, or 'auto'")
+            if len(set(gpus)) != len(gpus) or any(not 0 <= g < 64 for g in gpus):
+                raise ValueError("GPU indexes 0 to 63, each once (e.g. [0] or [0, 1])")
+        return gpus
 
     @field_validator("gpu", "kv_offload", "weights_offload")
     @classmethod

@@ -13,13 +13,14 @@ CPU tiers left 'auto' share what the set leaves, equally.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GIB, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan, plan_json, render
+from vllm_offload.plan.box_gpus import gpu_host, group_inputs, place_models, split_engines
 from vllm_offload.plan.box_host import Away, Idle, holds, holds_serving, host_view, tier_shares
 from vllm_offload.plan.records import BoxInputs, Notes, Plan, PlanError, Platform, gib
 from vllm_offload.plan.together import resident_models
@@ -48,13 +49,16 @@ class ModelPlan:
     idle: Idle
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
     serving_ram_bytes: int  # host RAM it holds on the GPU (with its sleep copy, if kept)
+    gpus: tuple[int, ...] = ()  # the GPU indexes its engine runs on (plan.placement)
+    resident_beside: int = 1  # models of its GPUs' group on them at once ('auto' resolved)
+    switches: bool = True  # its group has more models than its GPUs hold at once
 
 
 @dataclass(frozen=True, kw_only=True)
 class BoxPlan:
     models: dict[str, ModelPlan]  # in the file's order
     default: str
-    max_resident: int  # models on the GPU at once ('auto' resolved)
+    max_resident: int  # models on one GPU at once ('auto' resolved; the most of any group)
     min_resident_s: float  # a model's turn ('auto' resolved)
     keeps_copy: bool  # a model on the GPU keeps its sleep copy (residency.host_copy)
     notes: Notes
@@ -155,23 +159,49 @@ def _gpu_share(
 
 def plan_box(inputs: BoxInputs) -> BoxPlan:
     """Plan every model of the set; raises PlanError naming the model's entry for what no
-    setting makes fit, lists in the notes' problems what forbids a start."""
-    config, engines, host = inputs.config, inputs.engines, inputs.host
-    resident, shares, notes = _resident(inputs)
-    idle, step = idle_mode(config, inputs.platform, resident >= len(engines))
-    turn, said = turn_s(config, idle, switches=resident < len(engines))
+    setting makes fit, lists in the notes' problems what forbids a start. Models are placed
+    on the GPUs first (``plan.placement``); each group of models that share GPUs then gets
+    its resident count and GPU shares on its own GPUs, and the host's RAM counts them all."""
+    config, host = inputs.config, inputs.host
+    placement = place_models(inputs)
+    inputs = replace(inputs, engines=split_engines(inputs.engines, placement))
+    engines = inputs.engines
+    notes = placement.notes
+    shares: dict[str, DeploymentConfig] = {}
+    resident_of: dict[str, int] = {}
+    sleeping: dict[str, int] = {}
+    idle: Idle = "stop"
+    groups = placement.groups()
+    all_resident = True
+    for group in groups:
+        view = group_inputs(inputs, group, placement)
+        resident, group_shares, said = _resident(view) if len(group) > 1 else (1, {}, Notes())
+        all_resident = all_resident and resident >= len(group)
+        shares.update(group_shares)
+        notes += said
+        resident_of.update({name: resident for name in group})
+    idle, step = idle_mode(config, inputs.platform, all_resident)
+    turn, said = turn_s(config, idle, switches=not all_resident)
     notes = step + notes + said
     level = config.residency.sleep_level
-    sleepers = len(engines) - resident if idle == "sleep" else 0
-    if not shares:  # as configured: each model's share less what the sleepers keep
-        for name, engine in engines.items():
-            shares[name], step = _gpu_share(name, engine, host, sleepers)
-            notes += step
-    notes += _resident_shares_fit(resident, shares, host, sleepers)
-    alone = {name: _plan(inputs, i, name, shares[name], host) for i, name in enumerate(engines)}
-    # Engines alive at once: every one when they sleep; else max_resident of them (counted
-    # as all, which only errs on the safe side).
-    away = Away(idle=idle, level=level, together=idle == "sleep" or resident > 1)
+    for group in groups:
+        view = group_inputs(inputs, group, placement)
+        resident = resident_of[group[0]]
+        sleepers = len(group) - resident if idle == "sleep" else 0
+        sleeping.update({name: sleepers for name in group})
+        if not any(name in shares for name in group):  # as configured: less the sleepers'
+            for name in group:
+                shares[name], step = _gpu_share(name, engines[name], view.host, sleepers)
+                notes += step
+        notes += _resident_shares_fit(resident, {n: shares[n] for n in group}, view.host, sleepers)
+    hosts = {name: gpu_host(host, placement.gpus[name]) for name in engines}
+    alone = {
+        name: _plan(inputs, i, name, shares[name], hosts[name]) for i, name in enumerate(engines)
+    }
+    # Engines alive at once: every one when they sleep or where groups serve side by side;
+    # else max_resident of them (counted as all, which only errs on the safe side).
+    together = idle == "sleep" or len(groups) > 1 or resident_of[next(iter(engines))] > 1
+    away = Away(idle=idle, level=level, together=together)
     keeps, step = host_copy(config, idle)
     notes += step
     tiers, step = tier_shares(alone, shares, host, away)
@@ -186,7 +216,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             engine = engine.model_copy(
                 update={"kv_offload": engine.kv_offload.model_copy(update=update)}
             )
-        plan = _plan(inputs, i, name, engine, host_view(host, name, alone, tiers, away))
+        seen = host_view(hosts[name], name, alone, tiers, away)
+        plan = _plan(inputs, i, name, engine, seen)
         held = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
         planned[name] = ModelPlan(
             name=name,
@@ -196,12 +227,15 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             idle=idle,
             away_ram_bytes=held,
             serving_ram_bytes=holds_serving(plan, idle, level, keeps) + plan.cpu_tier.bytes,
+            gpus=placement.gpus[name],
+            resident_beside=resident_of[name],
+            switches=any(name in g and len(g) > resident_of[name] for g in groups),
         )
     default = config.residency.default_model or next(iter(engines))
     return BoxPlan(
         models=planned,
         default=default,
-        max_resident=resident,
+        max_resident=max(resident_of.values()),
         min_resident_s=turn,
         keeps_copy=keeps,
         notes=notes,
@@ -321,6 +355,8 @@ def box_json(box_plan: BoxPlan) -> dict[str, object]:
             "idle": m.idle,
             "away_ram_bytes": m.away_ram_bytes,
             "serving_ram_bytes": m.serving_ram_bytes,
+            "gpus": list(m.gpus),
+            "resident_beside": m.resident_beside,
         }
         for name, m in box_plan.models.items()
     }

@@ -1,0 +1,187 @@
+"""Several models on several GPUs (issue #59): which GPU each engine runs on, read from NVML
+(a fake driver with 1-4 GPUs of mixed sizes), placed by the planner or pinned by hand, each
+group of models that share GPUs planned on its GPUs alone."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_host
+from tests.fake_nvml import A6000, H100, RTX_4090, FakeNvml
+from tests.shapes import LLAMA3_8B, write_shape
+from vllm_offload import hardware
+from vllm_offload.config import parse
+from vllm_offload.config.schema import engine_configs
+from vllm_offload.hardware import GIB, GpuFacts, HostFacts
+from vllm_offload.model import facts as model_facts
+from vllm_offload.plan.box import BoxPlan, box_json, plan_box
+from vllm_offload.plan.placement import Placed, place, splits_for
+from vllm_offload.plan.records import BoxInputs, PlanError
+from vllm_offload.upstream.version import PINNED
+
+# Llama-3.1-70B's shape; Qwen2.5-14B's width at Llama's heads (a ~28 GiB model)
+LLAMA_70B = dict(
+    LLAMA3_8B,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+)
+MID_14B = dict(
+    LLAMA3_8B,
+    hidden_size=5120,
+    intermediate_size=13824,
+    num_hidden_layers=48,
+    num_attention_heads=40,
+    num_key_value_heads=8,
+)
+
+
+def nvml_host(monkeypatch: pytest.MonkeyPatch, *gpus: tuple[str, int, int]) -> HostFacts:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))
+    return replace(make_host(None, ram_gib=512, shm_gib=256), gpus=hardware.probe_gpus())
+
+
+def box(tmp_path: Path, host: HostFacts, shapes: dict[str, dict[str, Any]], **more: Any) -> BoxPlan:
+    entries = []
+    for name, shape in shapes.items():
+        entry = {"path": str(write_shape(tmp_path / name, shape)), "served_name": name}
+        entries.append(entry | more.get(name, {}))
+    config = parse({"models": entries, "residency": more.get("residency", {})})
+    engines = engine_configs(config)
+    return plan_box(
+        BoxInputs(
+            config=config,
+            engines=engines,
+            facts={n: model_facts.read(Path(c.model.path)) for n, c in engines.items()},
+            disks={n: None for n in engines},
+            host=host,
+            platform="cuda",
+            vllm_release=PINNED["cuda"],
+            env={},
+        )
+    )
+
+
+def gpus_of(plan: BoxPlan) -> dict[str, tuple[int, ...]]:
+    return {name: model.gpus for name, model in plan.models.items()}
+
+
+def placement_lines(plan: BoxPlan) -> list[str]:
+    return [d for d in plan.notes.decisions if d.startswith("placement:")]
+
+
+def test_one_gpu_places_nothing_and_says_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = nvml_host(monkeypatch, H100)
+    plan = box(tmp_path, host, {"a": LLAMA3_8B, "b": LLAMA3_8B})
+    assert gpus_of(plan) == {"a": (0,), "b": (0,)}
+    assert placement_lines(plan) == []
+    assert plan.max_resident == 2  # two 8B models fit an H100 together, as before
+
+
+def test_two_cards_three_models_two_serve_apart_and_the_third_shares_gpu_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's example: 2x RTX 4090, three 8B models: no switching between the first
+    two; the third shares GPU 0 and switches with its neighbour alone."""
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    plan = box(tmp_path, host, {"chat": LLAMA3_8B, "coder": LLAMA3_8B, "third": LLAMA3_8B})
+    assert gpus_of(plan) == {"chat": (0,), "coder": (1,), "third": (0,)}
+    models = plan.models
+    assert [models[n].resident_beside for n in ("chat", "coder", "third")] == [1, 1, 1]
+    # coder has GPU 1 to itself: nothing asleep beside it takes a share of it
+    assert models["coder"].config.gpu.memory_utilization == 0.9
+    assert models["chat"].config.gpu.memory_utilization < 0.9  # 'third' asleep beside it
+    assert all(m.plan.tensor_parallel_size == 1 for m in models.values())
+    lines = placement_lines(plan)
+    assert "a GPU of its own" in lines[0] and "a GPU of its own" in lines[1]
+    assert "switches with those on GPU 0" in lines[2]
+    assert box_json(plan)["models"]["coder"]["gpus"] == [1]  # type: ignore[index]
+
+
+def test_the_larger_model_takes_the_card_only_it_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Largest first: a ~28 GiB model listed second goes to the 48 GiB card, the 8B model
+    to the 24 GiB one (file order would have put the 8B on the roomier card)."""
+    host = nvml_host(monkeypatch, RTX_4090, A6000)
+    plan = box(tmp_path, host, {"small": LLAMA3_8B, "mid": MID_14B})
+    assert gpus_of(plan) == {"small": (0,), "mid": (1,)}
+    assert plan.models["mid"].plan.tensor_parallel_size == 1
+
+
+def test_a_model_no_card_holds_is_split_by_tensor_parallelism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 70B model (131 GiB) on two H100s: tensor parallel 2 (the issue's new user had it
+    planned as one GPU holding 131 GiB); on three, an 8B model beside it takes the third."""
+    plan = box(tmp_path, nvml_host(monkeypatch, H100, H100), {"big": LLAMA_70B})
+    assert gpus_of(plan) == {"big": (0, 1)}
+    big = plan.models["big"].plan
+    assert big.tensor_parallel_size == 2 and big.weights.offloaded_bytes == 0
+    assert "split over 2 (tensor parallel 2" in placement_lines(plan)[0]
+    three = box(
+        tmp_path, nvml_host(monkeypatch, H100, H100, H100), {"big": LLAMA_70B, "small": LLAMA3_8B}
+    )
+    assert gpus_of(three) == {"big": (0, 1), "small": (2,)}
+    assert all(m.resident_beside == 1 for m in three.models.values())
+
+
+def test_four_mixed_cards_each_model_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = nvml_host(monkeypatch, RTX_4090, A6000, RTX_4090, H100)
+    shapes = {"a": LLAMA3_8B, "b": MID_14B, "c": LLAMA3_8B, "d": MID_14B}
+    plan = box(tmp_path, host, shapes)
+    placed = gpus_of(plan)
+    assert sorted(placed.values()) == [(0,), (1,), (2,), (3,)]
+    assert {placed["b"], placed["d"]} == {(1,), (3,)}  # the 28 GiB ones on the big cards
+    assert all(m.resident_beside == 1 for m in plan.models.values())
+    assert not any("min_resident_s" in d for d in plan.notes.decisions)  # nothing switches
+
+
+def test_gpus_pin_a_model_and_a_pin_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    shapes = {"a": LLAMA3_8B, "b": LLAMA3_8B}
+    plan = box(tmp_path, host, shapes, a={"gpus": [1]})
+    assert gpus_of(plan) == {"a": (1,), "b": (0,)}
+    assert placement_lines(plan)[0] == "placement: 'a' on GPU 1 (models[].gpus)"
+    with pytest.raises(PlanError) as missing:
+        box(tmp_path, host, shapes, b={"gpus": [2]})
+    assert missing.value.field == "models[1].gpus" and "GPU 2 is not here" in missing.value.message
+    with pytest.raises(PlanError) as uneven:
+        box(tmp_path, nvml_host(monkeypatch, H100, H100, H100), shapes, a={"gpus": [0, 1, 2]})
+    assert uneven.value.field == "models[0].gpus" and "over 3 GPUs" in uneven.value.message
+
+
+def test_place_largest_first_to_the_roomiest() -> None:
+    """The rule alone, on needs in GiB: an empty card first, then the one with most room."""
+    cards = [
+        GpuFacts(index=i, name="g", total_bytes=int(size * GIB), free_bytes=0)
+        for i, size in enumerate((40, 40, 100))
+    ]
+
+    def model(need_gib: float) -> Placed:
+        return Placed(need_on=lambda k: int(need_gib * GIB / k), splits=(1, 2), utilization=1.0)
+
+    placed = place({"s": model(10), "m": model(30), "l": model(90), "x": model(20)}, cards)
+    # l only fits GPU 2; m takes an empty card (0); x the other empty one (1); s then the
+    # roomiest: GPU 1 (20 left) before GPU 0 and GPU 2 (10 each)
+    assert placed.gpus == {"s": (1,), "m": (0,), "l": (2,), "x": (1,)}
+    two = place({"h": model(70)}, [*cards[:2], replace(cards[2], total_bytes=30 * GIB)])
+    assert two.gpus == {"h": (0, 1)}  # 35 a card over the two 40s
+    none = place({"h": model(150)}, cards)  # 75 a card fits GPU 2 alone: no pair holds it
+    assert none.gpus == {"h": (2,)} and "fits no GPU" in none.notes.decisions[0]
+    assert splits_for(32, 8, 4) == (1, 2, 4)
+    assert splits_for(40, 8, 4) == (1, 2, 4)
+    assert splits_for(64, 8, 3) == (1, 2)
