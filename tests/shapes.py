@@ -33,6 +33,15 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "mlp_only_layers": [],
     "norm_topk_prob": True,
 }
+# Llama-3.1-70B's shape (131 GiB in bf16: no one GPU holds it)
+LLAMA_70B: dict[str, Any] = dict(
+    LLAMA3_8B,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+)
 # Qwen2.5-7B(-Instruct, -Coder): the two-model example's second model
 QWEN25_7B: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],

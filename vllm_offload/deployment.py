@@ -27,6 +27,7 @@ from vllm_offload.model import hub
 from vllm_offload.model import real as real_model
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Plan, PlanError, Platform, make_plan
+from vllm_offload.plan.box_gpus import split_alone
 from vllm_offload.upstream import patching
 from vllm_offload.upstream.patch_journal import PatchError
 from vllm_offload.upstream.version import API_KEY_ENV, InstalledVllm, release_for
@@ -139,11 +140,15 @@ def plan_for(
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     path = config.kv_offload.disk_path
     disk = hardware.probe_disk(path) if path else None
-    facts = facts or model_facts.read(directory)
+    model = facts or model_facts.read(directory)
     release = release_for(vllm, platform)
-    return make_plan(
-        config, facts, host, platform, env=dict(environ), disk=disk, vllm_release=release
-    )
+
+    def planned(config: DeploymentConfig) -> Plan:
+        return make_plan(
+            config, model, host, platform, env=dict(environ), disk=disk, vllm_release=release
+        )
+
+    return split_alone(config, model, host, planned)
 
 
 def prepare(

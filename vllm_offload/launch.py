@@ -265,7 +265,7 @@ def build(
         options.add("--max-num-batched-tokens", plan.prefill.tokens)
     if config.gpu.kv_cache_memory_bytes != "auto" or plan.platform == "cpu":
         options.add("--kv-cache-memory-bytes", plan.gpu.kv_pool_bytes)
-    _parallel(options, config)
+    _parallel(options, config, plan.tensor_parallel_size)
     notes: list[str] = [
         f"KV offload backend: {plan.kv.backend} ({plan.kv.backend_reason})",
         FIRST_START[plan.platform],
@@ -321,10 +321,11 @@ def _listen(
             env[SLEEP_KEEP_COPY_ENV] = "0"
 
 
-def _parallel(options: _Options, config: DeploymentConfig) -> None:
+def _parallel(options: _Options, config: DeploymentConfig, tp: int) -> None:
+    """``tp``: the plan's (the config's, or the split it chose: plan.box_gpus)."""
     parallel = config.parallel
-    if parallel.tensor_parallel_size > 1:
-        options.add("--tensor-parallel-size", parallel.tensor_parallel_size)
+    if tp > 1:
+        options.add("--tensor-parallel-size", tp)
     if parallel.pipeline_parallel_size > 1:
         options.add("--pipeline-parallel-size", parallel.pipeline_parallel_size)
     if parallel.distributed_executor_backend != "auto":

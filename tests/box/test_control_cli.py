@@ -34,22 +34,25 @@ PLANNED = {
 
 
 @contextlib.asynccontextmanager
-async def control_socket(tmp_path: Path) -> AsyncIterator[tuple[Path, Path]]:
+async def control_socket(
+    tmp_path: Path, gpus: dict[str, tuple[int, ...]] | None = None
+) -> AsyncIterator[tuple[Path, Path]]:
     """A front door (chat on the GPU, coder stopped) with its control socket; yields the
-    socket and a config of the same two models."""
+    socket and a config of the same two models. ``gpus``: a box with several GPUs."""
     residency_ref: list[Residency] = []
     engines = {
         n: standin(tmp_path, n, lambda name, _c: residency_ref[0].engine_exited(name))
         for n in ("chat", "coder")
     }
-    residency = Residency(engines, ResidencySettings(min_resident_s=60, keep_alive_s=600))
+    settings = ResidencySettings(min_resident_s=60, keep_alive_s=600)
+    residency = Residency(engines, settings, gpus=gpus)
     residency_ref.append(residency)
     front = FrontDoor(
         engines=engines, residency=residency, max_model_len={"chat": 2048, "coder": 4096}
     )
     events: deque[Event] = deque()
     socket = tmp_path / "control.sock"
-    app = create_control_app(front, events, {n: PLANNED for n in engines})
+    app = create_control_app(front, events, {n: PLANNED for n in engines}, gpus)
     server = uvicorn.Server(uvicorn.Config(app, uds=str(socket), log_level="warning"))
     serving = asyncio.create_task(server.serve())
     await residency.bring_in("chat")
@@ -96,7 +99,8 @@ def test_ps_load_and_unload(tmp_path: Path) -> None:
             where = ("--socket", str(socket), "--config", str(config))
             code, out = await cli("ps", *where)
             assert code == 0, out
-            assert tuple(out.splitlines()[0].split()) == COLUMNS
+            one_gpu = tuple(c for c in COLUMNS if c != "GPUS")  # GPUS: several GPUs only
+            assert tuple(out.splitlines()[0].split()) == one_gpu
             rows = table(out)
             assert rows["chat"][0] == "serving" and "20.0 GiB" in rows["chat"][1]
             assert "until" in rows["chat"][1] and "idle, or another model asks" in rows["chat"][1]
@@ -124,6 +128,24 @@ def test_ps_load_and_unload(tmp_path: Path) -> None:
 
             code, out = await cli("load", "gpt-4", *where)
             assert code == 2 and "no model 'gpt-4'" in out and "chat, coder" in out
+
+    run(test)
+
+
+def test_ps_says_each_model_s_gpus_on_a_box_with_several(tmp_path: Path) -> None:
+    """Issue #59: chat on GPU 0, coder split over 1 and 2: both serve at once, and ps has
+    a GPUS column."""
+
+    async def test() -> None:
+        async with control_socket(tmp_path, {"chat": (0,), "coder": (1, 2)}) as (socket, config):
+            where = ("--socket", str(socket), "--config", str(config))
+            assert (await cli("load", "coder", *where))[0] == 0
+            code, out = await cli("ps", *where)
+            assert code == 0 and tuple(out.splitlines()[0].split()) == COLUMNS
+            rows = table(out)
+            assert rows["chat"][0] == "serving" and rows["coder"][0] == "serving"
+            assert rows["chat"][1].split("  ")[-1] != ""  # a full row
+            assert " 0 " in f" {rows['chat'][1]} " and " 1,2 " in f" {rows['coder'][1]} "
 
     run(test)
 

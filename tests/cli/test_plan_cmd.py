@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shapes import LLAMA3_8B, QWEN3_30B_A3B, write_shape
+from tests.shapes import LLAMA3_8B, LLAMA_70B, QWEN3_30B_A3B, write_shape
 from vllm_offload.cli import main
 
 
@@ -214,3 +214,22 @@ def test_gpus_a_model_is_not_planned_on_are_said(
     assert "2 GPUs here, and this model is planned on 1 of them" in capsys.readouterr().out
     assert main([*declared, "--parallel-tensor-parallel-size", "2"]) == 0
     assert "GPUs here" not in capsys.readouterr().out
+
+
+def test_a_model_no_gpu_holds_is_split_over_the_gpus_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59: a 70B model on 2x 80 GB was planned as one GPU holding 131 GiB: it is
+    split by tensor parallelism, said, and served so; an amount of weights offload asked
+    for keeps it on one GPU."""
+    model = write_shape(tmp_path / "llama70", LLAMA_70B)
+    declared = ["--model", str(model), "--gpu-mem-gib", "80", "--gpu-count", "2"]
+    assert main(["plan", *declared, "--ram-gib", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "chose: placement: split over GPUs 0,1 (tensor parallel 2)" in out
+    assert "GPUs here" not in out
+    assert main(["serve", *declared, "--dry-run"]) == 0
+    assert "--tensor-parallel-size=2" in capsys.readouterr().out
+    assert main(["plan", *declared, "--ram-gib", "256", "--weights-offload-cpu-gib", "70"]) == 0
+    out = capsys.readouterr().out
+    assert "placement:" not in out and "2 GPUs here, and this model is planned on 1" in out

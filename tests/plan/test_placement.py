@@ -13,26 +13,19 @@ import pytest
 
 from tests.conftest import make_host
 from tests.fake_nvml import A6000, H100, RTX_4090, FakeNvml
-from tests.shapes import LLAMA3_8B, write_shape
+from tests.shapes import LLAMA3_8B, LLAMA_70B, write_shape
 from vllm_offload import hardware
 from vllm_offload.config import parse
 from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, GpuFacts, HostFacts
 from vllm_offload.model import facts as model_facts
-from vllm_offload.plan.box import BoxPlan, box_json, plan_box
+from vllm_offload.plan.box import BoxPlan, plan_box
+from vllm_offload.plan.box_render import box_json
 from vllm_offload.plan.placement import Placed, place, splits_for
 from vllm_offload.plan.records import BoxInputs, PlanError
 from vllm_offload.upstream.version import PINNED
 
-# Llama-3.1-70B's shape; Qwen2.5-14B's width at Llama's heads (a ~28 GiB model)
-LLAMA_70B = dict(
-    LLAMA3_8B,
-    hidden_size=8192,
-    intermediate_size=28672,
-    num_hidden_layers=80,
-    num_attention_heads=64,
-    num_key_value_heads=8,
-)
+# Qwen2.5-14B's width at Llama's heads (a ~28 GiB model)
 MID_14B = dict(
     LLAMA3_8B,
     hidden_size=5120,
@@ -41,6 +34,11 @@ MID_14B = dict(
     num_attention_heads=40,
     num_key_value_heads=8,
 )
+
+
+@pytest.fixture(autouse=True)
+def every_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
 def nvml_host(monkeypatch: pytest.MonkeyPatch, *gpus: tuple[str, int, int]) -> HostFacts:
@@ -185,3 +183,43 @@ def test_place_largest_first_to_the_roomiest() -> None:
     assert splits_for(32, 8, 4) == (1, 2, 4)
     assert splits_for(40, 8, 4) == (1, 2, 4)
     assert splits_for(64, 8, 3) == (1, 2)
+
+
+def test_plan_and_each_engine_name_their_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`plan` says each GPU's models and size and each model's GPUs; each engine's launch
+    sees only its own GPUs, numbered as NVML (and nvidia-smi) number them. On one GPU
+    neither: the engines see what the server sees."""
+    from vllm_offload.box.prepare import prepare_box
+    from vllm_offload.plan.box_render import render_box
+
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    shapes = {"chat": LLAMA3_8B, "coder": LLAMA3_8B, "third": LLAMA3_8B}
+    plan = box(tmp_path, host, shapes)
+    shown = render_box(plan)
+    assert "GPU 0 (NVIDIA GeForce RTX 4090, 23.67 GiB): 'chat', 'third' (1 at a time)" in shown
+    assert "GPU 1 (NVIDIA GeForce RTX 4090, 23.67 GiB): 'coder'\n" in shown
+    (header,) = [line for line in shown.splitlines() if line.startswith("== model 'coder'")]
+    assert header.endswith(", on GPU 1)")
+    data = {
+        "models": [
+            {"path": str(tmp_path / n), "served_name": n, "max_model_len": 4096} for n in shapes
+        ]
+    }
+    prepared = prepare_box(parse(data), host, {}, None)
+    envs = {n: spec.env for n, spec in prepared.specs.items()}
+    assert [envs[n].get("CUDA_VISIBLE_DEVICES") for n in shapes] == ["0", "1", "0"]
+    assert {envs[n]["CUDA_DEVICE_ORDER"] for n in shapes} == {"PCI_BUS_ID"}
+    one = prepare_box(parse(data), nvml_host(monkeypatch, H100), {}, None)
+    assert not any("CUDA_VISIBLE_DEVICES" in spec.env for spec in one.specs.values())
+
+
+def test_cuda_visible_devices_limits_the_gpus_planned_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started with CUDA_VISIBLE_DEVICES=1,2 plans on those two (NVML lists all
+    four), keeping their numbers; names it cannot map (UUIDs) leave all four."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    gpus = nvml_host(monkeypatch, H100, A6000, RTX_4090, H100).gpus
+    assert [(g.index, g.name) for g in gpus] == [(1, A6000[0]), (2, RTX_4090[0])]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5a1e0b2c")
+    assert len(nvml_host(monkeypatch, H100, A6000, RTX_4090, H100).gpus) == 4

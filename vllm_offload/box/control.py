@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,14 @@ _movers = threading.BoundedSemaphore(1)
 
 
 def create_control_app(
-    front: FrontDoor, events: deque[Event], planned: dict[str, dict[str, int]] | None = None
+    front: FrontDoor,
+    events: deque[Event],
+    planned: dict[str, dict[str, int]] | None = None,
+    gpus: Mapping[str, tuple[int, ...]] | None = None,
 ) -> FastAPI:
     """``planned``: each model's planned memory (``gpu_bytes``/``host_bytes`` by state:
-    runner.planned_memory)."""
+    runner.planned_memory); ``gpus``: the GPUs each engine runs on (plan.placement; none
+    on a CPU host)."""
     app = FastAPI(
         title="vllm-offload front door control", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -62,6 +67,7 @@ def create_control_app(
                 "pid": front.engines[name].pid,
                 "max_model_len": front.max_model_len[name],
                 "planned": (planned or {}).get(name, {}),
+                "gpus": list((gpus or {}).get(name, ())),
             }
             for name in front.engines
         }

@@ -180,9 +180,10 @@ def front_and_control(
     control app (the manager's) on its unix socket."""
     public = _Server(front_config(create_front_app(front), config.server.host, config.server.port))
     memory = {n: planned_memory(m) for n, m in prepared.plan.models.items()}
+    gpus = {n: m.gpus for n, m in prepared.plan.models.items()}
     control = _Server(
         uvicorn.Config(
-            create_control_app(front, events, memory),
+            create_control_app(front, events, memory, gpus),
             uds=str(control_socket),
             log_level="warning",
             timeout_graceful_shutdown=SERVER_GRACE_S,

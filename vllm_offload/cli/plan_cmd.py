@@ -15,7 +15,7 @@ from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.length_advice import short_for_chat
 from vllm_offload.plan import PlanError, render
-from vllm_offload.plan.box import box_json, render_box
+from vllm_offload.plan.box_render import box_json, render_box
 from vllm_offload.upstream.version import InstalledVllm
 
 

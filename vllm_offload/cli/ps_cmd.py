@@ -15,7 +15,7 @@ from vllm_offload.cli import _common
 from vllm_offload.hardware import GIB
 from vllm_offload.systemd.control import ServiceError
 
-COLUMNS = ("MODEL", "STATE", "SINCE", "STAYS", "GPU", "HOST", "RUNNING", "WAITING", "WAIT")
+COLUMNS = ("MODEL", "STATE", "SINCE", "STAYS", "GPUS", "GPU", "HOST", "RUNNING", "WAITING", "WAIT")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "serves: STATE (serving, asleep, stopped, starting, switching, failed), SINCE (when "
         "it came onto the GPU), STAYS (until when: a model used in its turn stays until the "
         "turn ends, residency.min_resident_s, then until another model is asked for or "
-        "keep_alive_s passes), GPU and HOST (the plan's memory for its state), RUNNING and "
+        "keep_alive_s passes), GPUS (which GPUs its engine runs on, on a box with several), "
+        "GPU and HOST (the plan's memory for its state), RUNNING and "
         "WAITING requests, WAIT (about how long a request for it waits now: its "
         "model's turn and the switch, as the last switches took; ? before the first).",
     )
@@ -43,8 +44,11 @@ def run(args: argparse.Namespace, _extra_args: list[str]) -> int:
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
+    models = found["models"].values()
     rows = [COLUMNS] + [row(name, model, time.time()) for name, model in found["models"].items()]
-    if not any(on_gpu(model) for model in found["models"].values()):  # a CPU host
+    if len({g for model in models for g in model.get("gpus", [])}) < 2:  # one GPU (or none)
+        rows = [r[:4] + r[5:] for r in rows]
+    if not any(on_gpu(model) for model in models):  # a CPU host
         rows = [r[:4] + r[5:] for r in rows]
     widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
     for r in rows:
@@ -91,6 +95,7 @@ def row(name: str, model: dict[str, Any], now: float) -> tuple[str, ...]:
         state,
         clock(model.get("since")),
         stays(model, now),
+        ",".join(map(str, model.get("gpus", []))) or "-",
         size(gpu),
         size(host),
         str(model.get("in_flight", 0)),

@@ -16,7 +16,7 @@ from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.model import hub
 from vllm_offload.plan import render
-from vllm_offload.plan.box import render_box
+from vllm_offload.plan.box_render import render_box
 from vllm_offload.upstream.version import InstalledVllm
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.schema import entry_field
-from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.hardware import GIB, GpuFacts, HostFacts
 from vllm_offload.model.facts import ModelFacts
-from vllm_offload.plan import make_plan, plan_json, render
+from vllm_offload.plan import make_plan
 from vllm_offload.plan.box_gpus import gpu_host, group_inputs, place_models, split_engines
 from vllm_offload.plan.box_host import Away, Idle, holds, holds_serving, host_view, tier_shares
 from vllm_offload.plan.records import BoxInputs, Notes, Plan, PlanError, Platform, gib
@@ -62,6 +62,7 @@ class BoxPlan:
     min_resident_s: float  # a model's turn ('auto' resolved)
     keeps_copy: bool  # a model on the GPU keeps its sleep copy (residency.host_copy)
     notes: Notes
+    cards: tuple[GpuFacts, ...] = ()  # the box's GPUs where it has several (plan.placement)
 
 
 def idle_mode(
@@ -239,6 +240,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
         min_resident_s=turn,
         keeps_copy=keeps,
         notes=notes,
+        cards=host.gpus if len(host.gpus) > 1 else (),
     )
 
 
@@ -331,42 +333,3 @@ def _disk_tiers_apart(configs: Mapping[str, DeploymentConfig]) -> Notes:
             )
         seen[path] = name
     return Notes()
-
-
-def render_box(box_plan: BoxPlan) -> str:
-    """Each model's plan as `plan` prints one, then the set's decisions and problems."""
-    parts = []
-    for name, model in box_plan.models.items():
-        away = "asleep when away" if model.idle == "sleep" else "stopped when away"
-        if model.away_ram_bytes:
-            away += f", holding {gib(model.away_ram_bytes)} of host RAM"
-        default = ", the default" if name == box_plan.default else ""
-        parts.append(f"== model '{name}' ({away}{default})\n{render(model.plan)}")
-    lines = [f"chose: {d}" for d in box_plan.notes.decisions]
-    lines += [f"warning: {w}" for w in box_plan.notes.warnings]
-    lines += [f"cannot start: {p['field']}: {p['message']}" for p in box_plan.notes.problems]
-    return "\n\n".join(parts) + ("\n\n== the set\n" + "\n".join(lines) if lines else "")
-
-
-def box_json(box_plan: BoxPlan) -> dict[str, object]:
-    models = {
-        name: {
-            **plan_json(m.plan),
-            "idle": m.idle,
-            "away_ram_bytes": m.away_ram_bytes,
-            "serving_ram_bytes": m.serving_ram_bytes,
-            "gpus": list(m.gpus),
-            "resident_beside": m.resident_beside,
-        }
-        for name, m in box_plan.models.items()
-    }
-    return {
-        "models": models,
-        "default": box_plan.default,
-        "max_resident": box_plan.max_resident,
-        "min_resident_s": box_plan.min_resident_s,
-        "host_copy": "keep" if box_plan.keeps_copy else "release",
-        "decisions": list(box_plan.notes.decisions),
-        "warnings": list(box_plan.notes.warnings),
-        "problems": list(box_plan.notes.problems),
-    }

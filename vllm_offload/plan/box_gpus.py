@@ -4,7 +4,7 @@ on one GPU, placed by ``plan.placement``, and the views the rest of the box plan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
@@ -13,7 +13,7 @@ from vllm_offload.hardware import GpuFacts, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan
 from vllm_offload.plan.placement import Placed, Placement, place, splits_for
-from vllm_offload.plan.records import BoxInputs, Plan, PlanError
+from vllm_offload.plan.records import BoxInputs, Notes, Plan, PlanError, gib
 from vllm_offload.plan.together import gpu_need
 
 
@@ -46,6 +46,50 @@ def place_models(inputs: BoxInputs) -> Placement:
             index=i,
         )
     return place(models, host.gpus)
+
+
+def split_alone(
+    config: DeploymentConfig,
+    facts: ModelFacts,
+    host: HostFacts,
+    planned: Callable[[DeploymentConfig], Plan],
+) -> Plan:
+    """One model on a host with several GPUs (``planned``: make_plan on this host): split
+    by tensor parallelism over the fewest GPUs that hold its weights, where one GPU holds
+    them only by offloading some to host RAM (weights_offload.cpu_gib 'auto') or not at all
+    (0). Kept on one GPU where it fits there, where tensor or pipeline parallelism is
+    configured, or where cpu_gib names an amount (offloading was asked for)."""
+    parallel = config.parallel
+    asked = config.weights_offload.cpu_gib
+    pinned = parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1
+    if len(host.gpus) <= 1 or pinned or asked not in ("auto", 0):
+        return planned(config)
+    try:
+        one: Plan | None = planned(config)
+    except PlanError as exc:
+        one, refused = None, exc
+    if one is not None and one.weights.offloaded_bytes == 0:
+        return one
+    for k in splits_for(facts.num_attention_heads, facts.num_kv_heads, len(host.gpus))[1:]:
+        try:
+            split = planned(_split(config, k))
+        except PlanError:
+            continue
+        if split.weights.offloaded_bytes == 0:
+            instead = (
+                f"one would offload {gib(one.weights.offloaded_bytes)} of them to host RAM"
+                if one is not None
+                else "they fit no one GPU"
+            )
+            why = (
+                f"placement: split over GPUs {','.join(str(g.index) for g in host.gpus[:k])} "
+                f"(tensor parallel {k}): the weights ({gib(split.weights.bytes)}) fit {k} "
+                f"GPUs; {instead} (weights_offload.cpu_gib = a number keeps it on one)"
+            )
+            return replace(split, notes=Notes(decisions=(why,)) + split.notes)
+    if one is None:
+        raise refused
+    return one
 
 
 def split_engines(

@@ -37,12 +37,12 @@ def combination_checks(inputs: PlanInputs, backend: Backend) -> Notes:
         )
     used = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
     if platform == "cuda" and len(host.gpus) > used:
-        # issue #56: `--gpu-count 2` planned one GPU without a word (placement: issue #59)
+        # issue #56: `--gpu-count 2` planned one GPU without a word (one that fits none is split)
         warnings.append(
             f"{len(host.gpus)} GPUs here, and this model is planned on {used} of them "
             f"(parallel.tensor_parallel_size = {config.parallel.tensor_parallel_size}): set "
-            f"it to {len(host.gpus)} to split the model over all of them; the others stay "
-            "idle (models are not placed on separate GPUs yet)"
+            f"it to {len(host.gpus)} to split the model over all of them, or serve more "
+            "models ([[models]]: each is placed on a GPU of its own where one holds it)"
         )
     if backend != "none" and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         problems.append(

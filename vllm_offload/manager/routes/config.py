@@ -19,7 +19,7 @@ from vllm_offload.manager.fence import allowed
 from vllm_offload.manager.reach import server_url
 from vllm_offload.manager.state import AnyPrepared, Manager, manager_of
 from vllm_offload.model import hub
-from vllm_offload.plan.box import box_json
+from vllm_offload.plan.box_render import box_json
 from vllm_offload.systemd.control import ServiceError
 
 router = APIRouter()

@@ -24,7 +24,7 @@ from vllm_offload.manager import bounded, detect, hand_run, wedge
 from vllm_offload.manager.state import Manager, manager_of
 from vllm_offload.manager.switches import ended, progress, switches
 from vllm_offload.manager.unit_monitor import UnitMonitor, last_error
-from vllm_offload.plan.box import box_json
+from vllm_offload.plan.box_render import box_json
 
 router = APIRouter()
 Shared = Annotated[Manager, Depends(manager_of)]
@@ -165,6 +165,7 @@ def models_cards(
                 "host_extension_bytes": plan.extension.bytes,
                 "max_model_len": plan.length.max_model_len,
                 "away_ram_bytes": model.away_ram_bytes,
+                "gpus": list(model.gpus),  # plan.placement: its GPUs' NVML indexes
                 "last_switch": last,
             }
         )

@@ -12,9 +12,12 @@ function showModels(models, controlError, steps) {
   why.textContent = controlError ? `Model states unknown: ${controlError}` : '';
   showSwitches(models);
   showStrip(models, steps || []);
-  show('model-cards', ...models.map(modelCard));
+  const several = new Set(models.flatMap(m => m.gpus || [])).size > 1;  // a box of several GPUs
+  show('model-cards', ...models.map(m => modelCard(m, several)));
 }
-function modelCard(m) {
+// Its GPUs, on a box with several (plan.placement): a split is tensor parallel.
+const gpuRows = m => [row('GPU', m.gpus.join(', ') + (m.gpus.length > 1 ? ` (split over ${m.gpus.length}: tensor parallel)` : ''))];
+function modelCard(m, several) {
   const p = m.progress || {};
   const when = m.last_switch ? new Date(m.last_switch.t * 1000).toLocaleTimeString() + ': ' + m.last_switch.text : 'none yet';
   const len = el('input', {value: m.max_model_len, 'aria-label': 'max_model_len of ' + m.name});
@@ -26,7 +29,7 @@ function modelCard(m) {
     : button(label, ev => moveModel(m.name, action, ev.currentTarget), {class: action});
   return el('div', {class: 'model', 'data-model': m.name},
     el('h3', {}, m.name, el('span', {class: 'badge ' + m.state}, m.state), m.default ? el('span', {class: 'hint'}, ' default') : ''),
-    el('table', {}, row('Folder', m.path),
+    el('table', {}, row('Folder', m.path), ...(several ? gpuRows(m) : []),
       row('Weights, on GPU / in host RAM', `${fmt(m.weights_gpu_bytes / GIB, 2)} / ${fmt(m.weights_offloaded_bytes / GIB, 2)} GiB`),
       row('GPU KV pool / CPU tier', `${fmt(m.gpu_kv_pool_bytes / GIB, 2)} / ${fmt(m.cpu_tier_bytes / GIB, 2)} GiB`),
       ...requestRows(m),
