@@ -5,7 +5,10 @@ graphs, one server per arm through `vllm-offload serve`, both up at once:
 
   gpu-only   a GPU pool of --pool-gib, no extension (the chats' reference server)
   share-S    the same GPU pool + --extension-gib of host RAM, kv_offload.spilled_step_share
-             S for each S in --shares (0.25: the default; 1: patch 0006 alone)
+             S for each S in --shares (0.1: the default; 1: patch 0006 alone)
+  all-gpu    with --all-gpu-pool-gib: a GPU pool that holds the long request (no host
+             reads), the long request beside the chats too: what vLLM's own scheduling
+             of such a request costs them
 
 Scenarios (--scenarios), each with one long request (--long-tokens random ids in,
 --long-out out) and chats of --chat-in in / --chat-out out (greedy, ignore_eos):
@@ -180,7 +183,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default="wave16,wave32,before,with,waves,steady")
     parser.add_argument("--rate", type=float, default=4.0, help="steady: chats a second")
     parser.add_argument("--steady-s", type=float, default=15.0)
-    parser.add_argument("--shares", default="0.25")
+    parser.add_argument("--shares", default="0.1")
+    parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
@@ -195,6 +199,8 @@ def main() -> None:
             f"--kv-offload-host-extension-gib={args.extension_gib}",
             f"--kv-offload-spilled-step-share={share}",
         ]
+    if args.all_gpu_pool_gib:
+        flags["all-gpu"] = ["--gpu-kv-cache-memory-bytes", str(int(args.all_gpu_pool_gib * GIB))]
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
     ours += ["--kv-offload-backend", "none", "--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
     dummy = ["--", "--load-format", "dummy"]

@@ -91,23 +91,26 @@ class KvOffloadSection(_Section):
         "per query tile of the kernel (tens of times slower).",
     )
     spilled_step_share: float = Field(
-        0.25,
+        0.1,
         ge=MIN_SPILLED_STEP_SHARE,
         le=1.0,
-        description="With host_extension_gib: while other requests run or wait, the steps "
-        "that include a request whose KV reaches host RAM take at most this share of the "
-        "GPU's time, its host reads included (vllm_ext.fair_scheduler); the steps between run "
-        "the others without it, at GPU speed. Measured (H200, 8B shape, 8 chats beside a "
-        "40,000-token request, docs/benchmarks.md): 0.25 keeps the chats' time per token at "
-        "1.29x of theirs alone (1: 17x) while the long request decodes at ~5 tokens/s beside "
-        "them (11.6 alone; measured coarsely); 0.1: 1.00x and ~4; 0.5: 1.80x and ~7. Below 1, the "
-        "long requests also hold at most half the GPU pool together before their new blocks "
-        "come from host RAM, and a short request waits for GPU blocks rather than read host "
-        "ones, so that requests arriving later run at GPU speed (alone, a long one reads "
-        "that much more over PCIe every step: 11.6 tokens/s instead of 13.9 there). Each "
-        "spilled step is still a pause for the chats in flight (~145 ms for 6 GB). 1: none "
-        "of it, every request batched with a spilled one waits for its host reads every "
-        "step. At least 0.01 (a spilled step every ~100 of its own lengths).",
+        description="With host_extension_gib: while other requests run or wait, the steps that "
+        "include a request whose KV reaches host RAM take at most this share of the "
+        "GPU's time, its host reads included (vllm_ext.fair_scheduler); the steps "
+        "between run the others without it, at GPU speed. Each such step is a pause for"
+        " the chats in flight (~0.18 s for 6 GB): at 0.1 a chat of ~130 tokens sees at "
+        "most one. Measured (H200, vLLM 0.33.0, 8B shape, 2 GiB GPU pool + 12 GiB host "
+        "extension, chats of 256 tokens in and 128 out beside a 60,000-token request, "
+        "docs/benchmarks.md): at 0.1 every chat's mean time per token was within 1.25x "
+        "and its p99 gap within 2.9x of the same chat alone once the long request "
+        "decodes (waves of 16 and 32, waves of 8, steady arrivals), the long request "
+        "decoding at 1.4-4.4 tokens/s beside them (7.0 alone); at 0.15, 6 of those 144 "
+        "chats were over a goal; at 0.25 (another run), 32 of the 48 chats in the waves"
+        " of 16 and 32. Below 1, the long requests also hold at most half the GPU pool "
+        "together before their new blocks come from host RAM, and a short request waits"
+        " for GPU blocks rather than read host ones, so that requests arriving later "
+        "run at GPU speed. 1: none of it, every request batched with a spilled one "
+        "waits for its host reads every step (17x). At least 0.01.",
     )
     disk_path: str = Field(
         "",
