@@ -148,7 +148,7 @@ def plan_for(
             config, model, host, platform, env=dict(environ), disk=disk, vllm_release=release
         )
 
-    return split_alone(config, model, host, planned)
+    return split_alone(config, model, host, environ, planned)
 
 
 def prepare(

@@ -98,7 +98,7 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
     CUDA_VISIBLE_DEVICES names GPUs by index, those alone (NVML itself lists every GPU;
     the engines see only those), keeping NVML's numbers."""
     gpus = []
-    visible = _visible_indexes(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    visible = visible_indexes(os.environ.get("CUDA_VISIBLE_DEVICES"))
     with nvml_devices() as (nvml, handles):
         for i, handle in enumerate(handles):
             if visible is not None and i not in visible:
@@ -127,7 +127,7 @@ def probe_gpus() -> tuple[GpuFacts, ...]:
     return tuple(gpus)
 
 
-def _visible_indexes(value: str | None) -> set[int] | None:
+def visible_indexes(value: str | None) -> set[int] | None:
     """CUDA_VISIBLE_DEVICES as NVML indexes; None where it is unset or names GPUs another
     way (UUIDs, MIG instances: every GPU is counted then)."""
     if value is None:

@@ -4,6 +4,9 @@ does not wait behind a switch it has no part in. Stand-in engines; no timing ass
 
 from __future__ import annotations
 
+import asyncio
+
+from testkit.residency_clock import FakeClock, TimedStandIn
 from tests.box.test_residency import Held, StandIn, run, until
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings
@@ -73,6 +76,56 @@ def test_a_model_asked_for_on_another_gpu_does_not_wait_behind_a_turn() -> None:
         assert not for_c.entered.is_set() and residency.slots["a"].status == "serving"
         on_a.release.set()
         for_c.task.cancel()
+        await residency.stop()
+
+    run(test)
+
+
+def test_a_split_model_is_not_passed_over_by_models_taking_turns_on_its_gpus() -> None:
+    """Review of #59: 'big' on GPUs 0 and 1, two people on each GPU's two models asking
+    and reading all the while (turns of 2 s); someone asks for 'big' at 5 s. A model asked
+    for later on one of its GPUs no longer jumps ahead of it (it was never brought in, 138
+    switches in 10 s), and while it waits the switcher does not poll (a wait counted from a
+    turn already over made it step every 10 ms)."""
+
+    async def test() -> None:
+        clock = FakeClock()
+        gpus = {"big": (0, 1), "x": (0,), "x2": (0,), "y": (1,), "y2": (1,)}
+        log: list[str] = []
+        engines = {n: TimedStandIn(n, log, clock) for n in gpus}
+        settings = ResidencySettings(min_resident_s=2.0)
+        residency = Residency(engines, settings, clock=clock, sleep=clock.sleep, gpus=gpus)
+        steps = 0
+        step = residency._step
+
+        async def counted() -> float | None:
+            nonlocal steps
+            steps += 1
+            return await step()
+
+        residency._step = counted  # type: ignore[method-assign]
+        residency.start()
+        waited: dict[str, float] = {}
+
+        async def person(model: str) -> None:
+            while clock() < 40.0:
+                async with residency.lease(model):
+                    await clock.sleep(0.3)
+                await clock.sleep(1.0)
+
+        async def once(model: str, at: float) -> None:
+            await clock.sleep(at)
+            asked = clock()
+            async with residency.lease(model):
+                waited[model] = clock() - asked
+
+        tasks = [asyncio.create_task(person(m)) for m in ("x", "x2", "y", "y2")]
+        tasks.append(asyncio.create_task(once("big", 5.0)))
+        await clock.run_until(50.0)
+        await asyncio.gather(*tasks)
+        # a turn on each GPU, the put-aways there and its own bring-in, and one more round
+        assert "in big" in log and waited["big"] <= 2 * (2.0 + 3 * 0.95), waited
+        assert steps < 1000, steps
         await residency.stop()
 
     run(test)

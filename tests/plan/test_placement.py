@@ -101,7 +101,11 @@ def test_two_cards_three_models_two_serve_apart_and_the_third_shares_gpu_0(
     assert all(m.plan.tensor_parallel_size == 1 for m in models.values())
     lines = placement_lines(plan)
     assert "a GPU of its own" in lines[0] and "a GPU of its own" in lines[1]
-    assert "switches with those on GPU 0" in lines[2]
+    assert lines[2].endswith("beside 'chat' (no GPU it fits is free)")
+    # 'coder' never switches: it stops if put away by hand, and keeps no sleep copy
+    assert [models[n].idle for n in ("chat", "coder", "third")] == ["sleep", "stop", "sleep"]
+    assert models["coder"].away_ram_bytes == 0 and not models["coder"].switches
+    assert models["chat"].switches and models["third"].switches
     assert box_json(plan)["models"]["coder"]["gpus"] == [1]  # type: ignore[index]
 
 
@@ -223,3 +227,106 @@ def test_cuda_visible_devices_limits_the_gpus_planned_on(monkeypatch: pytest.Mon
     assert [(g.index, g.name) for g in gpus] == [(1, A6000[0]), (2, RTX_4090[0])]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5a1e0b2c")
     assert len(nvml_host(monkeypatch, H100, A6000, RTX_4090, H100).gpus) == 4
+
+
+def test_a_model_alone_on_its_gpu_may_have_a_host_extension_beside_models_that_sleep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of #59: the box's idle was one for all, so 'coder' alone on GPU 1 was to
+    sleep, and its host extension was refused ('cannot sleep')."""
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    shapes = {"chat": LLAMA3_8B, "coder": LLAMA3_8B, "third": LLAMA3_8B}
+    plan = box(tmp_path, host, shapes, coder={"kv_offload": {"host_extension_gib": 8}})
+    assert plan.notes.problems == ()
+    assert all(m.plan.notes.problems == () for m in plan.models.values())
+    assert plan.models["coder"].plan.extension.bytes == 8 * GIB
+
+
+def test_parallel_asked_for_is_placed_as_asked_or_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[parallel] sets how many GPUs each model takes: a pipeline split goes on two GPUs
+    (its tensor split left as it is), a pin of another count is refused, and so is a split
+    over more GPUs than the box has."""
+    two = nvml_host(monkeypatch, H100, H100)
+    shapes = {"a": LLAMA3_8B, "b": LLAMA3_8B}
+
+    def boxed(host: HostFacts, parallel: dict[str, int], **more: Any) -> BoxPlan:
+        entries = [
+            {"path": str(write_shape(tmp_path / n, s)), "served_name": n} | more.get(n, {})
+            for n, s in shapes.items()
+        ]
+        config = parse({"models": entries, "parallel": parallel})
+        engines = engine_configs(config)
+        return plan_box(
+            BoxInputs(
+                config=config,
+                engines=engines,
+                facts={n: model_facts.read(Path(c.model.path)) for n, c in engines.items()},
+                disks={n: None for n in engines},
+                host=host,
+                platform="cuda",
+                vllm_release=PINNED["cuda"],
+                env={},
+            )
+        )
+
+    piped = boxed(two, {"pipeline_parallel_size": 2})
+    assert gpus_of(piped) == {"a": (0, 1), "b": (0, 1)}
+    assert {m.plan.tensor_parallel_size for m in piped.models.values()} == {1}
+    with pytest.raises(PlanError) as short:
+        boxed(two, {"tensor_parallel_size": 2}, a={"gpus": [0]})
+    assert short.value.field == "models[0].gpus" and "asks for 2 GPUs" in short.value.message
+    with pytest.raises(PlanError) as wide:
+        boxed(nvml_host(monkeypatch, H100, H100, H100), {"tensor_parallel_size": 4})
+    assert wide.value.field == "parallel.tensor_parallel_size" and "has 3" in wide.value.message
+
+
+def test_every_pin_is_checked_on_any_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pin to a GPU that is not there is refused on a one-GPU box and on a CPU host too,
+    and a missing GPU is named before the heads' split; one model alone takes no pin."""
+    from vllm_offload.box.prepare import single
+    from vllm_offload.config import ConfigError
+
+    shapes = {"a": LLAMA3_8B, "b": LLAMA3_8B}
+    for host in (nvml_host(monkeypatch, H100), make_host(None)):
+        with pytest.raises(PlanError) as missing:
+            box(tmp_path, host, shapes, b={"gpus": [1]})
+        assert missing.value.field == "models[1].gpus" and "GPU 1 is not here" in str(missing.value)
+    three = nvml_host(monkeypatch, H100, H100, H100)
+    with pytest.raises(PlanError) as four:
+        box(tmp_path, three, shapes, a={"gpus": [0, 1, 2, 3]})
+    assert "GPU 3 is not here" in four.value.message
+    lone = parse({"models": [{"path": str(tmp_path / "a"), "gpus": [0]}]})
+    with pytest.raises(ConfigError) as alone:
+        single(lone)
+    assert alone.value.field == "models[0].gpus" and "CUDA_VISIBLE_DEVICES" in alone.value.message
+
+
+def test_gpus_named_by_uuid_are_not_placed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of #59: with CUDA_VISIBLE_DEVICES naming GPUs by UUID (or MIG instance) NVML
+    still lists every GPU, and NVML indexes in each engine's environment would have widened
+    the restriction: nothing is placed, and the engines keep the server's environment."""
+    from vllm_offload.box.prepare import prepare_box
+
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    for n in ("a", "b"):
+        write_shape(tmp_path / n, LLAMA3_8B)
+    data = {"models": [{"path": str(tmp_path / n), "max_model_len": 4096} for n in ("a", "b")]}
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-5a1e0b2c"}
+    prepared = prepare_box(parse(data), host, env, None)
+    assert {m.gpus for m in prepared.plan.models.values()} == {()}
+    assert any(
+        "CUDA_VISIBLE_DEVICES names GPUs by UUID" in d for d in prepared.plan.notes.decisions
+    )
+    assert not any("CUDA_VISIBLE_DEVICES" in spec.env for spec in prepared.specs.values())
+
+
+def test_a_refusal_on_several_gpus_names_the_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = nvml_host(monkeypatch, RTX_4090, RTX_4090)
+    shapes = {"a": LLAMA3_8B, "b": LLAMA3_8B}
+    with pytest.raises(PlanError) as refused:
+        box(tmp_path, host, shapes, b={"gpu": {"kv_cache_memory_bytes": 64 * GIB}})
+    assert refused.value.field.startswith("models[1].") and "'b':" in refused.value.message

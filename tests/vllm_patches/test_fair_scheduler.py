@@ -441,7 +441,7 @@ def test_the_time_share_after_a_long_step() -> None:
     clock = Clock()
     share = spill_share.SpillShare(share=0.2, clock=clock)
     assert share.admit(others=True)
-    share.started("a", spilled=True, shared=True)
+    share.started("a", spilled=True, shared=True, beside=True)
     clock.now = 1.0  # that step took 1 s: the next may start 4 s after it ended
     share.ended("a")
     assert not share.admit(others=True)
@@ -465,7 +465,7 @@ def test_a_spilled_step_taken_alone_holds_none_back() -> None:
     clock.now = 0.2
     share.ended("alone")
     assert share.admit(others=True)  # a chat came: no wait for a step nobody waited on
-    share.started("beside", spilled=True, shared=True)
+    share.started("beside", spilled=True, shared=True, beside=True)
     clock.now = 0.4
     share.ended("beside")
     assert not share.admit(others=True)
@@ -481,7 +481,7 @@ def test_a_steps_length_is_the_gpus_not_the_time_between_schedulings() -> None:
     share = spill_share.SpillShare(share=0.25, clock=clock)
     share.started("gpu", spilled=False)  # runs 0 -> 0.005
     assert share.admit(others=True)
-    share.started("spilled", spilled=True, shared=True)  # scheduled at 0, runs to 1.005
+    share.started("spilled", spilled=True, shared=True, beside=True)  # runs 0.005 -> 1.005
     assert not share.admit(others=True)  # scheduled beside it: its length is not known yet
     share.started("next", spilled=False)
     clock.now = 0.005
@@ -495,3 +495,25 @@ def test_a_steps_length_is_the_gpus_not_the_time_between_schedulings() -> None:
     assert share.admit(others=True)
     share.ended("unknown")  # a step it never saw scheduled: ignored
     assert share.admit(others=True)
+
+
+def test_a_long_request_arriving_beside_chats_is_spaced_from_its_first_chunk(
+    wide_chunks: Any,
+) -> None:
+    """Issue #54 on the H200 (fair2): a spacing counted only from steps the share was in
+    force for missed a long request's first chunk (it spills as it is scheduled, the
+    request not yet running): its second chunk ran straight after, and chats arriving
+    before it saw two long gaps (p99 33x). Every step with it beside the chats spaces the
+    next, its first chunk too."""
+    scheduler = wide_chunks
+    chats = [add(scheduler, f"chat{n}", 160, 200) for n in range(4)]
+    step(scheduler)
+    long = add(scheduler, "long", 5000, 8)
+    clock, with_long = scheduler.spill_share.clock, []
+    while long.num_output_tokens < 4 and not all(c.is_finished() for c in chats):
+        began = clock.now
+        if "long" in step(scheduler):
+            with_long.append(began)
+    spacing = SPILLED_STEP_S * (1 - SHARE) / SHARE
+    assert len(with_long) >= 2
+    assert all(b - a >= spacing for a, b in itertools.pairwise(with_long)), with_long

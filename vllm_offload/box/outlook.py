@@ -13,7 +13,9 @@ the longest such step of any model; unknown before the first: then None).
 from __future__ import annotations
 
 import time
+from functools import partial
 
+from vllm_offload.box import residency_gpus
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Slot
 
@@ -71,9 +73,11 @@ def _wait(residency: Residency, slot: Slot, now: float) -> float | None:
     slots = residency.slots.values()
     steps = [_step(slot.bring_in_s, [s.bring_in_s for s in slots])]
     turn = 0.0
-    if in_the_way:
-        first = min(in_the_way, key=lambda s: turn_end(residency, s))
-        turn = max(0.0, turn_end(residency, first) - now)
+    if in_the_way:  # the turns on its full GPUs, and a put-away
+        resident = [s for s in slots if s.status in ("serving", "draining")]
+        ends = partial(turn_end, residency)
+        turn = residency_gpus.turn_wait(slot, resident, residency.cap(slot), ends, now)
+        first = min(in_the_way, key=ends)
         steps.append(_step(first.put_away_s, [s.put_away_s for s in slots]))
     if any(step is None for step in steps):
         return None

@@ -55,6 +55,12 @@ def single(config: DeploymentConfig) -> DeploymentConfig:
     """The one model's config: a lone [[models]] entry is served as [model] is, with no
     extra hop."""
     if len(config.models) == 1:
+        if config.models[0].gpus != "auto":  # a lone model has no front door to place it
+            raise ConfigError(
+                "models[0].gpus",
+                "places one model of several; for one model, set CUDA_VISIBLE_DEVICES in "
+                "the server's environment (the unit's EnvironmentFile) to the GPUs it may use",
+            )
         (only,) = engine_configs(config).values()
         return only
     return config

@@ -3,7 +3,8 @@
 A request leases its model: it runs at once when the model is resident and taking
 requests, else it waits in that model's queue while a switch brings the model in. One
 task makes the switches, one at a time, for the model whose request has waited longest:
-it picks a resident model to put away (the least recently used of those that may go),
+it picks a resident model to put away (the least recently used of those that may go, on
+the GPU the asked-for model needs: ``residency_gpus``; models on other GPUs serve on),
 lets that model's requests in flight finish (new ones for it wait), puts it away (sleep or
 stop), then brings the asked-for model in (wake or start) and lets its queue run.
 
@@ -29,6 +30,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
+from vllm_offload.box import residency_gpus
 from vllm_offload.box.residency_records import (
     Books,
     Busy,
@@ -145,8 +147,9 @@ class Residency:
             if slot.status in ("serving", "draining"):
                 return
             self._begin(slot, "bring-in")
-            while in_the_way := self.in_the_way(slot):
-                await self._put_away(min(in_the_way, key=lambda s: s.last_used))
+            resident, cap = self._resident(), self.cap(slot)
+            for victim in residency_gpus.victims(slot, resident, cap, lambda _s: True) or ():
+                await self._put_away(victim)
             await self._bring_in(slot)
         if slot.status != "serving":
             raise Unavailable(f"model '{name}' could not be brought in (see the events)")
@@ -174,14 +177,10 @@ class Residency:
         return self.settings.resident_beside.get(slot.name, self.settings.max_resident)
 
     def full(self, slot: Slot) -> list[int]:
-        """``slot``'s GPUs that hold as many resident models as they may."""
-        resident = self._resident()
-        return [g for g in slot.gpus if sum(g in s.gpus for s in resident) >= self.cap(slot)]
+        return residency_gpus.full(slot, self._resident(), self.cap(slot))
 
     def in_the_way(self, slot: Slot) -> list[Slot]:
-        """Resident models on a full GPU of ``slot``'s: one of them must go first."""
-        full = set(self.full(slot))
-        return [s for s in self._resident() if full & set(s.gpus)]
+        return residency_gpus.in_the_way(slot, self._resident(), self.cap(slot))
 
     async def _run(self) -> None:
         while True:
@@ -206,41 +205,34 @@ class Residency:
     async def _step(self) -> float | None:
         """Make the next switch, if one is due; seconds until something may change by
         time alone (None: only a request or an exit changes anything). The model asked for
-        longest goes first; one whose GPUs' models must keep their turns waits, and a
-        model asked for on other GPUs may come in meanwhile."""
+        longest goes first; while it waits for turns to end, a model asked for later may
+        come in only on GPUs it has no part in (so a model split over several GPUs is not
+        passed over for ever by models that take turns on each of them)."""
         targets = self._targets()
         if not targets:
             return await self._expire_idle()
         now = self.clock()
-        waits = []
+        waits: list[float] = []
+        waited_for: set[int] = set()  # the GPUs of the models that wait
         for target in targets:
-            victims = self._victims(target, now)
-            if victims is None:  # a resident model's turn lasts: until the first ends
-                ends = [
-                    s.since + self.settings.min_resident_s - now for s in self.in_the_way(target)
-                ]
-                waits.append(max(0.01, min(ends, default=0.01)))
+            if waited_for & set(target.gpus):
+                continue
+            resident, cap = self._resident(), self.cap(target)
+            going = residency_gpus.victims(target, resident, cap, lambda s: self._may_go(s, now))
+            if going is None:  # until the turns on its full GPUs end
+                ends = residency_gpus.turn_wait(target, resident, cap, self._turn_end, now)
+                waits.append(max(0.01, ends))
+                waited_for |= set(target.gpus)
                 continue
             self._begin(target, "bring-in")
-            for victim in victims:
+            for victim in going:
                 await self._put_away(victim)
             await self._bring_in(target)
             return 0
         return min(waits)
 
-    def _victims(self, target: Slot, now: float) -> list[Slot] | None:
-        """The models to put away for ``target`` (none: it has room), the least recently
-        used that may go on each of its full GPUs; None where one of them has none."""
-        chosen: list[Slot] = []
-        for gpu in self.full(target):
-            on = [s for s in self._resident() if gpu in s.gpus]
-            if any(s in chosen for s in on):  # one put away already frees this GPU too
-                continue
-            ready = [s for s in on if s.status == "serving" and self._may_go(s, now)]
-            if not ready:
-                return None
-            chosen.append(min(ready, key=lambda s: s.last_used))
-        return chosen
+    def _turn_end(self, slot: Slot) -> float:
+        return slot.since + self.settings.min_resident_s
 
     def _targets(self) -> list[Slot]:
         """The models not resident that requests wait for, longest waiting first."""

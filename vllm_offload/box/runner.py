@@ -33,7 +33,8 @@ from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedBox, s
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.plan.box import ASLEEP_GPU_BYTES, BoxPlan, ModelPlan
+from vllm_offload.plan.box import BoxPlan, ModelPlan
+from vllm_offload.plan.box_groups import ASLEEP_GPU_BYTES
 
 ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds

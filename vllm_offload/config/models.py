@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictInt, field_validator
 
 from vllm_offload.config.sections import ModelSection, _Section
 
@@ -35,7 +35,7 @@ class ModelEntry(ModelSection):
         default_factory=list,
         description="vLLM arguments for this model's engine, after the file's extra_args.",
     )
-    gpus: list[int] | Literal["auto"] = Field(
+    gpus: list[StrictInt] | Literal["auto"] = Field(
         "auto",
         description="The GPUs (NVML indexes, as nvidia-smi lists them) this model's engine "
         "runs on; several: split over them by tensor parallelism. 'auto': the planner "

@@ -8,7 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
+from vllm_offload import hardware
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.config.schema import entry_field
 from vllm_offload.hardware import GpuFacts, HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import make_plan
@@ -18,40 +20,85 @@ from vllm_offload.plan.together import gpu_need
 
 
 def place_models(inputs: BoxInputs) -> Placement:
-    """Each model's GPUs: by hand (``gpus`` in its entry) or by the placement's rule."""
+    """Each model's GPUs: by hand (``gpus`` in its entry) or by the placement's rule. Where
+    CUDA_VISIBLE_DEVICES names GPUs another way than by index, nothing is placed: every
+    engine gets the GPUs it names, in turns (NVML's indexes could widen it)."""
     host = inputs.host
+    check_pins(inputs)
+    if len(host.gpus) > 1 and not placeable(inputs.env):
+        why = (
+            "placement: none; CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG instance "
+            "(name them by index to place models on them): the models take turns on them"
+        )
+        return Placement(gpus={n: () for n in inputs.engines}, notes=Notes(decisions=(why,)))
     if len(host.gpus) <= 1 or inputs.platform != "cuda":
         return place({name: _unplaced() for name in inputs.engines}, host.gpus)
     largest = sorted(host.gpus, key=lambda g: (-g.total_bytes, g.index))
     models: dict[str, Placed] = {}
     for i, (name, engine) in enumerate(inputs.engines.items()):
         entry, facts = inputs.config.models[i], inputs.facts[name]
-        asked = engine.parallel.tensor_parallel_size
-        pinned = None if entry.gpus == "auto" else tuple(entry.gpus)
-        splits = splits_for(facts.num_attention_heads, facts.num_kv_heads, len(host.gpus))
-        if pinned is not None and len(pinned) not in splits:
-            raise PlanError(
-                f"models[{i}].gpus",
-                f"'{name}': vLLM cannot split its {facts.num_attention_heads} attention "
-                f"heads over {len(pinned)} GPUs: name {' or '.join(map(str, splits))} of them",
-            )
-        if asked > 1:  # [parallel] tensor_parallel_size set by hand: that split alone
-            splits = (asked,)
-        alone = _alone(inputs, name, engine, largest, splits[-1])
+        world = _world(engine)
+        splits = (
+            (world,)
+            if world > 1
+            else splits_for(facts.num_attention_heads, facts.num_kv_heads, len(host.gpus))
+        )
+        alone = _alone(inputs, i, name, engine, largest, world if world > 1 else splits[-1])
         models[name] = Placed(
             need_on=partial(_need_on, engine, facts, alone),
             splits=splits,
             utilization=engine.gpu.memory_utilization,
-            pinned=pinned,
+            pinned=None if entry.gpus == "auto" else tuple(entry.gpus),
             index=i,
         )
     return place(models, host.gpus)
+
+
+def check_pins(inputs: BoxInputs) -> None:
+    """Every ``gpus`` pin names GPUs here, as many as its model takes: raises PlanError
+    naming the entry. Also [parallel] asking for more GPUs than the box has."""
+    indexes = sorted(g.index for g in inputs.host.gpus)
+    for i, (name, engine) in enumerate(inputs.engines.items()):
+        entry, facts, world = inputs.config.models[i], inputs.facts[name], _world(engine)
+        if world > max(1, len(indexes)) and inputs.platform == "cuda":
+            raise PlanError(
+                "parallel.tensor_parallel_size",
+                f"'{name}': [parallel] asks for {world} GPUs (tensor x pipeline parallel) "
+                f"and this box has {len(indexes)}",
+            )
+        if entry.gpus == "auto":
+            continue
+        field, pinned = f"models[{i}].gpus", entry.gpus
+        missing = [g for g in pinned if g not in indexes]
+        if missing:
+            here = f"GPUs {indexes}" if indexes else "no NVIDIA GPU"
+            raise PlanError(field, f"'{name}': GPU {missing[0]} is not here ({here}): name those")
+        if world > 1 and len(pinned) != world:
+            raise PlanError(
+                field,
+                f"'{name}': [parallel] asks for {world} GPUs (tensor x pipeline parallel): "
+                f"name {world}, or leave parallel at 1 and let the list set the split",
+            )
+        splits = splits_for(facts.num_attention_heads, facts.num_kv_heads, len(pinned))
+        if world == 1 and len(pinned) not in splits:
+            raise PlanError(
+                field,
+                f"'{name}': vLLM cannot split its {facts.num_attention_heads} attention heads "
+                f"over {len(pinned)} GPUs: name {' or '.join(map(str, splits))} of them",
+            )
+
+
+def placeable(env: Mapping[str, str]) -> bool:
+    """Whether GPUs may be placed by NVML index: CUDA_VISIBLE_DEVICES unset or indexes."""
+    named = env.get("CUDA_VISIBLE_DEVICES")
+    return named is None or hardware.visible_indexes(named) is not None
 
 
 def split_alone(
     config: DeploymentConfig,
     facts: ModelFacts,
     host: HostFacts,
+    env: Mapping[str, str],
     planned: Callable[[DeploymentConfig], Plan],
 ) -> Plan:
     """One model on a host with several GPUs (``planned``: make_plan on this host): split
@@ -62,7 +109,7 @@ def split_alone(
     parallel = config.parallel
     asked = config.weights_offload.cpu_gib
     pinned = parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1
-    if len(host.gpus) <= 1 or pinned or asked not in ("auto", 0):
+    if len(host.gpus) <= 1 or pinned or asked not in ("auto", 0) or not placeable(env):
         return planned(config)
     try:
         one: Plan | None = planned(config)
@@ -95,9 +142,12 @@ def split_alone(
 def split_engines(
     engines: Mapping[str, DeploymentConfig], placement: Placement
 ) -> dict[str, DeploymentConfig]:
-    """Each engine config with tensor parallelism over its GPUs (one GPU: as it was)."""
+    """Each engine config with tensor parallelism over its GPUs where [parallel] left it
+    at one GPU (one GPU, or the split [parallel] asks for: as it was)."""
     return {
-        name: _split(engine, len(placement.gpus[name])) if len(placement.gpus[name]) > 1 else engine
+        name: _split(engine, len(placement.gpus[name]))
+        if len(placement.gpus[name]) > 1 and _world(engine) == 1
+        else engine
         for name, engine in engines.items()
     }
 
@@ -122,7 +172,12 @@ def group_inputs(inputs: BoxInputs, group: tuple[str, ...], placement: Placement
 
 
 def _need_on(engine: DeploymentConfig, facts: ModelFacts, alone: Plan, k: int) -> int:
-    return gpu_need(_split(engine, k), facts, alone)
+    return gpu_need(engine if k == _world(engine) else _split(engine, k), facts, alone)
+
+
+def _world(engine: DeploymentConfig) -> int:
+    """The GPUs [parallel] asks for (1: the placement decides)."""
+    return engine.parallel.tensor_parallel_size * engine.parallel.pipeline_parallel_size
 
 
 def _split(engine: DeploymentConfig, k: int) -> DeploymentConfig:
@@ -133,16 +188,23 @@ def _split(engine: DeploymentConfig, k: int) -> DeploymentConfig:
 
 
 def _alone(
-    inputs: BoxInputs, name: str, engine: DeploymentConfig, largest: list[GpuFacts], splits: int
+    inputs: BoxInputs,
+    index: int,
+    name: str,
+    engine: DeploymentConfig,
+    largest: list[GpuFacts],
+    most: int,
 ) -> Plan:
     """Its plan alone on the largest GPU, which its needs are read from (the KV layout and
     working memory: they do not depend on where the weights go): as configured, else with
-    weights offloaded as needed, else split over the most GPUs vLLM splits it by."""
+    weights offloaded as needed, else over ``most`` GPUs ([parallel]'s count where set;
+    else the most vLLM splits it by). Raises the first refusal, naming its entry."""
     offload = engine.weights_offload.model_copy(update={"cpu_gib": "auto"})
+    world = _world(engine)
     tries = [
-        (engine, 1),
-        (engine.model_copy(update={"weights_offload": offload}), 1),
-        (_split(engine, splits), splits),
+        (engine, world),
+        (engine.model_copy(update={"weights_offload": offload}), world),
+        (engine if world > 1 else _split(engine, most), most),
     ]
     first: PlanError | None = None
     for config, count in tries:
@@ -159,7 +221,7 @@ def _alone(
         except PlanError as exc:
             first = first or exc
     assert first is not None
-    raise first
+    raise PlanError(entry_field(index, first.field), f"'{name}': {first.message}") from None
 
 
 def _first(gpus: list[GpuFacts], count: int) -> tuple[int, ...]:
@@ -168,3 +230,23 @@ def _first(gpus: list[GpuFacts], count: int) -> tuple[int, ...]:
 
 def _unplaced() -> Placed:
     return Placed(need_on=lambda _k: 0, splits=(1,), utilization=1.0)
+
+
+def plan_model(
+    inputs: BoxInputs, index: int, name: str, config: DeploymentConfig, host: HostFacts
+) -> Plan:
+    """Model ``name`` planned with ``config`` (its share of the set) on ``host`` (as the
+    others leave it)."""
+    model, disk = inputs.facts[name], inputs.disks[name]
+    try:
+        return make_plan(
+            config,
+            model,
+            host,
+            inputs.platform,
+            env=inputs.env,
+            disk=disk,
+            vllm_release=inputs.vllm_release,
+        )
+    except PlanError as exc:
+        raise PlanError(entry_field(index, exc.field), f"'{name}': {exc.message}") from None

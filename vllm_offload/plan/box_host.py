@@ -16,7 +16,7 @@ and the set is planned for that moment either way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vllm_offload.config import DeploymentConfig
@@ -39,9 +39,13 @@ class Away:
     """How the set's engines spend their time off the GPU: asleep or stopped, at which
     sleep level, and whether several are alive at once (else each is planned alone)."""
 
-    idle: Idle
+    idle: Idle  # the models that switch (those that never do: idle_of)
     level: int
     together: bool
+    idle_of: Mapping[str, Idle] = field(default_factory=dict)  # where not ``idle``
+
+    def of(self, name: str) -> Idle:
+        return self.idle_of.get(name, self.idle)
 
 
 def holds(plan: Plan, idle: Idle, level: int) -> int:
@@ -72,7 +76,7 @@ def tier_shares(
     each planned alone)."""
     if not away.together:
         return {}, Notes()  # one engine at a time: each planned alone, as it runs
-    idle, level = away.idle, away.level
+    level = away.level
     reserve = ram_reserve(host, next(iter(alone.values())).platform)
     auto = [
         n
@@ -81,11 +85,11 @@ def tier_shares(
         and c.kv_offload.num_cpu_blocks is None
         and alone[n].kv.backend != "none"
     ]
-    fixed = sum(holds(p, idle, level) for p in alone.values())
+    fixed = sum(holds(p, away.of(n), level) for n, p in alone.items())
     configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
     ram = host.ram_available_bytes - reserve - fixed - configured
     shm = host.shm_free_bytes - SERVER_SHM_BYTES * len(alone) - configured
-    held = ", ".join(f"'{n}' {gib(holds(p, idle, level))}" for n, p in alone.items())
+    held = ", ".join(f"'{n}' {gib(holds(p, away.of(n), level))}" for n, p in alone.items())
     if ram < 0 or shm < 0:
         short = f"{gib(-ram)} of host RAM" if ram < 0 else f"{gib(-shm)} of /dev/shm"
         return {}, Notes.problem(
@@ -119,11 +123,11 @@ def host_view(
     processes, weights, tiers) and what its own sleep keeps."""
     if not away.together:
         return host
-    idle, level = away.idle, away.level
+    level = away.level
     own = alone[name]
-    backup = holds(own, idle, level) - holds(own, "stop", level)
+    backup = holds(own, away.of(name), level) - holds(own, "stop", level)
     others = [
-        (holds(p, idle, level), tiers.get(n, p.cpu_tier.bytes))
+        (holds(p, away.of(n), level), tiers.get(n, p.cpu_tier.bytes))
         for n, p in alone.items()
         if n != name
     ]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_offload.hardware import GpuFacts
-from vllm_offload.plan.records import Notes, PlanError, gib
+from vllm_offload.plan.records import Notes, gib
 
 # A model's GPU bytes per card when split over k GPUs (k = 1: on one).
 NeedOn = Callable[[int], int]
@@ -34,7 +34,7 @@ class Placed:
     heads allow, the share of a card it may use (gpu.memory_utilization), and its pin."""
 
     need_on: NeedOn
-    splits: tuple[int, ...]  # tensor-parallel sizes vLLM accepts for it, ascending
+    splits: tuple[int, ...]  # GPU counts it may take, ascending ([parallel]'s alone if set)
     utilization: float
     pinned: tuple[int, ...] | None = None  # [[models]] gpus, by hand
     index: int = 0  # its [[models]] entry, for messages
@@ -74,67 +74,70 @@ def splits_for(heads: int, kv_heads: int, gpu_count: int) -> tuple[int, ...]:
 
 
 def place(models: Mapping[str, Placed], gpus: Sequence[GpuFacts]) -> Placement:
-    """Each model's GPUs; raises PlanError for a pin that names no GPU here."""
+    """Each model's GPUs (pins are checked before: ``plan.box_gpus.check_pins``)."""
     if len(gpus) <= 1:
         only = tuple(g.index for g in gpus)
         return Placement(gpus={name: only for name in models}, notes=Notes())
-    indexes = {g.index for g in gpus}
+    on: dict[int, list[str]] = {g.index: [] for g in gpus}  # the models placed on each
     load = {g.index: 0 for g in gpus}  # bytes needed on each, over the models placed there
     chosen: dict[str, tuple[int, ...]] = {}
     decisions: list[str] = []
     for name, model in models.items():
-        if model.pinned is None:
-            continue
-        missing = sorted(set(model.pinned) - indexes)
-        if missing:
-            raise PlanError(
-                f"models[{model.index}].gpus",
-                f"'{name}': GPU {missing[0]} is not here (GPUs {sorted(indexes)}): name those",
-            )
-        chosen[name] = model.pinned
-        for g in model.pinned:
-            load[g] += model.need_on(len(model.pinned))
-        decisions.append(f"placement: '{name}' on {_named(model.pinned)} (models[].gpus)")
+        if model.pinned is not None:
+            chosen[name] = model.pinned
+            decisions.append(f"placement: '{name}' on {_named(model.pinned)} (models[].gpus)")
     auto = [n for n, m in models.items() if m.pinned is None]
     for name in sorted(auto, key=lambda n: -models[n].need_on(1)):
         model = models[name]
         usable = {g.index: int(g.total_bytes * model.utilization) for g in gpus}
-        gpus_for, why = _choose(model, usable, load)
-        chosen[name] = gpus_for
-        for g in gpus_for:
-            load[g] += model.need_on(len(gpus_for))
-        decisions.append(f"placement: '{name}' on {_named(gpus_for)}: {why}")
+        for other in chosen:  # the pinned, and those placed before it
+            for g in chosen[other]:
+                if other not in on[g]:
+                    on[g].append(other)
+                    load[g] += models[other].need_on(len(chosen[other]))
+        chosen[name], why = _choose(model, usable, load, on)
+        decisions.append(f"placement: '{name}' on {_named(chosen[name])}: {why}")
     return Placement(gpus={n: chosen[n] for n in models}, notes=Notes(decisions=tuple(decisions)))
 
 
 def _choose(
-    model: Placed, usable: Mapping[int, int], load: Mapping[int, int]
+    model: Placed,
+    usable: Mapping[int, int],
+    load: Mapping[int, int],
+    on: Mapping[int, list[str]],
 ) -> tuple[tuple[int, ...], str]:
-    """The GPUs for one model and why (``load``: what the models placed so far need)."""
+    """The GPUs for one model and why (``load``, ``on``: the models placed so far)."""
     roomiest = sorted(usable, key=lambda g: (load[g] > 0, -(usable[g] - load[g]), g))
+    configured = model.splits[0] if len(model.splits) == 1 and model.splits[0] > 1 else 0
     for k in model.splits:
         need = model.need_on(k)
         fits = [g for g in roomiest if need <= usable[g]]
         if len(fits) < k:
             continue
         picked = tuple(sorted(fits[:k]))
-        shared = [g for g in picked if load[g]]
+        beside = sorted({n for g in picked for n in on[g]})
+        where = (
+            f"beside {', '.join(repr(n) for n in beside)} (no GPU it fits is free)"
+            if beside
+            else "a GPU of its own"
+            if k == 1
+            else "GPUs of its own"
+        )
         if k == 1:
-            why = f"its {gib(need)} fits one GPU" + (
-                f"; every GPU has a model, so it switches with those on GPU {picked[0]}"
-                if shared
-                else "; a GPU of its own"
-            )
-        else:
-            why = (
-                f"its {gib(model.need_on(1))} fits no one GPU; split over {k} "
-                f"(tensor parallel {k}: {gib(need)} on each)"
-            )
-        return picked, why
-    largest = max(usable, key=lambda g: (usable[g], -g))
-    return (largest,), (
-        f"its {gib(model.need_on(1))} fits no GPU, nor a split over "
-        f"{model.splits[-1]}: the largest GPU, with what its plan offloads"
+            return picked, f"its {gib(need)} fits one GPU; {where}"
+        if configured:
+            return picked, f"over {k} as [parallel] asks ({gib(need)} on each); {where}"
+        return picked, (
+            f"its {gib(model.need_on(1))} fits no one GPU; split over {k} "
+            f"(tensor parallel {k}: {gib(need)} on each); {where}"
+        )
+    count = configured or 1
+    largest = tuple(sorted(sorted(usable, key=lambda g: (-usable[g], g))[:count]))
+    return largest, (
+        f"its {gib(model.need_on(count))} fits no GPU"
+        + ("" if configured else f", nor a split over {model.splits[-1]}")
+        + ": the largest; its plan offloads weights where weights_offload.cpu_gib lets it, "
+        "else says why it cannot start"
     )
 
 

@@ -114,7 +114,7 @@ class FairScheduler(Scheduler):
         ran = [self.requests[i] for i in output.num_scheduled_tokens if i in self.requests]
         spilled = any(self.is_long(r) and self.holds_host_blocks(r) for r in ran)
         shared = bool(self.spilled) and others
-        self.spill_share.started(output, spilled=spilled, shared=shared)
+        self.spill_share.started(output, spilled=spilled, shared=shared, beside=others)
         return output
 
     def update_from_output(

@@ -77,12 +77,14 @@ def expected_blocks(prompt_tokens: int, max_tokens: int, block_tokens: int) -> i
 @dataclass(frozen=True)
 class Step:
     """A step scheduled and not yet ended: when it was scheduled, whether it includes a
-    spilled request, and whether the share was in force (a spilled request and others)."""
+    spilled request, whether the share was in force (a spilled request and others), and
+    whether others ran or waited beside it (a spilled step beside them spaces the next)."""
 
     key: object
     at: float
     spilled: bool
     shared: bool
+    beside: bool
 
 
 @dataclass(kw_only=True)
@@ -117,9 +119,14 @@ class SpillShare:
             return True
         return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
-    def started(self, key: object, *, spilled: bool, shared: bool = False) -> None:
-        """A step scheduled; ``shared``: a spilled request was running beside others."""
-        self._running.append(Step(key=key, at=self.clock(), spilled=spilled, shared=shared))
+    def started(
+        self, key: object, *, spilled: bool, shared: bool = False, beside: bool = False
+    ) -> None:
+        """A step scheduled; ``shared``: a spilled request was running beside others;
+        ``beside``: others were running or waiting (a long request's first chunk, which
+        spills as it is scheduled, has them beside it before the share is in force)."""
+        step = Step(key=key, at=self.clock(), spilled=spilled, shared=shared, beside=beside)
+        self._running.append(step)
 
     def ended(self, key: object) -> None:
         at = next((n for n, s in enumerate(self._running) if s.key is key), None)
@@ -132,5 +139,5 @@ class SpillShare:
         if step.shared:
             self.shared_s += took
             self.spilled_shared_s += took if step.spilled else 0.0
-        if step.spilled and step.shared:  # taken alone, it kept no one waiting
+        if step.spilled and step.beside:  # taken alone, it kept no one waiting
             self._not_before = now + took * (1 - self.share) / self.share
