@@ -81,7 +81,8 @@ def test_two_resident_models_that_sleep_when_away_are_not_slept_at_start(
 
 def test_three_models_two_at_a_time_each_sleeps_once_then_two_come_in(tmp_path: Path) -> None:
     """max_resident 2 of 3: each of them may be put away later, so each sleeps once, the
-    default last; then the default and the one beside it come in."""
+    default last, two side by side where their shares fit the GPU together (issue #58);
+    then the default and the one beside it come in."""
     data = two_models(tmp_path, max_resident=2)
     third = write_shape(tmp_path / "notes", dict(LLAMA3_8B, max_position_embeddings=131072))
     data["models"].append({"path": str(third)})
@@ -89,13 +90,42 @@ def test_three_models_two_at_a_time_each_sleeps_once_then_two_come_in(tmp_path: 
         entry["gpu"] = {"memory_utilization": 0.4}
     assert started(tmp_path, data, gpu_gib=80) == [
         "in notes",
-        "out notes",
         "in coder",
+        "out notes",
         "out coder",
         "in chat",
         "out chat",
         "in chat",
         "in coder",
+    ]
+
+
+def test_models_with_fixed_pools_start_side_by_side(tmp_path: Path) -> None:
+    """Issue #58's set: three 8B models with 8 GiB pools, one on the GPU at a time, on an
+    H200: started one after another (321.6 s, ~150 s each). A fixed pool takes its need
+    as its share (vLLM checks only that much is free as it starts), so the three start
+    side by side, sleep, and the default comes in."""
+    data = two_models(tmp_path, max_resident=1)
+    third = write_shape(tmp_path / "notes", dict(LLAMA3_8B, max_position_embeddings=131072))
+    data["models"].append({"path": str(third)})
+    data["gpu"] = {"kv_cache_memory_bytes": 8 << 30}
+    assert started(tmp_path, data, gpu_gib=140) == [
+        "in notes",
+        "in coder",
+        "in chat",
+        "out notes",
+        "out coder",
+        "out chat",
+        "in chat",
+    ]
+    # with pools that fill the GPU, one after another, as before
+    auto = two_models(tmp_path, max_resident=1)
+    assert started(tmp_path, auto, gpu_gib=140) == [
+        "in coder",
+        "out coder",
+        "in chat",
+        "out chat",
+        "in chat",
     ]
 
 

@@ -288,3 +288,30 @@ def test_a_released_host_copy_shows_less_ram_serving_and_fits_no_more_models(
     for host_copy in ("keep", "release"):
         refused = fleet_of(three_models(tmp_path, host_copy), tight)
         assert [p["field"] for p in refused.notes.problems] == ["models"]
+
+
+def test_models_with_fixed_pools_that_sleep_take_their_need_as_their_share(
+    tmp_path: Path,
+) -> None:
+    """Issue #58: three 8B models with 8 GiB pools, one on the GPU at a time, on a 140 GiB
+    card. Each planned 0.86 of the GPU (the GPU less two asleep), which vLLM checks is free
+    as it starts: one start after another. A fixed pool needs its weights, working memory
+    and the pool: that (and a margin) is its share, and all three start side by side."""
+    from vllm_offload.plan.box_start import START_MARGIN_BYTES
+
+    data = two_models(tmp_path, max_resident=1)
+    third = write_shape(tmp_path / "notes", dict(LLAMA3_8B, max_position_embeddings=131072))
+    data["models"].append({"path": str(third)})
+    data["gpu"] = {"kv_cache_memory_bytes": 8 << 30}
+    host = declared(make_host(None), gpu_mem_gib=140, ram_gib=512)
+    fleet = fleet_of(data, host)
+    for model in fleet.models.values():
+        need = gpu_need(model.config, model.model, model.plan) + START_MARGIN_BYTES
+        share = model.config.gpu.memory_utilization
+        assert need <= share * 140 * GIB < need + 0.001 * 140 * GIB
+        assert model.plan.gpu.kv_pool_bytes == 8 << 30 and model.plan.notes.problems == ()
+    assert fleet.start_batches == (("notes", "coder", "chat"),)
+    assert sum("so that engines start side by side" in d for d in fleet.notes.decisions) == 3
+    # a pool that fills the share: one start at a time
+    auto = fleet_of(two_models(tmp_path, max_resident=1), host)
+    assert auto.start_batches == (("coder",), ("chat",))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from vllm_offload.box import residency_gpus
 from vllm_offload.box.residency_records import (
@@ -153,6 +153,15 @@ class Residency:
             await self._bring_in(slot)
         if slot.status != "serving":
             raise Unavailable(f"model '{name}' could not be brought in (see the events)")
+
+    async def start_together(self, names: Sequence[str]) -> None:
+        """Bring ``names`` in side by side, then put each away (start-up: the plan found
+        their GPUs hold them all as they start, plan.box_start; a first sleep makes the
+        host copy of the weights). One that fails to start is left failed."""
+        async with self._switching:
+            slots = [self.slots[name] for name in names]
+            await asyncio.gather(*(self._bring_in(slot) for slot in slots))
+            await asyncio.gather(*(self._put_away(s) for s in slots if s.status == "serving"))
 
     async def put_away(self, name: str) -> None:
         """Put ``name`` away now (by hand, or its keep_alive passed)."""

@@ -109,18 +109,15 @@ async def warm_up(front: FrontDoor, prepared: PreparedBox, preload: bool) -> Non
     and put away once (preload), the default too, as any of them may be put away later: a
     first sleep makes the host copy of its weights, 5-11 s for 16 GB on the H200 (the
     default's first put-away made the first switch 6.3 s instead of 0.5), later ones take
-    0.05 s. Where all fit, none sleeps: none keeps a host copy of its weights."""
+    0.05 s; side by side where their GPUs hold them as they start (the plan's
+    start_batches). Where all fit, none sleeps: none keeps a host copy of its weights."""
     box_plan, residency = prepared.plan, front.residency
     names = [box_plan.default, *(n for n in box_plan.models if n != box_plan.default)]
-    sleepers = [
-        n for n in names if box_plan.models[n].idle == "sleep" and box_plan.models[n].switches
-    ]
-    for name in sleepers[::-1] if preload else ():
-        try:
-            await front.residency.bring_in(name)
-            await front.residency.put_away(name)
-        except Unavailable as exc:
-            say(f"'{name}' did not start ({exc}); it starts again when asked for")
+    for batch in box_plan.start_batches if preload else ():
+        await residency.start_together(batch)
+        for name in batch:
+            if residency.slots[name].status == "failed":
+                say(f"'{name}' did not start; it starts again when asked for")
     await front.residency.bring_in(box_plan.default)
     front.ready = True
     say(f"serving {', '.join(box_plan.models)}; '{box_plan.default}' on the GPU")

@@ -21,6 +21,7 @@ from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.box_gpus import gpu_host, place_models, plan_model, split_engines
 from vllm_offload.plan.box_groups import host_copy, resolve_groups
 from vllm_offload.plan.box_host import Away, Idle, holds, holds_serving, host_view, tier_shares
+from vllm_offload.plan.box_start import fixed_pool_shares, start_batches
 from vllm_offload.plan.records import BoxInputs, Notes, Plan
 
 
@@ -47,6 +48,9 @@ class BoxPlan:
     keeps_copy: bool  # a model on the GPU keeps its sleep copy (residency.host_copy)
     notes: Notes
     cards: tuple[GpuFacts, ...] = ()  # the box's GPUs where it has several (plan.placement)
+    # The models start-up brings in and puts to sleep once, in batches that start side by
+    # side (plan.box_start), the default last.
+    start_batches: tuple[tuple[str, ...], ...] = ()
 
 
 def plan_box(inputs: BoxInputs) -> BoxPlan:
@@ -67,20 +71,27 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
         name: plan_model(inputs, i, name, sets.shares[name], hosts[name])
         for i, name in enumerate(engines)
     }
+    groups = placement.groups()
+    switching = [
+        n for g in groups if len(g) > sets.resident[g[0]] for n in g if sets.idle_of[n] == "sleep"
+    ]
+    sizes = {n: min((g.total_bytes for g in hosts[n].gpus), default=0) for n in engines}
+    lowered, step = fixed_pool_shares(switching, sets.shares, inputs.facts, alone, sizes)
+    shares = {**sets.shares, **lowered}
+    notes += step
     # Engines alive at once: every one when they sleep or where groups serve side by side;
     # else max_resident of them (counted as all, which only errs on the safe side).
-    groups = placement.groups()
     together = sets.idle == "sleep" or len(groups) > 1 or max(sets.resident.values()) > 1
     idle_of = {n: i for n, i in sets.idle_of.items() if i != sets.idle}
     away = Away(idle=sets.idle, level=level, together=together, idle_of=idle_of)
     keeps, step = host_copy(config, sets.idle)
     notes += step
-    tiers, step = tier_shares(alone, sets.shares, host, away)
-    notes += step + _disk_tiers_apart(sets.shares)
+    tiers, step = tier_shares(alone, shares, host, away)
+    notes += step + _disk_tiers_apart(shares)
     notes += _no_extension_asleep({n: p for n, p in alone.items() if away.of(n) == "sleep"})
     planned: dict[str, ModelPlan] = {}
     for i, name in enumerate(engines):
-        engine, idle = sets.shares[name], away.of(name)
+        engine, idle = shares[name], away.of(name)
         if name in tiers:  # an 'auto' tier: the set's equal share, as a number
             update = {"cpu_tier_gib": tiers[name] / GIB}
             engine = engine.model_copy(
@@ -102,9 +113,15 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             switches=any(name in g and len(g) > sets.resident[name] for g in groups),
         )
     default = config.residency.default_model or next(iter(engines))
+    first_sleeps = [n for n in reversed(list(engines)) if n != default and n in switching]
+    first_sleeps += [default] if default in switching else []
+    budgets = {n: m.plan.gpu.budget_bytes for n, m in planned.items()}
+    utilization = config.gpu.memory_utilization
+    batches = start_batches(first_sleeps, budgets, placement.gpus, host.gpus, utilization)
     return BoxPlan(
         models=planned,
         default=default,
+        start_batches=batches,
         max_resident=max(sets.resident.values()),
         min_resident_s=sets.turn_s,
         keeps_copy=keeps,
