@@ -13,17 +13,15 @@ import pytest
 
 from tests.conftest import make_host
 from tests.fake_nvml import A6000, H100, RTX_4090, FakeNvml
+from tests.plan.test_box import fleet_of
 from tests.shapes import LLAMA3_8B, LLAMA_70B, write_shape
 from vllm_offload import hardware
 from vllm_offload.config import parse
-from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, GpuFacts, HostFacts
-from vllm_offload.model import facts as model_facts
-from vllm_offload.plan.box import BoxPlan, plan_box
+from vllm_offload.plan.box import BoxPlan
 from vllm_offload.plan.box_render import box_json
 from vllm_offload.plan.placement import Placed, place, splits_for
-from vllm_offload.plan.records import BoxInputs, PlanError
-from vllm_offload.upstream.version import PINNED
+from vllm_offload.plan.records import PlanError
 
 # Qwen2.5-14B's width at Llama's heads (a ~28 GiB model)
 MID_14B = dict(
@@ -46,25 +44,20 @@ def nvml_host(monkeypatch: pytest.MonkeyPatch, *gpus: tuple[str, int, int]) -> H
     return replace(make_host(None, ram_gib=512, shm_gib=256), gpus=hardware.probe_gpus())
 
 
-def box(tmp_path: Path, host: HostFacts, shapes: dict[str, dict[str, Any]], **more: Any) -> BoxPlan:
+def box(
+    tmp_path: Path,
+    host: HostFacts,
+    shapes: dict[str, dict[str, Any]],
+    shared: dict[str, Any] | None = None,
+    **more: Any,
+) -> BoxPlan:
+    """The set of ``shapes`` (by served name; ``more``: each one's entry keys) planned on
+    ``host``; ``shared``: the file's tables beside [[models]]."""
     entries = []
     for name, shape in shapes.items():
         entry = {"path": str(write_shape(tmp_path / name, shape)), "served_name": name}
         entries.append(entry | more.get(name, {}))
-    config = parse({"models": entries, "residency": more.get("residency", {})})
-    engines = engine_configs(config)
-    return plan_box(
-        BoxInputs(
-            config=config,
-            engines=engines,
-            facts={n: model_facts.read(Path(c.model.path)) for n, c in engines.items()},
-            disks={n: None for n in engines},
-            host=host,
-            platform="cuda",
-            vllm_release=PINNED["cuda"],
-            env={},
-        )
-    )
+    return fleet_of({"models": entries, **(shared or {})}, host)
 
 
 def gpus_of(plan: BoxPlan) -> dict[str, tuple[int, ...]]:
@@ -252,24 +245,7 @@ def test_parallel_asked_for_is_placed_as_asked_or_refused(
     shapes = {"a": LLAMA3_8B, "b": LLAMA3_8B}
 
     def boxed(host: HostFacts, parallel: dict[str, int], **more: Any) -> BoxPlan:
-        entries = [
-            {"path": str(write_shape(tmp_path / n, s)), "served_name": n} | more.get(n, {})
-            for n, s in shapes.items()
-        ]
-        config = parse({"models": entries, "parallel": parallel})
-        engines = engine_configs(config)
-        return plan_box(
-            BoxInputs(
-                config=config,
-                engines=engines,
-                facts={n: model_facts.read(Path(c.model.path)) for n, c in engines.items()},
-                disks={n: None for n in engines},
-                host=host,
-                platform="cuda",
-                vllm_release=PINNED["cuda"],
-                env={},
-            )
-        )
+        return box(tmp_path, host, shapes, {"parallel": parallel}, **more)
 
     piped = boxed(two, {"pipeline_parallel_size": 2})
     assert gpus_of(piped) == {"a": (0, 1), "b": (0, 1)}
