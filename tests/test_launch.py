@@ -267,8 +267,8 @@ def test_the_host_extension_reaches_vllm_as_its_additional_config(demo_dir: Path
     )  # share 1: patch 0006 alone
     assert json.loads(flag(alone, "--additional-config")) == {"kv_host_extension_bytes": 3 << 29}
     assert alone.option("--scheduler-cls") is None
-    default = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})  # measured: 0.25
-    assert json.loads(flag(default, "--additional-config"))["kv_spilled_step_share"] == 0.25
+    default = spec_for(demo_dir, {"kv_offload.host_extension_gib": 1.5})  # measured: 0.1
+    assert json.loads(flag(default, "--additional-config"))["kv_spilled_step_share"] == 0.1
     assert default.option("--scheduler-cls") is not None
 
 
@@ -287,7 +287,7 @@ def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) ->
     assert json.loads(flag(spec, "--additional-config")) == {
         "kv_host_extension_bytes": 8 << 20,
         "kv_staging_tokens": 2048,
-        "kv_spilled_step_share": 0.25,
+        "kv_spilled_step_share": 0.1,
     }
     assert spec.env[STAGED_PREFILL_ENV] == "1"
     for off in (
@@ -296,7 +296,7 @@ def test_staged_prefill_reaches_vllm_on_0_33_with_its_scratch(demo_dir: Path) ->
     ):
         assert json.loads(flag(off, "--additional-config")) == {
             "kv_host_extension_bytes": 8 << 20,
-            "kv_spilled_step_share": 0.25,
+            "kv_spilled_step_share": 0.1,
         }
         assert STAGED_PREFILL_ENV not in off.env
 
