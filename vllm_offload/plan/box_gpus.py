@@ -209,19 +209,12 @@ def _alone(
     first: PlanError | None = None
     for config, count in tries:
         try:
-            return make_plan(
-                config,
-                inputs.facts[name],
-                gpu_host(inputs.host, _first(largest, count)),
-                inputs.platform,
-                env=inputs.env,
-                disk=inputs.disks[name],
-                vllm_release=inputs.vllm_release,
-            )
-        except PlanError as exc:
+            host = gpu_host(inputs.host, _first(largest, count))
+            return plan_model(inputs, index, name, config, host)
+        except PlanError as exc:  # named for its entry by plan_model
             first = first or exc
     assert first is not None
-    raise PlanError(entry_field(index, first.field), f"'{name}': {first.message}") from None
+    raise first
 
 
 def _first(gpus: list[GpuFacts], count: int) -> tuple[int, ...]:

@@ -82,21 +82,24 @@ def place(models: Mapping[str, Placed], gpus: Sequence[GpuFacts]) -> Placement:
     load = {g.index: 0 for g in gpus}  # bytes needed on each, over the models placed there
     chosen: dict[str, tuple[int, ...]] = {}
     decisions: list[str] = []
+
+    def put(name: str, where: tuple[int, ...]) -> None:
+        chosen[name] = where
+        for g in where:
+            on[g].append(name)
+            load[g] += models[name].need_on(len(where))
+
     for name, model in models.items():
         if model.pinned is not None:
-            chosen[name] = model.pinned
+            put(name, model.pinned)
             decisions.append(f"placement: '{name}' on {_named(model.pinned)} (models[].gpus)")
     auto = [n for n, m in models.items() if m.pinned is None]
     for name in sorted(auto, key=lambda n: -models[n].need_on(1)):
         model = models[name]
         usable = {g.index: int(g.total_bytes * model.utilization) for g in gpus}
-        for other in chosen:  # the pinned, and those placed before it
-            for g in chosen[other]:
-                if other not in on[g]:
-                    on[g].append(other)
-                    load[g] += models[other].need_on(len(chosen[other]))
-        chosen[name], why = _choose(model, usable, load, on)
-        decisions.append(f"placement: '{name}' on {_named(chosen[name])}: {why}")
+        where, why = _choose(model, usable, load, on)
+        put(name, where)
+        decisions.append(f"placement: '{name}' on {_named(where)}: {why}")
     return Placement(gpus={n: chosen[n] for n in models}, notes=Notes(decisions=tuple(decisions)))
 
 
