@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Several models on one GPU (issue #31), through `vllm-offload serve` with two [[models]]
-of the same Llama-3-8B-shaped random checkpoint ("a", the default, and "b"), CUDA graphs
-on, 8 GiB GPU pools and 4 GiB CPU tiers. One arm a call (--idle sleep --level 1|2, or
---idle stop); --arena 0 runs the sleeps with vLLM's own backend (vllm_offload's plugin
-not loaded). Writes $OUT-style JSON:
+"""Several models on one GPU (issues #31, #58), through `vllm-offload serve` with --models
+[[models]] of the same Llama-3-8B-shaped random checkpoint ("a", the default, "b", ...),
+CUDA graphs on, 8 GiB GPU pools and 4 GiB CPU tiers. One arm a call (--idle sleep --level
+1|2, or --idle stop; --host-copy keep|release); --arena 0 runs the sleeps with vLLM's own
+backend (vllm_offload's plugin not loaded); --cache DIR gives the server its own compile
+caches there, emptied first (a cold start). Writes $OUT-style JSON:
 
   start_s      front door up to /health 200 (with sleep: every model started and put away
-               once, then 'a' brought in)
-  switches     each: a request for the model away, sent to its first token (the resident
-               one put away, the other brought in, the prefill), and the front door's own
-               put-away / bring-in times
-  rss          each engine's process tree (psutil RSS) at each point, and its weight bytes
+               once, then 'a' brought in): every model ready
+  switches     each: a request for the next model (b, c, ..., a, ...), sent to its first
+               token (the resident one put away, the other brought in, the prefill), and
+               the front door's own put-away / bring-in times
+  rss          each engine's process tree (psutil RSS) and GPU memory (nvidia-smi) at each
+               point, beside the front door's planned figures for its state (`ps`)
   same         the same greedy request (64 token ids, 32 tokens, 5 logprobs a token) asked
                of each model at its first turn and again after each later switch brings it
                in: tokens and logprobs against that first answer (weights restored from
@@ -45,16 +47,19 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
+from kit.arms import cache_env
 from kit.box import PROMPT_IDS, box_config, control, first_token, plan, serving, tokens
 from kit.stream import compare_records, stream_record  # one greedy request, compared
 
 REPO = Path(__file__).resolve().parents[2]
+NAMES = ("a", "b", "c", "d")
 
 
 def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
     # max_resident 1: both would fit together under 'auto' (the default since #43)
-    residency = {
+    residency: dict[str, str | int | float] = {
         "max_resident": 1,
+        "host_copy": args.host_copy,
         "idle": args.idle,
         "sleep_level": args.level,
         "min_resident_s": 0.0,
@@ -67,6 +72,7 @@ def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
         tier_gib=args.tier_gib,
         vllm_args=args.vllm_arg,
         residency=residency,
+        names=NAMES[: args.models],
     )
 
 
@@ -108,15 +114,17 @@ def engine_gpu(pid: int | None, by_pid: dict[int, int]) -> int | None:
 
 
 def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
+    """Each engine's measured memory beside the front door's record of it (its state, the
+    planned figures `ps` shows)."""
     models = control(run_dir)["models"]
     by_pid = gpu_bytes_by_pid()
     return {
         "when": when,
         **{
             n: {
-                "state": m["state"],
                 "rss_bytes": rss(m["pid"]),
                 "gpu_bytes": engine_gpu(m["pid"], by_pid),
+                "front_door": m,
             }
             for n, m in models.items()
         },
@@ -134,11 +142,17 @@ def same_answer(port: int, model: str, prompt: list[int]) -> dict[str, Any]:
 
 
 async def switches(
-    front: httpx.AsyncClient, port: int, run_dir: Path, count: int, same: dict[str, Any]
+    front: httpx.AsyncClient,
+    port: int,
+    run_dir: Path,
+    models: int,
+    count: int,
+    same: dict[str, Any],
 ) -> list[dict[str, Any]]:
     out = []
+    names = NAMES[:models]
     for k in range(count):
-        model = "b" if k % 2 == 0 else "a"
+        model = names[(k + 1) % models]
         before = len(control(run_dir)["events"])
         ttft, _ = await first_token(front, model, tokens(64, 1000 + k))
         events = control(run_dir)["events"][before:]
@@ -242,7 +256,10 @@ async def measure(
         "control": compare_records(same_answer(port, "a", changed), first),
     }
     print(f"control (one prompt token changed): {same['control']}", flush=True)
-    result["switches"] = await switches(front, port, run_dir, args.switches, same)
+    if args.models == 1:
+        await front.aclose()
+        return
+    result["switches"] = await switches(front, port, run_dir, args.models, args.switches, same)
     same["a_vs_b"] = compare_records(same["first"]["a"], same["first"]["b"])
     result["rss"].append(rss_now(run_dir, f"after {args.switches} switches"))
     if args.idle == "sleep":
@@ -269,6 +286,9 @@ def main() -> int:
     parser.add_argument("--idle", choices=["sleep", "stop"], default="sleep")
     parser.add_argument("--level", type=int, choices=[1, 2], default=1)
     parser.add_argument("--arena", type=int, choices=[0, 1], default=1)
+    parser.add_argument("--models", type=int, choices=range(1, len(NAMES) + 1), default=2)
+    parser.add_argument("--host-copy", choices=["keep", "release"], default="keep")
+    parser.add_argument("--cache", type=Path, help="the server's compile caches, emptied")
     parser.add_argument("--switches", type=int, default=6)
     parser.add_argument("--front-windows", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
@@ -282,6 +302,7 @@ def main() -> int:
     args = parser.parse_args()
     PROMPT_IDS[1] = args.vocab_high
     name = f"{args.idle}{args.level if args.idle == 'sleep' else ''}-arena{args.arena}"
+    name += f"-{args.models}models-{args.host_copy}"
     run_dir = Path(f"/tmp/vllm-offload-switch/run-{name}")
     config = run_dir.parent / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +310,9 @@ def main() -> int:
     env = dict(os.environ)
     if not args.arena:
         env["VLLM_PLUGINS"] = "none"  # vLLM's own sleep backend
+    if args.cache:
+        shutil.rmtree(args.cache, ignore_errors=True)
+        env.update(cache_env(args.cache))
     log = args.out.with_suffix(".log")
     result: dict[str, Any] = {"arm": name, "config": config.read_text()}
     planned = plan(config, env=env)

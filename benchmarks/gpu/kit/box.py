@@ -1,5 +1,5 @@
 """What the several-models benches (switch.py, turns.py) share: a `vllm-offload serve`
-config with two [[models]] of one checkpoint ("a", the default, and "b"), the server
+config with [[models]] of one checkpoint ("a", the default, "b", ...), the server
 started in its own session and stopped with its process group, token-id prompts, a streamed
 request's first token, and the front door's control socket (models' states and events)."""
 
@@ -33,10 +33,11 @@ def box_config(
     tier_gib: float,
     vllm_args: list[str],
     residency: Mapping[str, str | int | float],
+    names: tuple[str, ...] = ("a", "b"),
 ) -> str:
     """The TOML: token ids in and out (--skip-tokenizer-init), fixed GPU pools and CPU
-    tiers, ``residency`` as given (values as TOML writes them), the control socket under
-    ``run_dir``."""
+    tiers, one model per name (the first the default), ``residency`` as given (values as
+    TOML writes them), the control socket under ``run_dir``."""
     model = f'path = "{checkpoint}"\n'
     extra = json.dumps(["--skip-tokenizer-init", *vllm_args])
     settings = "".join(f"{key} = {json.dumps(value)}\n" for key, value in residency.items())
@@ -44,8 +45,8 @@ def box_config(
         f"extra_args = {extra}\n[gpu]\n"
         f"kv_cache_memory_bytes = {pool_bytes}\n"
         f"[kv_offload]\ncpu_tier_gib = {tier_gib}\n[server]\nport = {port}\n"
-        f'[[models]]\n{model}served_name = "a"\n[[models]]\n{model}served_name = "b"\n'
-        f'[residency]\n{settings}runtime_dir = "{run_dir}"\n'
+        + "".join(f'[[models]]\n{model}served_name = "{name}"\n' for name in names)
+        + f'[residency]\n{settings}runtime_dir = "{run_dir}"\n'
     )
 
 
