@@ -6,6 +6,9 @@ graphs, one server per arm through `vllm-offload serve`, both up at once:
   gpu-only   a GPU pool of --pool-gib, no extension (the chats' reference server)
   share-S    the same GPU pool + --extension-gib of host RAM, kv_offload.spilled_step_share
              S for each S in --shares (0.1: the default; 1: patch 0006 alone)
+  share-S-capC  for each C in --caps: share-S with vLLM's --long-prefill-token-threshold
+             C (a long prompt's chunk is at most C tokens while other requests run or
+             wait; the whole --chunk-tokens alone)
   all-gpu    with --all-gpu-pool-gib: a GPU pool that holds the long request (no host
              reads), the long request beside the chats too: what vLLM's own scheduling
              of such a request costs them
@@ -18,6 +21,7 @@ Scenarios (--scenarios), each with one long request (--long-tokens random ids in
   with            16 chats and the long request at once
   waves           4 waves of 8 chats, one every 2 s from the long request's first token
   steady          chats arriving at --rate a second (seeded Poisson) for --steady-s
+  during          the same from the long request's sending: chats beside its prefill
 
 Each scenario runs its chats twice on each arm, in turn: alone (the same arrival times, no
 long request) and beside the long request. Per chat, from its first token: mean time per
@@ -64,18 +68,26 @@ def arrivals(name: str, args: argparse.Namespace, rng: random.Random) -> tuple[l
         return [0.0] * 16, "sent"
     if name == "waves":
         return [2.0 * w for w in range(4) for _ in range(8)], "first token"
-    if name == "steady":
+    if name in ("steady", "during"):
         times, t = [], rng.expovariate(args.rate)
         while t < args.steady_s:
             times.append(t)
             t += rng.expovariate(args.rate)
-        return times, "first token"
+        return times, "first token" if name == "steady" else "sent"
     raise SystemExit(f"--scenarios: no scenario {name!r}")
 
 
 def lead(starts: list[float]) -> float:
     """How long before the long request the first chat goes ('before': 0.3 s)."""
     return -min(0.0, *starts)
+
+
+def vllm_last(serve_args: list[str], *vllm_args: str) -> list[str]:
+    """`vllm-offload serve` flags, then "--" and vLLM's own (those already after a "--" in
+    ``serve_args`` kept)."""
+    if "--" not in serve_args:
+        return [*serve_args, "--", *vllm_args]
+    return [*serve_args, *vllm_args]
 
 
 def chats_at(
@@ -184,6 +196,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0, help="steady: chats a second")
     parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument("--shares", default="0.1")
+    parser.add_argument("--caps", default="", help="long prompts' chunk beside others, e.g. 2048")
     parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
@@ -199,12 +212,20 @@ def main() -> None:
             f"--kv-offload-host-extension-gib={args.extension_gib}",
             f"--kv-offload-spilled-step-share={share}",
         ]
+        for cap in filter(None, args.caps.split(",")):
+            flags[f"share-{share}-cap{cap}"] = [
+                *flags[f"share-{share}"],
+                "--",
+                f"--long-prefill-token-threshold={cap}",
+            ]
     if args.all_gpu_pool_gib:
         flags["all-gpu"] = ["--gpu-kv-cache-memory-bytes", str(int(args.all_gpu_pool_gib * GIB))]
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
     ours += ["--kv-offload-backend", "none", "--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
-    dummy = ["--", "--load-format", "dummy"]
-    arms = [Arm(name=n, serve_args=[*ours, *f, *dummy]) for n, f in flags.items()]
+    arms = [
+        Arm(name=n, serve_args=vllm_last([*ours, *f], "--load-format=dummy"))
+        for n, f in flags.items()
+    ]
     record = Record(args.out / "fairness.json", vars(args))
     rng = random.Random(54)
 
