@@ -245,6 +245,10 @@ async def measure(
     args: argparse.Namespace, port: int, run_dir: Path, result: dict[str, Any]
 ) -> None:
     front = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600)
+    if args.models == 1:  # vLLM serves it alone: no front door, no control socket
+        result["first_token_s"] = (await first_token(front, "a", tokens(64, 1)))[0]
+        await front.aclose()
+        return
     result["rss"] = [rss_now(run_dir, "after start")]
     await first_token(front, "a", tokens(64, 1))
     prompt = tokens(SAME_PROMPT, 4242)
@@ -256,9 +260,6 @@ async def measure(
         "control": compare_records(same_answer(port, "a", changed), first),
     }
     print(f"control (one prompt token changed): {same['control']}", flush=True)
-    if args.models == 1:
-        await front.aclose()
-        return
     result["switches"] = await switches(front, port, run_dir, args.models, args.switches, same)
     same["a_vs_b"] = compare_records(same["first"]["a"], same["first"]["b"])
     result["rss"].append(rss_now(run_dir, f"after {args.switches} switches"))
