@@ -66,7 +66,9 @@ def host_copy(config: DeploymentConfig, idle: Idle) -> tuple[bool, Notes]:
             "weights back after each wake, so it holds that much less host RAM while it "
             "serves, and each put-away copies the weights out again (a slower switch); the "
             "set's peak is the same (at a switch the model put away copies its weights out "
-            "while the one coming in still holds its copy), so no more models fit",
+            "while the one coming in still holds its copy), so no more models fit; a "
+            "switch of an 8B model on an H200 took 6.5-8.6 s instead of 0.5 "
+            "(docs/several-models.md)",
         )
     )
 
@@ -77,12 +79,19 @@ def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float,
     asked = config.residency.min_resident_s
     if asked != "auto":
         return asked, Notes()
-    fast = idle == "sleep" and config.residency.sleep_level == 1
+    level_1 = idle == "sleep" and config.residency.sleep_level == 1
+    fast = level_1 and config.residency.host_copy == "keep"
     if fast:
         why = (
             "level-1 sleep: a switch is the weights' copy (0.5 s for an 8B model on an "
             "H200, where no turns served people best at every load measured; a larger "
             "model or a slower link: set seconds)"
+        )
+    elif level_1:
+        why = (
+            "residency.host_copy = release: each put-away copies the weights out again "
+            "(a switch 6.5-8.6 s for an 8B model on an H200); turns keep the box from "
+            "switching for each request"
         )
     elif idle == "sleep":
         why = (
