@@ -343,7 +343,7 @@ def test_the_tier_must_fit_ram_and_shm(demo_dir: Path) -> None:
     host = make_host(24, ram_gib=64, shm_gib=32)
     errors = make_plan(config, facts, host, "cuda").notes.problems
     assert [e["field"] for e in errors] == ["kv_offload.cpu_tier_gib"] * 2
-    # 64 GiB less the 8 GiB reserve and ~4 GiB for vLLM's own processes
+    # 64 GiB less the 8 GiB reserve and ~3.75 GiB for vLLM's own processes
     assert "the largest that fits is 52 GiB" in errors[0]["message"]
     assert "/dev/shm" in errors[1]["message"] and "<= 31" in errors[1]["message"]
     ok = make_plan(with_overrides(config, {"kv_offload.cpu_tier_gib": 16}), facts, host, "cuda")

@@ -121,7 +121,7 @@ def test_llama_on_24gb(tmp_path: Path) -> None:
     big_shm = make_plan(
         config_for(model), model_facts.read(model), make_host(24, ram_gib=128, shm_gib=128), "cuda"
     )
-    # RAM less the 10 % reserve and ~4 GiB for vLLM's own processes, whole GiB
+    # RAM less the 10 % reserve and ~3.75 GiB for vLLM's own processes, whole GiB
     assert big_shm.cpu_tier.bytes == 111 * GIB
     text = render(plan)
     assert "longest request" in text and "GiB" in text and "tokens" in text
