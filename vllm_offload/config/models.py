@@ -97,9 +97,9 @@ class ResidencySection(_Section):
         "8B model on an H200, nothing to copy); 'release' gives it back after each wake, so "
         "a serving engine holds that much less host RAM, and each put-away copies the "
         "weights out again (a switch 6.5-8.6 s instead of 0.5 for an 8B model on an H200; "
-        "min_resident_s 'auto' gives turns then). It does not let more models fit: at a switch the model put away "
-        "copies its weights out while the one coming in still holds its copy, and the "
-        "planner counts that moment either way.",
+        "min_resident_s 'auto' gives turns then). It does not let more models fit: at a "
+        "switch the model put away copies its weights out while the one coming in still "
+        "holds its copy, and the planner counts that moment either way.",
     )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
