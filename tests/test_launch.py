@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import launch, run_vllm
+from vllm_offload import launch, launch_kv, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.config.schema import ConfigError
 from vllm_offload.hardware import GIB
@@ -128,7 +128,7 @@ def test_legacy_num_cpu_blocks_is_translated(demo_dir: Path) -> None:
     assert plan.kv.bytes_per_token == 2 * 2 * 4 * 64 * 2
     assert plan.cpu_tier.bytes == 1000 * plan.kv.bytes_per_token * 16
     assert any("num_cpu_blocks is deprecated" in w for w in plan.notes.warnings)
-    kv = launch.kv_transfer_config(config, plan)
+    kv = launch_kv.kv_transfer_config(config, plan)
     assert kv is not None
     assert kv["kv_connector_extra_config"]["cpu_bytes_to_use"] == plan.cpu_tier.bytes
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_offload import disk_layout
+from vllm_offload import launch_kv
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.config.schema import model_name
 from vllm_offload.errors import Refused
@@ -28,31 +28,16 @@ from vllm_offload.upstream.version import (
 )
 from vllm_offload.vllm_ext import forwarded_routes
 from vllm_offload.vllm_ext.knobs import (
-    CPU_BYTES_KEY,
     CPU_TIER_RESERVE_ENV,
-    FAIR_SCHEDULER,
-    HOST_EXTENSION_KEY,
-    LAYERWISE_LOADS_KEY,
     SLEEP_ARENA_ENV,
     SLEEP_KEEP_COPY_ENV,
-    SPILLED_STEP_SHARE_KEY,
-    STAGED_PREFILL_ENV,
-    STAGING_TOKENS_KEY,
-    SYNC_LOAD_BUDGET_KEY,
 )
-
-# The OffloadingConnector spec that puts secondary tiers behind the CPU tier.
-DISK_TIER_SPEC = "TieringOffloadingSpec"
-# LMCache's in-process connector is configured through its environment.
-LMCACHE_CHUNK_TOKENS = 256
 
 
 class PreflightError(Refused):
     """Something that would make vLLM fail or misbehave here; names the field and the fix."""
 
 
-# The connector that keeps a model's CPU tier through its sleep (vllm_ext/connector.py).
-SLEEPING_CONNECTOR_MODULE = "vllm_offload.vllm_ext.connector"
 # vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
 # sleeps is reached through its own unix socket alone).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -174,48 +159,6 @@ class _Options:
         self.owned[_dest(flag)] = list(values)
 
 
-def kv_transfer_config(
-    config: DeploymentConfig, plan: Plan, sleeps: bool = False
-) -> dict[str, Any] | None:
-    if plan.kv.backend == "native":
-        extra: dict[str, Any] = {
-            CPU_BYTES_KEY: plan.cpu_tier.bytes,
-            "eviction_policy": config.kv_offload.eviction_policy,
-            LAYERWISE_LOADS_KEY: config.kv_offload.layerwise_loads,
-        }
-        if plan.cpu_tier.sync_load_budget_bytes:  # planned for the release (plan.host)
-            extra[SYNC_LOAD_BUDGET_KEY] = plan.cpu_tier.sync_load_budget_bytes
-        if plan.kv.chunk_tokens != plan.kv.block_tokens:  # vLLM's default: one GPU block
-            extra["block_size"] = plan.kv.chunk_tokens
-        if config.kv_offload.store_threshold >= 2:  # below 2 vLLM stores every chunk
-            extra["store_threshold"] = config.kv_offload.store_threshold
-        if plan.disk.bytes:
-            # vLLM's tiering spec: the CPU tier in front, its filesystem tier behind, bounded
-            # by our subclass (vLLM's own out-of-tree tier hook loads it by module path).
-            extra["spec_name"] = DISK_TIER_SPEC
-            extra["secondary_tiers"] = [
-                {
-                    "type": "BoundedFsTier",
-                    "module_path": "vllm_offload.vllm_ext.disk_tier",
-                    "root_dir": plan.disk.root,
-                    "budget_root": str(disk_layout.tier_root(plan.disk.path)),
-                    "max_bytes": plan.disk.bytes,
-                    "min_free_bytes": plan.disk.reserve_bytes,
-                }
-            ]
-        connector = {
-            "kv_connector": "OffloadingConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": extra,
-        }
-        if sleeps:  # the tier survives the engine's sleep
-            connector["kv_connector_module_path"] = SLEEPING_CONNECTOR_MODULE
-        return connector
-    if plan.kv.backend == "lmcache":
-        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    return None
-
-
 def max_model_len_arg(plan: Plan) -> str:
     """A configured length as it is (the planner checked it fits); 'auto' as vLLM's own
     auto-fit, which sizes it from the pool it measures, so the estimate of a GPU pool the
@@ -273,15 +216,19 @@ def build(
     if plan.weights.offloaded_bytes > 0:
         _weight_offload(options, config, plan)
     if plan.extension.bytes:
-        _host_extension(options, env, config, plan)
+        extension = launch_kv.host_extension(config, plan)
+        env.update(extension.env)
+        if extension.scheduler_cls:
+            options.add("--scheduler-cls", extension.scheduler_cls)
+        options.add("--additional-config", extension.additional_config)
     sleeps = engine is not None and engine.sleeps
-    kv_config = kv_transfer_config(config, plan, sleeps)
+    kv_config = launch_kv.kv_transfer_config(config, plan, sleeps)
     if kv_config is not None:
         options.add("--kv-transfer-config", kv_config)
     if plan.cpu_tier.bytes:
         env[CPU_TIER_RESERVE_ENV] = str(plan.host_ram.reserve_bytes)
     if plan.kv.backend == "lmcache":
-        env.update(_lmcache_env(plan))
+        env.update(launch_kv.lmcache_env(plan))
     secret: tuple[str, ...] = ()
     if api_key is not None:
         env[API_KEY_ENV] = api_key
@@ -330,33 +277,6 @@ def _parallel(options: _Options, config: DeploymentConfig, tp: int) -> None:
         options.add("--pipeline-parallel-size", parallel.pipeline_parallel_size)
     if parallel.distributed_executor_backend != "auto":
         options.add("--distributed-executor-backend", parallel.distributed_executor_backend)
-
-
-def _host_extension(
-    options: _Options, env: dict[str, str], config: DeploymentConfig, plan: Plan
-) -> None:
-    """The KV pool's host extension, read by patch 0006 (vllm_ext/kv_host_extension.py),
-    with staged prefill's scratch and the fair scheduler where planned."""
-    additional: dict[str, int | float] = {HOST_EXTENSION_KEY: plan.extension.bytes}
-    if plan.extension.staging_scratch_tokens:  # planned for the release (plan.staging)
-        additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
-        env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
-    share = config.kv_offload.spilled_step_share
-    if share < 1:  # shares the GPU beside a spilled request (vllm_ext/fair_scheduler.py)
-        additional[SPILLED_STEP_SHARE_KEY] = share
-        options.add("--scheduler-cls", FAIR_SCHEDULER)
-    options.add("--additional-config", additional)
-
-
-def _lmcache_env(plan: Plan) -> dict[str, str]:
-    """LMCache's in-process connector is configured through its environment."""
-    return {
-        "LMCACHE_LOCAL_CPU": "True",
-        "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{plan.cpu_tier.bytes / GIB:.3f}",
-        "LMCACHE_CHUNK_SIZE": str(LMCACHE_CHUNK_TOKENS),
-        # LMCache reports usage to stats.lmcache.ai unless told not to.
-        "LMCACHE_TRACK_USAGE": "false",
-    }
 
 
 def _weight_offload(options: _Options, config: DeploymentConfig, plan: Plan) -> None:

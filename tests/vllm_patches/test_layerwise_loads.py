@@ -356,7 +356,7 @@ def test_a_sleep_keeps_the_cpu_tier_with_vllm_offloads_connector(
     """Issue #31: vLLM's sleep resets the prefix caches with the connector's, which emptied
     the CPU tier. With vllm_ext.connector (what the launcher names for engines that sleep)
     the tier's chunks are still found after that reset; with vLLM's own, they are not."""
-    from vllm_offload.launch import SLEEPING_CONNECTOR_MODULE as OURS
+    from vllm_offload.launch_kv import SLEEPING_CONNECTOR_MODULE as OURS
 
     engine = Engine(demo_dir, layerwise=True, connector_module=OURS if ours else None)
     assert (type(engine.scheduler.connector).__module__ == OURS) == ours

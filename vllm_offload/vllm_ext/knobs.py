@@ -1,6 +1,6 @@
 """Every name patched vLLM and vllm_ext's hooks read, in one place: the launcher writes
-them (launch.py), the hooks inside vLLM's processes read them. Plain strings, no vLLM
-import: launch.py imports this module on hosts where vLLM is not importable yet.
+them (launch.py, launch_kv.py), the hooks inside vLLM's processes read them. Plain strings,
+no vLLM import: the launcher imports this module on hosts where vLLM is not importable yet.
 ``additional`` and ``whole_number`` are the one reader of our --additional-config keys."""
 
 from typing import Any
