@@ -104,11 +104,9 @@ def host_extension(config: DeploymentConfig, plan: Plan) -> HostExtension:
     if plan.extension.staging_scratch_tokens:  # planned for the release (plan.staging)
         additional[STAGING_TOKENS_KEY] = plan.extension.staging_scratch_tokens
         env[STAGED_PREFILL_ENV] = "1"  # the plugin's FlashAttention (staged_attention)
+    scheduler_cls = None
     share = config.kv_offload.spilled_step_share
     if share < 1:  # shares the GPU beside a spilled request (vllm_ext/fair_scheduler.py)
         additional[SPILLED_STEP_SHARE_KEY] = share
-    return HostExtension(
-        additional_config=additional,
-        env=env,
-        scheduler_cls=FAIR_SCHEDULER if share < 1 else None,
-    )
+        scheduler_cls = FAIR_SCHEDULER
+    return HostExtension(additional_config=additional, env=env, scheduler_cls=scheduler_cls)
