@@ -7,7 +7,7 @@ set -u; cd /root/repo && source /root/vo/env.sh
 work=/root/work/$CALL; mkdir -p $work $OUT/$CALL
 timeout $LIMIT python3 benchmarks/gpu/exactness.py --out $work --checkpoint /root/ckpt-llama-3.1-8b \
   --rounds "$ROUNDS" --lengths ${LENGTHS:-40000,70000,100000} --inplace-lengths 40000 --output-tokens 16 \
-  --gpu-pool-gib 13 --extension-gib 12 --utilization gpu=0.25,staged=0.15,inplace=0.15 \
+  --gpu-pool-gib 13 --extension-gib 12 --utilization ${UTIL:-gpu=0.25,staged=0.15,inplace=0.15} \
   --controls gpu-repro --lengths-per-arm ${PER_ARM:-2} --deadline-s $((LIMIT - 20)) ${AGAINST:+--against $AGAINST} ${TIMING:+--timing} \
   --call $CALL > $work/out.txt 2>&1; echo "rc $?"
 cp $work/exactness.json /root/ex-$CALL.json 2>/dev/null
