@@ -93,6 +93,11 @@ def add(scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int) ->
     return request
 
 
+def holds_host_blocks(scheduler: Any, request: Any) -> bool:
+    ids = scheduler.kv_cache_manager.get_block_ids(request.request_id)
+    return any(i >= scheduler.first_host_block for group in ids for i in group)
+
+
 def step(scheduler: Any) -> set[str]:
     """One engine step: schedule, 'run' it (the clock moves by what it would take), and
     hand vLLM a sampled token for every request past its prompt. The IDs it ran."""
@@ -100,7 +105,7 @@ def step(scheduler: Any) -> set[str]:
 
     output = scheduler.schedule()
     ran = list(output.num_scheduled_tokens)
-    spilled = any(scheduler.holds_host_blocks(scheduler.requests[i]) for i in ran)
+    spilled = any(holds_host_blocks(scheduler, scheduler.requests[i]) for i in ran)
     scheduler.spill_share.clock.now += SPILLED_STEP_S if spilled else GPU_STEP_S
     sampled = []
     for i in ran:
@@ -121,7 +126,7 @@ def prefill_long(scheduler: Any, prompt_tokens: int = 5000) -> Any:
     long = add(scheduler, "long", prompt_tokens, 4000)
     while long.num_output_tokens == 0:
         step(scheduler)
-    assert scheduler.holds_host_blocks(long)
+    assert holds_host_blocks(scheduler, long)
     return long
 
 
@@ -145,7 +150,7 @@ def test_a_spilled_decode_gets_its_share_of_time_and_the_others_every_step(
         assert running_chats <= ran  # every chat runs in every step
         assert scheduler.running[0] is long  # back in its place after a step without it
         for n, chat in enumerate(chats):
-            assert not scheduler.holds_host_blocks(chat)
+            assert not holds_host_blocks(scheduler, chat)
             if chat.is_finished():
                 chats[n] = add(scheduler, f"chat{next(PROMPTS)}", 300, 200)
     assert spilled_s / total_s <= SHARE + 0.02
@@ -171,7 +176,7 @@ class BatchQueue:
         scheduler, clock = self.scheduler, self.scheduler.spill_share.clock
         output = scheduler.schedule()
         ran = list(output.num_scheduled_tokens)
-        spilled = any(scheduler.holds_host_blocks(scheduler.requests[i]) for i in ran)
+        spilled = any(holds_host_blocks(scheduler, scheduler.requests[i]) for i in ran)
         sampled = []
         for i in ran:
             request = scheduler.requests[i]
@@ -232,6 +237,7 @@ def test_alone_a_spilled_request_runs_every_step(scheduler: Any) -> None:
     for _ in range(20):
         assert step(scheduler) == {"long"}
     assert long.num_output_tokens == 21
+    assert scheduler.spill_share.shared_s == 0  # no one beside it: no share in force
 
 
 def test_a_short_request_beside_a_long_one_gets_gpu_blocks(scheduler: Any) -> None:
@@ -270,7 +276,7 @@ def run_wave(scheduler: Any, long: Any, chats: list[Any]) -> tuple[float, int, f
         spilled_s += took if "long" in ran else 0.0
         assert running <= ran
         for chat in chats:
-            assert not scheduler.holds_host_blocks(chat), (chat.request_id, steps)
+            assert not holds_host_blocks(scheduler, chat), (chat.request_id, steps)
         assert steps < 5000
     return spilled_s / total_s, steps, total_s
 
@@ -517,3 +523,25 @@ def test_a_long_request_arriving_beside_chats_is_spaced_from_its_first_chunk(
     spacing = SPILLED_STEP_S * (1 - SHARE) / SHARE
     assert len(with_long) >= 2
     assert all(b - a >= spacing for a, b in itertools.pairwise(with_long)), with_long
+
+
+def test_a_long_requests_chunks_are_spaced_before_it_spills_too(scheduler: Any) -> None:
+    """Issue #54 on an H100 (fair4, fair5: chats first, the long request 0.3 s later): its
+    first chunk fitted the GPU blocks left of its half, so that step was no spilled one and
+    spaced nothing, and its next chunk ran straight after: two long gaps in every chat (p99
+    27x alone; 0 and 1 of 16 chats within the goals). A long request's steps beside others
+    are spaced from its first chunk, whether or not it holds a host block yet."""
+    chats = [add(scheduler, f"chat{n}", 160, 200) for n in range(4)]
+    step(scheduler)
+    long = add(scheduler, "long", 5000, 8)  # 1,024-token chunks: two before it spills
+    clock, with_long = scheduler.spill_share.clock, []
+    while long.num_output_tokens < 2 and not all(c.is_finished() for c in chats):
+        began = clock.now
+        if "long" in step(scheduler):
+            with_long.append((began, clock.now))
+    assert len(with_long) >= 3
+    for (began, ended), (next_began, _) in itertools.pairwise(with_long):
+        took = ended - began
+        assert next_began - ended >= took * (1 - SHARE) / SHARE - 1e-9, with_long
+    counted = scheduler.spill_share.spilled_shared_s  # its steps beside the chats, all
+    assert counted == pytest.approx(sum(ended - began for began, ended in with_long))

@@ -1,12 +1,13 @@
 """vLLM's scheduler with ``spill_share``'s rules for a pool with a host extension (issue
 #42), loaded by ``--scheduler-cls`` (the launcher passes it with a host extension only).
 
-A step whose spilled requests the time share keeps out hides them from vLLM's running
-list while vLLM schedules it (and lowers the running limit by as many, so none is
+A step whose long requests the time share keeps out (from their first chunk: a long
+request spills past half the GPU part, most within their prefill) hides them from vLLM's
+running list while vLLM schedules it (and lowers the running limit by as many, so none is
 admitted in their place), then puts them back in their order: vLLM's own loop, budgets
 and preemption decide everything else. Allocations for a long request take GPU blocks up
 to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
-then host blocks; beside a spilled request a short one that would not find its GPU blocks
+then host blocks; beside a long request a short one that would not find its GPU blocks
 is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
@@ -42,8 +43,8 @@ class FairScheduler(Scheduler):
         # Not given (the launcher always gives it): no time limit, GPU blocks first.
         share = knobs.additional(vllm_config, SPILLED_STEP_SHARE_KEY, 1.0)
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
-        # The long requests holding host blocks as this step began.
-        self.spilled: list[Request] = []
+        # The long requests running as this step began: their steps are time-shared.
+        self.long_running: list[Request] = []
         if self.host_blocks and self.spill_share.share < 1:  # 1: patch 0006 alone
             self._keep_requests_to_their_parts()
 
@@ -56,7 +57,7 @@ class FairScheduler(Scheduler):
             if self.is_long(request):
                 held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
                 queue.gpu_allowance = spill_share.gpu_allowance(held, self.first_host_block)
-            elif self._waits_beside_spilled(request, queue.device.num_free_blocks):
+            elif self._waits_beside_long(request, queue.device.num_free_blocks):
                 return None  # it waits, as for a full pool
             try:
                 return allocate(request, *args, **kwargs)
@@ -69,10 +70,12 @@ class FairScheduler(Scheduler):
         """The long requests holding blocks now: those running (one admitted earlier in
         this step is running already; found in review, two admitted in one step held a
         half each), those the share hides from this step, and ``request``."""
-        found = {id(r): r for r in [*self.running, *self.spilled, request] if self.is_long(r)}
+        found = {id(r): r for r in [*self.running, *self.long_running, request] if self.is_long(r)}
         return list(found.values())
 
     def is_long(self, request: Request) -> bool:
+        """Whether its blocks past half the GPU part (with the other long requests') come
+        from host RAM: a spilled request, or one that spills as its prefill goes on."""
         blocks = -(-request.num_tokens_with_spec // self.block_size)
         return spill_share.is_long(blocks, self.first_host_block)
 
@@ -82,9 +85,6 @@ class FairScheduler(Scheduler):
     def _gpu_blocks_held(self, request: Request) -> int:
         return sum(1 for i in self._block_ids(request) if i < self.first_host_block)
 
-    def holds_host_blocks(self, request: Request) -> bool:
-        return any(i >= self.first_host_block for i in self._block_ids(request))
-
     def _still_to_hold(self, request: Request) -> int:
         """The blocks a short request is expected to take beyond those it holds."""
         expected = spill_share.expected_blocks(
@@ -92,11 +92,11 @@ class FairScheduler(Scheduler):
         )
         return max(0, expected - len(self._block_ids(request)))
 
-    def _waits_beside_spilled(self, request: Request, free_gpu_blocks: int) -> bool:
-        """Whether a short request not yet running waits for GPU blocks: a spilled request
+    def _waits_beside_long(self, request: Request, free_gpu_blocks: int) -> bool:
+        """Whether a short request not yet running waits for GPU blocks: a long request
         runs, other short ones do, and what they are promised and it expects to hold do
         not fit the free GPU blocks."""
-        if not self.spilled or request.status == RequestStatus.RUNNING:
+        if not self.long_running or request.status == RequestStatus.RUNNING:
             return False
         shorts = [r for r in self.running if not self.is_long(r)]
         if not shorts:
@@ -107,13 +107,17 @@ class FairScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.host_blocks:
             return super().schedule(*args, **kwargs)  # no host blocks: nothing to share
-        self.spilled = [r for r in self.running if self.is_long(r) and self.holds_host_blocks(r)]
-        others = len(self.spilled) < len(self.running) or self.get_request_counts()[1] > 0
-        admit = not self.spilled or self.spill_share.admit(others=others)
-        output = self._schedule_without([] if admit else self.spilled, *args, **kwargs)
+        self.long_running = [r for r in self.running if self.is_long(r)]
+        # A long request's first chunks may fit the GPU blocks left of its half: counted
+        # only once it held a host block, they spaced nothing (issue #54, fair4: two long
+        # gaps in every chat that came before it).
+        lines = (self.running, self.waiting, self.kv_holding_waiting)
+        others = any(not self.is_long(r) for line in lines for r in line)
+        admit = not self.long_running or self.spill_share.admit(others=others)
+        output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         ran = [self.requests[i] for i in output.num_scheduled_tokens if i in self.requests]
-        spilled = any(self.is_long(r) and self.holds_host_blocks(r) for r in ran)
-        shared = bool(self.spilled) and others
+        spilled = any(self.is_long(r) for r in ran)
+        shared = others and (spilled or bool(self.long_running))
         self.spill_share.started(output, spilled=spilled, shared=shared, beside=others)
         return output
 
@@ -122,18 +126,18 @@ class FairScheduler(Scheduler):
     ) -> Any:
         self.spill_share.ended(scheduler_output)  # the step's length, host reads included
         outputs = super().update_from_output(scheduler_output, *args, **kwargs)
-        ended = [r for r in self.spilled if r.is_finished()]
+        ended = [r for r in self.long_running if r.is_finished()]
         if ended:
-            self.spilled = [r for r in self.spilled if not r.is_finished()]
+            self.long_running = [r for r in self.long_running if not r.is_finished()]
             self._log_share()
         return outputs
 
     def _log_share(self) -> None:
-        """What the share gave so far, when a spilled request ends (the GPU benchmark reads
+        """What the share gave so far, when a long request ends (the GPU benchmark reads
         it: benchmarks/gpu/fairness.py)."""
         share = self.spill_share
         logger.info(
-            "spilled request ended; spilled steps took %.3f s of %.3f s of steps beside "
+            "long request ended; spilled steps took %.3f s of %.3f s of steps beside "
             "others so far (kv_spilled_step_share %.2f)",
             share.spilled_shared_s,
             share.shared_s,

@@ -7,7 +7,9 @@ PCIe), and so does every request batched with it. Three rules keep the others at
 speed:
 
 - **A time share.** While other requests are waiting or running, the steps that include
-  a spilled request take at most ``share`` of wall time, their host reads included: after
+  a spilled request take at most ``share`` of wall time, their host reads included (a
+  long request counts from its first chunk, before it holds a host block: issue #54
+  measured its GPU-only first chunks beside chats as unspaced long gaps): after
   such a step of ``t`` seconds beside them, the next one may start ``t * (1 - share) /
   share`` seconds later, and the steps in between run without it. Alone, it runs every
   step, and those steps hold back none that follows (issue #54: a spacing counted from
