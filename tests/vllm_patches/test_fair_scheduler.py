@@ -545,3 +545,36 @@ def test_a_long_requests_chunks_are_spaced_before_it_spills_too(scheduler: Any) 
         assert next_began - ended >= took * (1 - SHARE) / SHARE - 1e-9, with_long
     counted = scheduler.spill_share.spilled_shared_s  # its steps beside the chats, all
     assert counted == pytest.approx(sum(ended - began for began, ended in with_long))
+
+
+def test_chats_admitted_while_a_long_request_prefills_keep_to_gpu_blocks(scheduler: Any) -> None:
+    """A long request mid-prefill holds less than its half of the GPU part and takes the
+    rest with its next chunks: chats admitted meanwhile are promised only what its half
+    leaves, so that none of them grows into host blocks (which every step would read)."""
+    chats = [add(scheduler, f"chat{n}", 160, 200) for n in range(4)]
+    step(scheduler)
+    long = add(scheduler, "long", 5000, 8)
+    while scheduler._gpu_blocks_held(long) == 0:
+        step(scheduler)
+    assert 0 < scheduler._gpu_blocks_held(long) < scheduler.first_host_block // 2
+    chats += [add(scheduler, f"chat{n}", 160, 200) for n in range(4, 10)]
+    for _ in range(3000):
+        step(scheduler)
+        for chat in chats:
+            assert not holds_host_blocks(scheduler, chat), chat.request_id
+        if all(c.is_finished() for c in chats):
+            break
+    assert all(c.is_finished() for c in chats)
+
+
+def test_a_request_that_cannot_run_yet_holds_no_long_step_back(scheduler: Any) -> None:
+    """A request waiting for something outside the scheduler (here the next part of a
+    streamed input) is no one to share with: the long request runs every step."""
+    from vllm.v1.request import RequestStatus
+
+    paused = add(scheduler, "paused", 160, 50)
+    paused.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+    long = prefill_long(scheduler)
+    for _ in range(10):
+        assert step(scheduler) == {"long"}
+    assert long.num_output_tokens == 11

@@ -27,6 +27,9 @@ from vllm_offload.vllm_ext.knobs import SPILLED_STEP_SHARE_KEY
 from vllm_offload.vllm_ext.kv_host_extension import DeviceFirstFreeBlockQueue
 
 logger = init_logger("vllm.vllm_offload.fair_scheduler")  # printed as vLLM's own
+# Waiting requests a step could run: not those waiting for a grammar, remote KV or the
+# next part of a streamed request, beside which the share would only leave the GPU idle.
+READY_TO_RUN = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class FairScheduler(Scheduler):
@@ -95,14 +98,17 @@ class FairScheduler(Scheduler):
     def _waits_beside_long(self, request: Request, free_gpu_blocks: int) -> bool:
         """Whether a short request not yet running waits for GPU blocks: a long request
         runs, other short ones do, and what they are promised and it expects to hold do
-        not fit the free GPU blocks."""
+        not fit the free GPU blocks less those the long requests may still take (one
+        mid-prefill takes the rest of its half with its next chunks)."""
         if not self.long_running or request.status == RequestStatus.RUNNING:
             return False
         shorts = [r for r in self.running if not self.is_long(r)]
         if not shorts:
             return False  # none to keep apart from: it goes on, host blocks if it must
+        held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
+        theirs = spill_share.gpu_allowance(held, self.first_host_block)
         promised = sum(self._still_to_hold(r) for r in shorts)
-        return promised + self._still_to_hold(request) > free_gpu_blocks
+        return promised + self._still_to_hold(request) > free_gpu_blocks - theirs
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.host_blocks:
@@ -111,8 +117,9 @@ class FairScheduler(Scheduler):
         # A long request's first chunks may fit the GPU blocks left of its half: counted
         # only once it held a host block, they spaced nothing (issue #54, fair4: two long
         # gaps in every chat that came before it).
-        lines = (self.running, self.waiting, self.kv_holding_waiting)
-        others = any(not self.is_long(r) for line in lines for r in line)
+        waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
+        ready = [r for r in waiting if r.status in READY_TO_RUN]
+        others = any(not self.is_long(r) for r in [*self.running, *ready])
         admit = not self.long_running or self.spill_share.admit(others=others)
         output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         ran = [self.requests[i] for i in output.num_scheduled_tokens if i in self.requests]

@@ -79,8 +79,9 @@ def expected_blocks(prompt_tokens: int, max_tokens: int, block_tokens: int) -> i
 @dataclass(frozen=True)
 class Step:
     """A step scheduled and not yet ended: when it was scheduled, whether it includes a
-    spilled request, whether the share was in force (a spilled request and others), and
-    whether others ran or waited beside it (a spilled step beside them spaces the next)."""
+    spilled request (fair_scheduler: a long one, from its first chunk), whether the share
+    was in force (a spilled request and others), and whether others ran or waited beside
+    it (a spilled step beside them spaces the next)."""
 
     key: object
     at: float
