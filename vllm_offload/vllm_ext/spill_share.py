@@ -23,7 +23,8 @@ speed:
 - **Beside a spilled request, the others keep to the GPU part.** Only a long request's
   steps are time-shared. A short request is admitted while its prompt and its expected
   answer (its max_tokens, at most ``GROWTH_RESERVE_TOKENS``) fit in the free GPU blocks
-  beside what the running short requests are expected to grow by; otherwise it waits, as
+  beside what the running short requests are expected to grow by and what the long ones
+  may still take of their half (one mid-prefill); otherwise it waits, as
   on a GPU pool of that size (a short request that reads host blocks slows every step it
   is in, and with them the whole batch: issue #54 measured 28x). One that outgrows its
   reserve takes host blocks rather than be preempted; with no short request running, one
