@@ -88,3 +88,24 @@ def test_the_page_fetches_a_hub_model_with_several_models(tmp_path: Path, demo_d
                 page.locator("#m-path option", has_text="org/tiny (Hugging Face)")
             ).to_have_count(1)
             browser.close()
+
+
+def test_no_form_is_sent_before_the_page_script_handles_it(tmp_path: Path, demo_dir: Path) -> None:
+    """CI once clicked Fetch before dashboard.js had taken the form: the browser sent the
+    form itself, the page reloaded empty and the refusal never showed. The forms the script
+    handles come with their buttons disabled; here the script never loads, so they stay so."""
+    from playwright.sync_api import expect, sync_playwright
+
+    deployment = stack.install(tmp_path, demo_dir)
+    with stack.manager(tmp_path, deployment, TOKEN) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        expect.set_options(timeout=60_000)
+        page.route("**/static/dashboard.js", lambda route: route.abort())
+        page.goto(url + "/login")
+        page.fill("#token", TOKEN)
+        page.click("button[type=submit]")
+        for button in ("#preview", "#m-add", "#h-fetch"):
+            expect(page.locator(button)).to_be_disabled()
+        browser.close()

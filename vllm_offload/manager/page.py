@@ -78,7 +78,7 @@ MODELS_CARD = """\
  <div class="model-cards" id="model-cards"></div>
  <form id="add-model"><label for="m-path">Add a model</label><select id="m-path"></select>
   <label for="m-name">Name it answers to</label><input id="m-name">
-  <p><button type="submit" id="m-add">Add model</button></p></form>
+  <p><button type="submit" id="m-add" disabled>Add model</button></p></form>
  <div id="models-msg"></div></div>
 """
 
@@ -91,7 +91,8 @@ CHARTS = """\
  are no GPU charts.</p><div class="charts" id="charts"></div></div>
 """
 
-# Settings, fetching a model, the other boxes, other vLLM servers on this host.
+# Settings, fetching a model, the other boxes, other vLLM servers on this host. The forms'
+# submit buttons come disabled; dashboard.js enables them once it handles the forms.
 SETTINGS_CARDS = """\
 <div class="cards">
  <div class="card" id="settings-card"><h2>Settings</h2>
@@ -113,7 +114,7 @@ SETTINGS_CARDS = """\
     <option>auto</option><option>native</option><option>lmcache</option><option>none</option>
    </select>
    <label for="f-tier">CPU KV tier size, GiB (or auto)</label><input id="f-tier">
-   <p><button type="submit" id="preview">Preview plan</button>
+   <p><button type="submit" id="preview" disabled>Preview plan</button>
    <button type="button" class="primary" id="save">Save &amp; restart</button>
    <button type="button" id="clear-disk" title="Delete the disk KV tier's files (server
     stopped only)">Clear disk tier</button></p>
@@ -122,7 +123,7 @@ SETTINGS_CARDS = """\
   <form id="hub-pull"><label for="h-model">Fetch a Hugging Face model (org/name, as the
    config file's manager.hub_models allows); then choose it under Settings' Model or, with
    several models, under "Add a model"</label><input id="h-model">
-   <p><button type="submit" id="h-fetch">Fetch</button></p></form>
+   <p><button type="submit" id="h-fetch" disabled>Fetch</button></p></form>
   <table id="hub-pulls"></table></div>
  <div class="card" id="peers-card" hidden><h2>Other boxes</h2><p class="hint">The boxes
   of [cluster] behind the router (docs/several-boxes.md) and whether each answers its

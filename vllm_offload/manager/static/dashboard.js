@@ -256,6 +256,8 @@ document.getElementById('save').addEventListener('click', saveConfig);
 document.getElementById('clear-disk').addEventListener('click', clearDisk);
 document.getElementById('add-model').addEventListener('submit', addModel);
 document.getElementById('hub-pull').addEventListener('submit', fetchHubModel);
+// Their buttons come disabled: a click before this line would submit a form natively (a reload).
+['preview', 'm-add', 'h-fetch'].forEach(id => { document.getElementById(id).disabled = false; });
 setupCharts(); loadConfig(); pollStatus(); pollMetrics(); pollLogs(); pollDetect(); pollPulls();
 pollPeers();
 setInterval(pollMetrics, 1000);
