@@ -43,11 +43,10 @@ def child(args: argparse.Namespace) -> None:
     """What a sleeping engine keeps; answers each line on stdin with a probe's digest and
     the seconds its replay took."""
     import torch
-    from gpu_floor import capture
+    from gpu_floor import capture, capture_sizes
 
     torch.zeros(1, device="cuda")
-    sizes = [min(512, 1 + i * 8) for i in range(args.sizes)]
-    graphs = capture(sizes, args.pieces, args.layers, 4096)
+    graphs = capture(capture_sizes(args.sizes), args.pieces, args.layers, 4096)
     kept = torch.full((int(args.keep_gib * GIB),), 7, dtype=torch.uint8, device="cuda")
     weight = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)

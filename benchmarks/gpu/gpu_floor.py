@@ -53,6 +53,11 @@ def step(record: Record, name: str) -> None:
     print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else str(v) for k, v in row.items()))
 
 
+def capture_sizes(count: int) -> list[int]:
+    """``count`` batch sizes to capture, 1 and every 8 after it, up to vLLM's 512."""
+    return [min(512, 1 + i * 8) for i in range(count)]
+
+
 def capture(sizes: list[int], pieces: int, layers: int, hidden: int) -> list[torch.cuda.CUDAGraph]:
     """Graphs in one pool, as vLLM captures them: per size, `pieces` short graphs (a few
     kernels each) and one full graph of every layer."""
@@ -96,7 +101,7 @@ def main() -> None:
     step(record, "2 GiB freed, cached")
     torch.cuda.empty_cache()
     step(record, "empty_cache")
-    sizes = [min(512, 1 + i * 8) for i in range(args.sizes)]
+    sizes = capture_sizes(args.sizes)
     began = time.perf_counter()
     graphs = capture(sizes, args.pieces, args.layers, args.hidden)
     record["graphs"], record["capture_s"] = len(graphs), time.perf_counter() - began

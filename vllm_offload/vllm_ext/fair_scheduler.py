@@ -58,8 +58,7 @@ class FairScheduler(Scheduler):
 
         def allocate_slots(request: Request, *args: Any, **kwargs: Any) -> Any:
             if self.is_long(request):
-                held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
-                queue.gpu_allowance = spill_share.gpu_allowance(held, self.first_host_block)
+                queue.gpu_allowance = self._long_allowance_left(request)
             elif self._waits_beside_long(request, queue.device.num_free_blocks):
                 return None  # it waits, as for a full pool
             try:
@@ -75,6 +74,12 @@ class FairScheduler(Scheduler):
         half each), those the share hides from this step, and ``request``."""
         found = {id(r): r for r in [*self.running, *self.long_running, request] if self.is_long(r)}
         return list(found.values())
+
+    def _long_allowance_left(self, request: Request) -> int:
+        """The GPU blocks the long requests (``request`` among them if it is one) may
+        still take of their half."""
+        held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
+        return spill_share.gpu_allowance(held, self.first_host_block)
 
     def is_long(self, request: Request) -> bool:
         """Whether its blocks past half the GPU part (with the other long requests') come
@@ -105,8 +110,7 @@ class FairScheduler(Scheduler):
         shorts = [r for r in self.running if not self.is_long(r)]
         if not shorts:
             return False  # none to keep apart from: it goes on, host blocks if it must
-        held = sum(self._gpu_blocks_held(r) for r in self._long_requests(request))
-        theirs = spill_share.gpu_allowance(held, self.first_host_block)
+        theirs = self._long_allowance_left(request)
         promised = sum(self._still_to_hold(r) for r in shorts)
         return promised + self._still_to_hold(request) > free_gpu_blocks - theirs
 
