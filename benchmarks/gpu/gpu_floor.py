@@ -63,6 +63,7 @@ def capture(sizes: list[int], pieces: int, layers: int, hidden: int) -> list[tor
     kernels each) and one full graph of every layer."""
     pool = torch.cuda.graph_pool_handle()
     weight = torch.randn(hidden, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    (weight @ weight).sum().item()  # cuBLAS makes its handle outside a capture (vLLM warms up)
     graphs = []
     for size in sizes:
         x = torch.randn(size, hidden, device="cuda", dtype=torch.bfloat16)

@@ -163,11 +163,14 @@ class BatchQueue:
     """vLLM's engine with async scheduling (0.33's default on CUDA): step_with_batch_queue
     schedules a step while the one before it runs (a queue of two) and hands the
     scheduler a step's output when it ends. A step starts on the GPU when the one before
-    it ended and takes what ``step`` says; the clock is the GPU's."""
+    it ended and takes what ``step`` says; the clock is the GPU's. ``seen_late``: a step's
+    end is seen only when the long request's step after it ends (vLLM's engine on an H100,
+    fair7's log)."""
 
     scheduler: Any
     queue: list[tuple[Any, list[str], list[list[int]], float]] = field(default_factory=list)
     gpu_free: float = 0.0
+    seen_late: bool = False
 
     def schedule(self) -> tuple[set[str], float, bool]:
         """One step scheduled: the IDs it runs, its length and whether it includes a
@@ -176,7 +179,9 @@ class BatchQueue:
         scheduler, clock = self.scheduler, self.scheduler.spill_share.clock
         output = scheduler.schedule()
         ran = list(output.num_scheduled_tokens)
-        spilled = any(holds_host_blocks(scheduler, scheduler.requests[i]) for i in ran)
+        spilled = "long" in ran or any(
+            holds_host_blocks(scheduler, scheduler.requests[i]) for i in ran
+        )
         sampled = []
         for i in ran:
             request = scheduler.requests[i]
@@ -190,6 +195,8 @@ class BatchQueue:
         from vllm.v1.outputs import ModelRunnerOutput
 
         output, ran, sampled, ends = self.queue.pop(0)
+        if self.seen_late and self.queue and "long" in self.queue[0][1]:
+            ends = self.queue[0][3]
         clock = self.scheduler.spill_share.clock
         clock.now = max(clock.now, ends)
         self.scheduler.update_from_output(
@@ -230,6 +237,32 @@ def test_with_a_batch_queue_a_spilled_decode_still_gets_only_its_share(
     assert spilled_s / total_s >= SHARE - 0.05
     assert chat_steps >= 900  # vLLM may leave one out while its prefill's token is due
     assert long.num_output_tokens - long_tokens >= 10
+
+
+def test_a_long_step_is_spaced_when_the_step_before_it_is_seen_ending_late(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Issue #54, fair7 on an H100 with each step logged: vLLM's engine saw the step before
+    a long request's first chunk end only when the chunk ended, so the chunk counted 0.005 s
+    of its 0.22 s, the next chunk ran 0.065 s later and every chat that came before it saw
+    both (p99 28x). A spilled step's length runs from its scheduling."""
+    scheduler = make_scheduler(demo_dir, SHARE, True)
+    engine = BatchQueue(scheduler, seen_late=True)
+    chats = [add(scheduler, f"chat{n}", 160, 400) for n in range(4)]
+    with_long = []  # (start, end) on the GPU of the long request's steps beside the chats
+    for n in range(3000):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        if n == 10:
+            add(scheduler, "long", 5000, 8)  # five chunks of 1,024 tokens
+        ran, took, _ = engine.schedule()
+        if "long" in ran:
+            with_long.append((engine.gpu_free - took, engine.gpu_free))
+        if all(c.is_finished() for c in chats):
+            break
+    assert len(with_long) >= 2
+    spacing = SPILLED_STEP_S * (1 - SHARE) / SHARE
+    assert all(b - a >= spacing for (_, a), (b, _) in itertools.pairwise(with_long)), with_long
 
 
 def test_alone_a_spilled_request_runs_every_step(scheduler: Any) -> None:
@@ -482,7 +515,8 @@ def test_a_spilled_step_taken_alone_holds_none_back() -> None:
 def test_a_steps_length_is_the_gpus_not_the_time_between_schedulings() -> None:
     """With async scheduling vLLM schedules a step while the one before it runs: the
     spilled step scheduled at 0 runs from 0.005 (the step before it ends) to 1.005; no
-    spilled step is admitted while it runs; after it, 3 s of others (share 0.25)."""
+    spilled step is admitted while it runs; after it, 3 s of others (share 0.25) for its
+    1.005 s from its scheduling (the 0.005 s before it a bound's margin)."""
     clock = Clock()
     share = spill_share.SpillShare(share=0.25, clock=clock)
     share.started("gpu", spilled=False)  # runs 0 -> 0.005
@@ -495,10 +529,12 @@ def test_a_steps_length_is_the_gpus_not_the_time_between_schedulings() -> None:
     clock.now = 1.005
     share.ended("spilled")
     assert not share.admit(others=True)
-    clock.now = 4.004
+    clock.now = 4.019
     assert not share.admit(others=True)
-    clock.now = 4.005
+    clock.now = 4.021
     assert share.admit(others=True)
+    assert share.spilled_shared_s == pytest.approx(1.005)  # of 1 s of wall time
+    assert share.shared_s == pytest.approx(1.0)
     share.ended("unknown")  # a step it never saw scheduled: ignored
     assert share.admit(others=True)
 

@@ -10,8 +10,9 @@ speed:
   a spilled request take at most ``share`` of wall time, their host reads included (a
   long request counts from its first chunk, before it holds a host block: issue #54
   measured its GPU-only first chunks beside chats as unspaced long gaps): after
-  such a step of ``t`` seconds beside them, the next one may start ``t * (1 - share) /
-  share`` seconds later, and the steps in between run without it. Alone, it runs every
+  such a step of ``t`` seconds beside them (from its scheduling: ``SpillShare``), the next
+  one may start ``t * (1 - share) / share`` seconds later, and the steps in between run
+  without it. Alone, it runs every
   step, and those steps hold back none that follows (issue #54: a spacing counted from
   them kept the spilled request out for most of a chat's life when chats came and went,
   0.07 of the time at a share of 0.1).
@@ -101,12 +102,20 @@ class SpillShare:
     rule gave, as the GPU's clock saw it.
 
     A step's length is the time from the later of its scheduling and the previous step's
-    end to its own end. Not the time between two schedulings: with async scheduling
-    (vLLM 0.33's default on CUDA) vLLM schedules a step while the one before it runs, so
-    that gap is ~0 after one step and two steps long after the next; measured on the GPU,
-    a spilled request got into every other step, 92 % of the time at a share of 0.25.
-    For the same reason no spilled step is admitted while another is still running: it
-    would be scheduled before the first one's length is known."""
+    end to its own end (``shared_s`` adds these up: the wall time). Not the time between
+    two schedulings: with async scheduling (vLLM 0.33's default on CUDA) vLLM schedules a
+    step while the one before it runs, so that gap is ~0 after one step and two steps long
+    after the next; measured on the GPU, a spilled request got into every other step, 92 %
+    of the time at a share of 0.25. For the same reason no spilled step is admitted while
+    another is still running: it would be scheduled before the first one's length is known.
+
+    A spilled step's own length, which spaces the next and is what ``spilled_shared_s``
+    counts, runs from its scheduling: the end of the step before it is seen only when the
+    engine next waits for an output, which may be as late as the spilled step's own end
+    (issue #54, fair7 on an H100: a long request's first chunk counted 0.005 s of its
+    0.22 s, its second chunk ran 0.065 s later, and every chat saw both). So it is a bound
+    from above, by what remained of the step before it (a short one: spilled steps never
+    overlap), and the share errs towards the others."""
 
     share: float
     clock: Callable[[], float] = time.monotonic
@@ -138,10 +147,10 @@ class SpillShare:
             return
         step, now = self._running[at], self.clock()
         del self._running[: at + 1]  # any before it ended unseen (steps end in order)
-        took = now - max(step.at, self._last_end)
+        took, own = now - max(step.at, self._last_end), now - step.at
         self._last_end = now
         if step.shared:
             self.shared_s += took
-            self.spilled_shared_s += took if step.spilled else 0.0
+            self.spilled_shared_s += own if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
-            self._not_before = now + took * (1 - self.share) / self.share
+            self._not_before = now + own * (1 - self.share) / self.share
