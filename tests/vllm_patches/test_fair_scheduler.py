@@ -98,15 +98,20 @@ def holds_host_blocks(scheduler: Any, request: Any) -> bool:
     return any(i >= scheduler.first_host_block for group in ids for i in group)
 
 
-def step(scheduler: Any) -> set[str]:
-    """One engine step: schedule, 'run' it (the clock moves by what it would take), and
+def step(scheduler: Any, long_token_s: float = 0.0) -> set[str]:
+    """One engine step: schedule, 'run' it (the clock moves by what it would take: with
+    ``long_token_s``, a short step and that for each of the long request's tokens), and
     hand vLLM a sampled token for every request past its prompt. The IDs it ran."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     output = scheduler.schedule()
     ran = list(output.num_scheduled_tokens)
     spilled = any(holds_host_blocks(scheduler, scheduler.requests[i]) for i in ran)
-    scheduler.spill_share.clock.now += SPILLED_STEP_S if spilled else GPU_STEP_S
+    if long_token_s:
+        took = GPU_STEP_S + output.num_scheduled_tokens.get("long", 0) * long_token_s
+    else:
+        took = SPILLED_STEP_S if spilled else GPU_STEP_S
+    scheduler.spill_share.clock.now += took
     sampled = []
     for i in ran:
         request = scheduler.requests[i]
@@ -493,6 +498,24 @@ def test_the_time_share_after_a_long_step() -> None:
     assert share.admit(others=True)
 
 
+def test_a_long_chunk_is_sized_from_the_last_ones_rate() -> None:
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.1, clock=clock)
+    assert share.long_chunk_tokens(16) == 0  # none measured: vLLM's own chunk
+    share.started("chunk", spilled=True, long_tokens=4096)
+    clock.now = 0.5  # 8,192 tokens a second, from its scheduling
+    share.ended("chunk")
+    assert share.long_chunk_tokens(16) == 2048 == 8192 * spill_share.LONG_STEP_S
+    share.started("decode", spilled=True, long_tokens=1)  # host reads: no chunk's rate
+    clock.now = 10.0
+    share.ended("decode")
+    assert share.long_chunk_tokens(16) == 2048
+    share.started("slow", spilled=True, long_tokens=256)
+    clock.now = 1000.0
+    share.ended("slow")
+    assert share.long_chunk_tokens(16) == 16  # one block at least
+
+
 def test_a_spilled_step_taken_alone_holds_none_back() -> None:
     """Issue #54: the spilled request decoding alone, then a chat arrives: its next step
     may run at once (the one before kept no one waiting), and the one after it waits its
@@ -581,6 +604,28 @@ def test_a_long_requests_chunks_are_spaced_before_it_spills_too(scheduler: Any) 
         assert next_began - ended >= took * (1 - SHARE) / SHARE - 1e-9, with_long
     counted = scheduler.spill_share.spilled_shared_s  # its steps beside the chats, all
     assert counted == pytest.approx(sum(ended - began for began, ended in with_long))
+
+
+def test_a_long_requests_chunks_beside_chats_take_about_the_long_step(wide_chunks: Any) -> None:
+    """Issue #54, fair8 on an H100: 8,192-token chunks took 0.6 s at 60,000 tokens of
+    context, and chats beside them 1.9x their time per token alone. Here a long token
+    takes 0.1 ms: its first chunk beside the chats (none measured yet) is the whole budget
+    less theirs, 0.3 s; the next ones about spill_share.LONG_STEP_S."""
+    scheduler = wide_chunks
+    chats = [add(scheduler, f"chat{n}", 160, 600) for n in range(2)]
+    step(scheduler)
+    long = add(scheduler, "long", 6400, 4)  # 400 of the pool's 512 blocks
+    clock, beside = scheduler.spill_share.clock, []
+    for _ in range(5000):
+        if long.num_output_tokens:
+            break
+        before, chunk = clock.now, long.num_computed_tokens
+        others = not all(c.is_finished() for c in chats)
+        if "long" in step(scheduler, long_token_s=1e-4) and others:
+            beside.append((long.num_computed_tokens - chunk, clock.now - before))
+    assert beside[0][1] > 0.3, beside
+    assert all(took <= spill_share.LONG_STEP_S + GPU_STEP_S for _, took in beside[1:]), beside
+    assert any(tokens > 2000 for tokens, _ in beside[1:]), beside  # not only what was left
 
 
 def test_chats_admitted_while_a_long_request_prefills_keep_to_gpu_blocks(scheduler: Any) -> None:

@@ -9,11 +9,15 @@ and preemption decide everything else. Allocations for a long request take GPU b
 to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
 then host blocks; beside a long request a short one that would not find its GPU blocks
 is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
+While a long request runs or waits beside others, each step's prompt chunks are at most
+``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step).
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from vllm.logger import init_logger
@@ -125,12 +129,33 @@ class FairScheduler(Scheduler):
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
         admit = not self.long_running or self.spill_share.admit(others=others)
-        output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
-        ran = [self.requests[i] for i in output.num_scheduled_tokens if i in self.requests]
-        spilled = any(self.is_long(r) for r in ran)
-        shared = others and (spilled or bool(self.long_running))
-        self.spill_share.started(output, spilled=spilled, shared=shared, beside=others)
+        bounded = others and (self.long_running or any(self.is_long(r) for r in ready))
+        chunk = self.spill_share.long_chunk_tokens(self.block_size) if bounded else 0
+        with self._prefill_chunks_of(chunk):
+            output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
+        scheduled = output.num_scheduled_tokens
+        long_tokens = sum(n for i, n in scheduled.items() if self._is_long_id(i))
+        shared = others and (long_tokens > 0 or bool(self.long_running))
+        self.spill_share.started(
+            output, spilled=long_tokens > 0, shared=shared, beside=others, long_tokens=long_tokens
+        )
         return output
+
+    def _is_long_id(self, request_id: str) -> bool:
+        return request_id in self.requests and self.is_long(self.requests[request_id])
+
+    @contextlib.contextmanager
+    def _prefill_chunks_of(self, tokens: int) -> Iterator[None]:
+        """vLLM's ``long_prefill_token_threshold`` at most ``tokens`` (0: as configured)
+        while it schedules a step: every prompt's chunk in it, a long request's first."""
+        config = self.scheduler_config
+        configured = config.long_prefill_token_threshold
+        if tokens:
+            config.long_prefill_token_threshold = min(configured or tokens, tokens)
+        try:
+            yield
+        finally:
+            config.long_prefill_token_threshold = configured
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any

@@ -30,6 +30,11 @@ speed:
   is in, and with them the whole batch: issue #54 measured 28x). One that outgrows its
   reserve takes host blocks rather than be preempted; with no short request running, one
   is always admitted.
+- **A long request's prefill chunk beside others takes about ``LONG_STEP_S``**: its
+  tokens are what its last measured chunk's rate gives in that time (vLLM's
+  ``long_prefill_token_threshold`` for that step), so that the one long gap a chat sees
+  stays short as the context grows (issue #54, fair8: 8,192-token chunks took 0.6 s at
+  60,000 tokens of context and chats beside them 1.9x their time per token).
 
 A share of 1 turns them off: patch 0006 alone.
 """
@@ -41,6 +46,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# About the longest a long request's prefill step beside others takes: one such gap adds
+# less than half of a 128-token chat's time at ~7 ms a token, and at a share of 0.1 the
+# next comes 2.25 s later, after it (issue #54's goals: each chat within 1.5x its time per
+# token and 3x its p99 gap alone). The chunk is sized from the last one's rate, which a
+# growing context slows by some percent a chunk.
+LONG_STEP_S = 0.25
+# The fewest long-request tokens in a step that measure its prefill rate (a decode step's
+# one token measures its host reads, not a chunk's cost).
+MEASURED_CHUNK_TOKENS = 256
 # The most of the pool's GPU part the long requests hold together before their new blocks
 # come from host RAM.
 MAX_GPU_PART_OF_LONG_REQUESTS = 0.5
@@ -90,6 +104,7 @@ class Step:
     spilled: bool
     shared: bool
     beside: bool
+    long_tokens: int
 
 
 @dataclass(kw_only=True)
@@ -122,6 +137,7 @@ class SpillShare:
     _running: list[Step] = field(default_factory=list, init=False)
     _last_end: float = field(default=-math.inf, init=False)
     _not_before: float = field(default=-math.inf, init=False)
+    _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
 
@@ -132,13 +148,35 @@ class SpillShare:
             return True
         return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
+    def long_chunk_tokens(self, block_tokens: int) -> int:
+        """The tokens of a long request's next prefill chunk beside others: whole blocks,
+        at least one; 0 (no bound) before any chunk was measured."""
+        if self._long_tokens_per_s is None:
+            return 0
+        blocks = int(LONG_STEP_S * self._long_tokens_per_s) // block_tokens
+        return max(1, blocks) * block_tokens
+
     def started(
-        self, key: object, *, spilled: bool, shared: bool = False, beside: bool = False
+        self,
+        key: object,
+        *,
+        spilled: bool,
+        shared: bool = False,
+        beside: bool = False,
+        long_tokens: int = 0,
     ) -> None:
         """A step scheduled; ``shared``: a spilled request was running beside others;
         ``beside``: others were running or waiting (a long request's first chunk, which
-        spills as it is scheduled, has them beside it before the share is in force)."""
-        step = Step(key=key, at=self.clock(), spilled=spilled, shared=shared, beside=beside)
+        spills as it is scheduled, has them beside it before the share is in force);
+        ``long_tokens``: the long requests' tokens in it."""
+        step = Step(
+            key=key,
+            at=self.clock(),
+            spilled=spilled,
+            shared=shared,
+            beside=beside,
+            long_tokens=long_tokens,
+        )
         self._running.append(step)
 
     def ended(self, key: object) -> None:
@@ -154,3 +192,5 @@ class SpillShare:
             self.spilled_shared_s += own if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
             self._not_before = now + own * (1 - self.share) / self.share
+        if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
+            self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
