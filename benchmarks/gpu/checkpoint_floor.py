@@ -119,6 +119,8 @@ def main() -> None:
         return child(args)
     if args.out is None:
         parser.error("--out is required")
+    if args.keep_gib * GIB < 4096:
+        parser.error("--keep-gib must hold at least 4,096 bytes: the probe reads them")
     pynvml.nvmlInit()
     driver = Driver()
     record = Record(args.out / "checkpoint_floor.json", vars(args))

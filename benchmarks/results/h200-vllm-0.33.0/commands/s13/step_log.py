@@ -1,10 +1,11 @@
-
 # --- appended on the GPU host only by s13/steplog.sh (issue #54: where a long step's time
 # goes): each step's scheduling and end, the share's bookkeeping, and the executor's time.
 import time as _time
 
 from vllm.v1.executor.uniproc_executor import UniProcExecutor as _Executor
 
+# Appended to fair_scheduler.py itself: these names are the module's own, defined above.
+from vllm_offload.vllm_ext.fair_scheduler import FairScheduler, logger
 from vllm_offload.vllm_ext.spill_share import SpillShare as _Share
 
 _schedule, _update, _ended = FairScheduler.schedule, FairScheduler.update_from_output, _Share.ended
@@ -19,8 +20,13 @@ def _logged_schedule(self, *args, **kwargs):
         mine = {i: n for i, n in out.num_scheduled_tokens.items() if self.is_long(self.requests[i])}
         logger.info(
             "STEPLOG sched %x at %.4f took %.4f long %s of %d reqs; not_before %.4f; in flight %s",
-            id(out), began, _time.monotonic() - began, mine, len(out.num_scheduled_tokens),
-            self.spill_share._not_before, [(s.spilled, s.shared) for s in self.spill_share._running],
+            id(out),
+            began,
+            _time.monotonic() - began,
+            mine,
+            len(out.num_scheduled_tokens),
+            self.spill_share._not_before,
+            [(s.spilled, s.shared) for s in self.spill_share._running],
         )
     return out
 
@@ -40,7 +46,12 @@ def _logged_ended(self, key):
         step = found[0]
         logger.info(
             "STEPLOG spilled %x scheduled %.4f ended %.4f last_end %.4f took %.4f not_before %.4f",
-            id(key), step.at, now, last, now - max(step.at, last), self._not_before,
+            id(key),
+            step.at,
+            now,
+            last,
+            now - max(step.at, last),
+            self._not_before,
         )
 
 
