@@ -54,7 +54,10 @@ from kit.model import GIB, VOCAB, split_line, write_model
 from kit.record import Record
 from kit.stream import Answer, stream
 
-SHARE_LINE = re.compile(r"spilled steps took ([\d.]+) s of ([\d.]+) s of steps beside others")
+# "(at least L s)" since 346bda0's review: the share lies between L / T and S / T.
+SHARE_LINE = re.compile(
+    r"spilled steps took ([\d.]+) s (?:\(at least ([\d.]+) s\) )?of ([\d.]+) s of steps beside"
+)
 
 
 def arrivals(name: str, args: argparse.Namespace, rng: random.Random) -> tuple[list[float], str]:
@@ -181,8 +184,10 @@ def tails_summary(chats: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def shares_logged(log: str) -> list[tuple[float, float]]:
-    return [(float(a), float(b)) for a, b in SHARE_LINE.findall(log)]
+def shares_logged(log: str) -> list[tuple[float, float, float]]:
+    """(spilled, at least, total) seconds per line; lines before the bound from below gave
+    only the first."""
+    return [(float(a), float(low or a), float(t)) for a, low, t in SHARE_LINE.findall(log)]
 
 
 def main() -> None:
@@ -264,16 +269,25 @@ def main() -> None:
                     arm["beside_tails"] = tails_summary(result["chats"])
                     arm["ratios"] = chat_ratios(alone, result["chats"])
                     if len(after_log) > len(before_log):
-                        (s0, t0), (s1, t1) = (
-                            before_log[-1] if before_log else (0.0, 0.0),
+                        (s0, low0, t0), (s1, low1, t1) = (
+                            before_log[-1] if before_log else (0.0, 0.0, 0.0),
                             after_log[-1],
                         )
                         arm["measured_share"] = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+                        arm["measured_share_low"] = (low1 - low0) / (t1 - t0) if t1 > t0 else None
                 shown[name] = arm
                 print(
                     scenario,
                     name,
-                    {k: arm.get(k) for k in ("alone_tails", "beside_tails", "measured_share")},
+                    {
+                        k: arm.get(k)
+                        for k in (
+                            "alone_tails",
+                            "beside_tails",
+                            "measured_share",
+                            "measured_share_low",
+                        )
+                    },
                     {
                         k: v
                         for k, v in arm.get("ratios", {}).items()

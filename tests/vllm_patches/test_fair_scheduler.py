@@ -176,6 +176,7 @@ class BatchQueue:
     queue: list[tuple[Any, list[str], list[list[int]], float]] = field(default_factory=list)
     gpu_free: float = 0.0
     seen_late: bool = False
+    long_token_s: float = 0.0  # as step's: a short step and this a long request's token
 
     def schedule(self) -> tuple[set[str], float, bool]:
         """One step scheduled: the IDs it runs, its length and whether it includes a
@@ -191,7 +192,10 @@ class BatchQueue:
         for i in ran:
             request = scheduler.requests[i]
             sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
-        took = (SPILLED_STEP_S if spilled else GPU_STEP_S) if ran else 0.0
+        if self.long_token_s:
+            took = GPU_STEP_S + output.num_scheduled_tokens.get("long", 0) * self.long_token_s
+        else:
+            took = (SPILLED_STEP_S if spilled else GPU_STEP_S) if ran else 0.0
         self.gpu_free = max(clock.now, self.gpu_free) + took
         self.queue.append((output, ran, sampled, self.gpu_free))
         return set(ran), took, spilled
@@ -384,7 +388,10 @@ def test_a_spilled_request_that_ends_logs_the_share_it_got(wide_chunks: Any) -> 
             step(scheduler)
     (line,) = logged
     counted = scheduler.spill_share
-    assert f"took {counted.spilled_shared_s:.3f} s of {counted.shared_s:.3f} s" in line
+    assert (
+        f"took {counted.spilled_shared_s:.3f} s (at least {counted.spilled_shared_low_s:.3f} s)"
+        f" of {counted.shared_s:.3f} s" in line
+    )
     assert 0.2 <= counted.spilled_shared_s / counted.shared_s <= 0.27
 
 
@@ -510,10 +517,11 @@ def test_a_long_chunk_is_sized_from_the_last_ones_rate() -> None:
     clock.now = 10.0
     share.ended("decode")
     assert share.long_chunk_tokens(16) == 2048
-    share.started("slow", spilled=True, long_tokens=256)
+    assert share.long_chunk_tokens(16, requests=2) == 1024  # each of two prefilling
+    share.started("slow", spilled=True, long_tokens=256)  # its host reads near LONG_STEP_S
     clock.now = 1000.0
     share.ended("slow")
-    assert share.long_chunk_tokens(16) == 16  # one block at least
+    assert share.long_chunk_tokens(16) == spill_share.MIN_LONG_CHUNK_TOKENS
 
 
 def test_a_spilled_step_taken_alone_holds_none_back() -> None:
@@ -556,7 +564,8 @@ def test_a_steps_length_is_the_gpus_not_the_time_between_schedulings() -> None:
     assert not share.admit(others=True)
     clock.now = 4.021
     assert share.admit(others=True)
-    assert share.spilled_shared_s == pytest.approx(1.005)  # of 1 s of wall time
+    assert share.spilled_shared_s == pytest.approx(1.005)  # of 1 s of wall time: a bound
+    assert share.spilled_shared_low_s == pytest.approx(1.0)
     assert share.shared_s == pytest.approx(1.0)
     share.ended("unknown")  # a step it never saw scheduled: ignored
     assert share.admit(others=True)
@@ -626,6 +635,44 @@ def test_a_long_requests_chunks_beside_chats_take_about_the_long_step(wide_chunk
     assert beside[0][1] > 0.3, beside
     assert all(took <= spill_share.LONG_STEP_S + GPU_STEP_S for _, took in beside[1:]), beside
     assert any(tokens > 2000 for tokens, _ in beside[1:]), beside  # not only what was left
+
+
+def test_with_a_batch_queue_long_chunks_beside_chats_take_about_the_long_step(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """The same as vLLM 0.33 runs on CUDA: each step scheduled while the one before it
+    runs, so a chunk's length counts that step too and its rate is a bound from below."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
+    engine = BatchQueue(scheduler, long_token_s=1e-4)
+    chats = [add(scheduler, f"chat{n}", 160, 600) for n in range(2)]
+    beside = []  # (tokens, seconds on the GPU) of the long request's steps beside the chats
+    for n in range(5000):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        if n == 10:
+            long = add(scheduler, "long", 6400, 4)
+        ran, took, _ = engine.schedule()
+        if "long" in ran and not all(c.is_finished() for c in chats):
+            beside.append((engine.queue[-1][0].num_scheduled_tokens["long"], took))
+        if n > 10 and long.num_output_tokens:
+            break
+    assert beside[0][1] > 0.3, beside
+    assert all(took <= spill_share.LONG_STEP_S + GPU_STEP_S for _, took in beside[1:]), beside
+    assert any(tokens > 2000 for tokens, _ in beside[1:]), beside
+
+
+def test_prompts_beside_a_long_request_that_only_decodes_are_not_bounded(
+    wide_chunks: Any,
+) -> None:
+    """Found in review: the bound was set for every step while a long request ran, so a
+    chat's prompt was split into a long context's chunks for the long request's whole
+    life. It is set only where a long request may prefill in the step."""
+    scheduler = wide_chunks
+    prefill_long(scheduler)  # it decodes now
+    scheduler.spill_share._long_tokens_per_s = 4096.0  # a long context's: 1,024-token chunks
+    chat = add(scheduler, "chat", 2000, 8)
+    step(scheduler)
+    assert chat.num_computed_tokens == 2000
 
 
 def test_chats_admitted_while_a_long_request_prefills_keep_to_gpu_blocks(scheduler: Any) -> None:

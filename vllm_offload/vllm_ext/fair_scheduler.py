@@ -129,8 +129,7 @@ class FairScheduler(Scheduler):
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
         admit = not self.long_running or self.spill_share.admit(others=others)
-        bounded = others and (self.long_running or any(self.is_long(r) for r in ready))
-        chunk = self.spill_share.long_chunk_tokens(self.block_size) if bounded else 0
+        chunk = self._long_chunk(admit, ready) if others else 0
         with self._prefill_chunks_of(chunk):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
@@ -140,6 +139,20 @@ class FairScheduler(Scheduler):
             output, spilled=long_tokens > 0, shared=shared, beside=others, long_tokens=long_tokens
         )
         return output
+
+    def _long_chunk(self, admit: bool, ready: list[Request]) -> int:
+        """The tokens each long prompt may take in a step beside others (0: as
+        configured): bounded where a long request may prefill in it, its first chunk from
+        the waiting line too; not where the share keeps it out or it only decodes (found in
+        review: chats' prompts were split for a long request's whole life)."""
+        if not self.scheduler_config.enable_chunked_prefill:
+            return 0  # vLLM would chunk prompts it may not split
+        running = self.long_running if admit else []
+        prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
+        requests = len(prefilling) + sum(1 for r in ready if self.is_long(r))
+        if not requests:
+            return 0
+        return self.spill_share.long_chunk_tokens(self.block_size, requests)
 
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])
@@ -173,9 +186,10 @@ class FairScheduler(Scheduler):
         it: benchmarks/gpu/fairness.py)."""
         share = self.spill_share
         logger.info(
-            "long request ended; spilled steps took %.3f s of %.3f s of steps beside "
-            "others so far (kv_spilled_step_share %.2f)",
+            "long request ended; spilled steps took %.3f s (at least %.3f s) of %.3f s of "
+            "steps beside others so far (kv_spilled_step_share %.2f)",
             share.spilled_shared_s,
+            share.spilled_shared_low_s,
             share.shared_s,
             share.share,
         )

@@ -31,8 +31,9 @@ speed:
   reserve takes host blocks rather than be preempted; with no short request running, one
   is always admitted.
 - **A long request's prefill chunk beside others takes about ``LONG_STEP_S``**: its
-  tokens are what its last measured chunk's rate gives in that time (vLLM's
-  ``long_prefill_token_threshold`` for that step), so that the one long gap a chat sees
+  tokens are what its last measured chunk's rate gives in that time, at least
+  ``MIN_LONG_CHUNK_TOKENS`` (vLLM's ``long_prefill_token_threshold`` for a step in which
+  it may prefill, every prompt's chunk in it), so that the one long gap a chat sees
   stays short as the context grows (issue #54, fair8: 8,192-token chunks took 0.6 s at
   60,000 tokens of context and chats beside them 1.9x their time per token).
 
@@ -52,6 +53,10 @@ from dataclasses import dataclass, field
 # token and 3x its p99 gap alone). The chunk is sized from the last one's rate, which a
 # growing context slows by some percent a chunk.
 LONG_STEP_S = 0.25
+# The fewest tokens of such a chunk: each chunk also pays what does not scale with its
+# tokens (its host reads among them), and a rate measured across that cost would shrink the
+# chunk towards nothing where that cost nears LONG_STEP_S (found in review).
+MIN_LONG_CHUNK_TOKENS = 1024
 # The fewest long-request tokens in a step that measure its prefill rate (a decode step's
 # one token measures its host reads, not a chunk's cost).
 MEASURED_CHUNK_TOKENS = 256
@@ -124,13 +129,16 @@ class SpillShare:
     of the time at a share of 0.25. For the same reason no spilled step is admitted while
     another is still running: it would be scheduled before the first one's length is known.
 
-    A spilled step's own length, which spaces the next and is what ``spilled_shared_s``
-    counts, runs from its scheduling: the end of the step before it is seen only when the
-    engine next waits for an output, which may be as late as the spilled step's own end
-    (issue #54, fair7 on an H100: a long request's first chunk counted 0.005 s of its
-    0.22 s, its second chunk ran 0.065 s later, and every chat saw both). So it is a bound
-    from above, by what remained of the step before it (a short one: spilled steps never
-    overlap), and the share errs towards the others."""
+    A spilled step's own length, which spaces the next, measures the long requests' rate
+    and is what ``spilled_shared_s`` counts, runs from its scheduling: the end of the step
+    before it is seen only when the engine next waits for an output, which may be as late
+    as the spilled step's own end (issue #54, fair7 on an H100: a long request's first
+    chunk counted 0.005 s of its 0.22 s, its second chunk ran 0.065 s later, and every
+    chat saw both). So it is a bound from above, by at most the step before it (a short
+    one: spilled steps never overlap; with async scheduling the step is scheduled as that
+    one starts), and the share errs towards the others. ``spilled_shared_low_s`` counts
+    the bound from below (from the later of its scheduling and that step's end as seen):
+    the share given lies between the two."""
 
     share: float
     clock: Callable[[], float] = time.monotonic
@@ -140,6 +148,7 @@ class SpillShare:
     _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
+    spilled_shared_low_s: float = field(default=0.0, init=False)
 
     def admit(self, *, others: bool) -> bool:
         """Whether the spilled requests go into the step now scheduled; ``others``:
@@ -148,13 +157,14 @@ class SpillShare:
             return True
         return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
-    def long_chunk_tokens(self, block_tokens: int) -> int:
-        """The tokens of a long request's next prefill chunk beside others: whole blocks,
-        at least one; 0 (no bound) before any chunk was measured."""
+    def long_chunk_tokens(self, block_tokens: int, requests: int = 1) -> int:
+        """The tokens of each of ``requests`` long requests' next prefill chunks beside
+        others: whole blocks, at least ``MIN_LONG_CHUNK_TOKENS`` together; 0 (no bound)
+        before any chunk was measured."""
         if self._long_tokens_per_s is None:
             return 0
-        blocks = int(LONG_STEP_S * self._long_tokens_per_s) // block_tokens
-        return max(1, blocks) * block_tokens
+        tokens = max(MIN_LONG_CHUNK_TOKENS, LONG_STEP_S * self._long_tokens_per_s)
+        return max(1, int(tokens / max(1, requests)) // block_tokens) * block_tokens
 
     def started(
         self,
@@ -190,6 +200,7 @@ class SpillShare:
         if step.shared:
             self.shared_s += took
             self.spilled_shared_s += own if step.spilled else 0.0
+            self.spilled_shared_low_s += took if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
             self._not_before = now + own * (1 - self.share) / self.share
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
