@@ -9,7 +9,7 @@ and preemption decide everything else. Allocations for a long request take GPU b
 to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
 then host blocks; beside a long request a short one that would not find its GPU blocks
 is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
-While a long request runs or waits beside others, each step's prompt chunks are at most
+In a step where a long request may prefill beside others, every prompt's chunk is at most
 ``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step).
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
