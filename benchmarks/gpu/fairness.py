@@ -140,6 +140,7 @@ def beside(
     after = [t for t in long.times if long.began + t > last_chat]
     return {
         "chats": [c.to_json() for c in got],
+        "long": long.to_json(),
         "long_ttft_s": long.ttft_s,
         "long_tokens": len(long.times),
         "long_tok_per_s_beside_chats": len(during) / (last_chat - first_chat) if during else 0.0,

@@ -10,7 +10,10 @@ to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_all
 then host blocks; beside a long request a short one that would not find its GPU blocks
 is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
 In a step where a long request may prefill beside others, every prompt's chunk is at most
-``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step).
+``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step),
+and with a step in flight the scheduler first answers an empty step, so that vLLM hands
+that one's output over before it launches the long chunk (``_hands_over_first``). With a
+share of 1 only patch 0006's host blocks remain.
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
 
@@ -52,7 +55,10 @@ class FairScheduler(Scheduler):
         self.spill_share = spill_share.SpillShare(share=spill_share.read_share(share))
         # The long requests running as this step began: their steps are time-shared.
         self.long_running: list[Request] = []
-        if self.host_blocks and self.spill_share.share < 1:  # 1: patch 0006 alone
+        # A step left empty for a long request's prefill that has not had a step since.
+        self.emptied_for_long = False
+        self.sharing = bool(self.host_blocks) and self.spill_share.share < 1  # 1: 0006 alone
+        if self.sharing:
             self._keep_requests_to_their_parts()
 
     def _keep_requests_to_their_parts(self) -> None:
@@ -129,30 +135,64 @@ class FairScheduler(Scheduler):
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
         admit = not self.long_running or self.spill_share.admit(others=others)
-        chunk = self._long_chunk(admit, ready) if others else 0
-        with self._prefill_chunks_of(chunk):
+        prefills = self._long_prefills(admit, ready) if others and self.sharing else 0
+        if prefills and self._hands_over_first():
+            return self._empty_step(*args, **kwargs)
+        with self._prefill_chunks_of(self._long_chunk(prefills)):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
         long_tokens = sum(n for i, n in scheduled.items() if self._is_long_id(i))
         shared = others and (long_tokens > 0 or bool(self.long_running))
-        self.spill_share.started(
-            output, spilled=long_tokens > 0, shared=shared, beside=others, long_tokens=long_tokens
-        )
+        if long_tokens:
+            self.emptied_for_long = False
+        if output.total_num_scheduled_tokens:  # an empty step keeps none waiting
+            self.spill_share.started(
+                output,
+                spilled=long_tokens > 0,
+                shared=shared,
+                beside=others,
+                long_tokens=long_tokens,
+            )
         return output
 
-    def _long_chunk(self, admit: bool, ready: list[Request]) -> int:
-        """The tokens each long prompt may take in a step beside others (0: as
-        configured): bounded where a long request may prefill in it, its first chunk from
-        the waiting line too; not where the share keeps it out or it only decodes (found in
-        review: chats' prompts were split for a long request's whole life)."""
-        if not self.scheduler_config.enable_chunked_prefill:
-            return 0  # vLLM would chunk prompts it may not split
+    def _long_prefills(self, admit: bool, ready: list[Request]) -> int:
+        """The long requests that may prefill in this step: those running and admitted
+        by the share, and those ready in the waiting line (a first chunk); not one that
+        only decodes (found in review: chats' prompts were split for a long request's
+        whole life)."""
         running = self.long_running if admit else []
         prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
-        requests = len(prefilling) + sum(1 for r in ready if self.is_long(r))
-        if not requests:
-            return 0
-        return self.spill_share.long_chunk_tokens(self.block_size, requests)
+        return len(prefilling) + sum(1 for r in ready if self.is_long(r))
+
+    def _long_chunk(self, prefills: int) -> int:
+        """The tokens each long prompt may take in a step where ``prefills`` long
+        requests may prefill beside others (0: as configured)."""
+        if not prefills or not self.scheduler_config.enable_chunked_prefill:
+            return 0  # vLLM would chunk prompts it may not split
+        return self.spill_share.long_chunk_tokens(self.block_size, prefills)
+
+    def _hands_over_first(self) -> bool:
+        """Whether this step is left empty, so that vLLM hands the step in flight over
+        before a long request's prefill is launched: vLLM's engine (async scheduling)
+        hands a step's output over only after launching the next step, and launching a
+        long chunk takes tens of ms of CPU (issue #54, fair9 on an H100: ~35 ms for
+        8,192 tokens), which every token of the step before it waited out: a second long
+        gap for each chat beside the chunk's own. Once per long step: if it does not get
+        in after all (vLLM's limits), the next steps run as they would."""
+        if self.emptied_for_long or not self.spill_share.in_flight():
+            return False
+        self.emptied_for_long = True
+        return True
+
+    def _empty_step(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        """vLLM's own step with nothing scheduled (its bookkeeping done, as when it is
+        paused): its engine then waits for the step in flight and hands it over."""
+        budget = self.max_num_scheduled_tokens
+        self.max_num_scheduled_tokens = 0
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens = budget
 
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])

@@ -157,6 +157,10 @@ class SpillShare:
             return True
         return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
 
+    def in_flight(self) -> bool:
+        """Whether a step is scheduled and its output not yet seen."""
+        return bool(self._running)
+
     def long_chunk_tokens(self, block_tokens: int, requests: int = 1) -> int:
         """The tokens of each of ``requests`` long requests' next prefill chunks beside
         others: whole blocks, at least ``MIN_LONG_CHUNK_TOKENS`` together; 0 (no bound)

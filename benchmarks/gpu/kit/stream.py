@@ -46,6 +46,7 @@ class Answer:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "began_s": round(self.began, 5),  # perf_counter: CLOCK_MONOTONIC, as vLLM's logs
             "ttft_s": self.ttft_s,
             "tokens": self.tokens,
             "token_logprobs": self.logprobs,
