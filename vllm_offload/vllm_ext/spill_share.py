@@ -3,7 +3,7 @@
 scheduler.
 
 Every step that includes such a request waits for its host reads (~0.14 s for 6 GB over
-PCIe), and so does every request batched with it. Three rules keep the others at GPU
+PCIe), and so does every request batched with it. Four rules keep the others at GPU
 speed:
 
 - **A time share.** While other requests are waiting or running, the steps that include
@@ -35,7 +35,9 @@ speed:
   ``MIN_LONG_CHUNK_TOKENS`` (vLLM's ``long_prefill_token_threshold`` for a step in which
   it may prefill, every prompt's chunk in it), so that the one long gap a chat sees
   stays short as the context grows (issue #54, fair8: 8,192-token chunks took 0.6 s at
-  60,000 tokens of context and chats beside them 1.9x their time per token).
+  60,000 tokens of context and chats beside them 1.9x their time per token); with async
+  scheduling it is launched with no other step ``in_flight`` (fair_scheduler leaves one
+  step empty first).
 
 A share of 1 turns them off: patch 0006 alone.
 """
