@@ -134,16 +134,18 @@ class FairScheduler(Scheduler):
         waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
-        admit = not self.long_running or self.spill_share.admit(others=others)
-        prefills = self._long_prefills(admit, ready) if others and self.sharing else 0
-        if prefills and self._hands_over_first():
+        admit = not self.long_running or not self.sharing or self.spill_share.admit(others=others)
+        prefilling = self._long_prefills(admit, ready) if others and self.sharing else []
+        if not prefilling:
+            self.emptied_for_long = False  # a long request that prefills later: its own
+        elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
-        with self._prefill_chunks_of(self._long_chunk(prefills)):
+        with self._prefill_chunks_of(self._long_chunk(len(prefilling))):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
         long_tokens = sum(n for i, n in scheduled.items() if self._is_long_id(i))
         shared = others and (long_tokens > 0 or bool(self.long_running))
-        if long_tokens:
+        if any(r.request_id in scheduled for r in prefilling):
             self.emptied_for_long = False
         if output.total_num_scheduled_tokens:  # an empty step keeps none waiting
             self.spill_share.started(
@@ -155,14 +157,16 @@ class FairScheduler(Scheduler):
             )
         return output
 
-    def _long_prefills(self, admit: bool, ready: list[Request]) -> int:
+    def _long_prefills(self, admit: bool, ready: list[Request]) -> list[Request]:
         """The long requests that may prefill in this step: those running and admitted
-        by the share, and those ready in the waiting line (a first chunk); not one that
-        only decodes (found in review: chats' prompts were split for a long request's
-        whole life)."""
+        by the share, and those ready in the waiting line (a first chunk) while vLLM
+        admits more; not one that only decodes (found in review: chats' prompts were
+        split for a long request's whole life)."""
         running = self.long_running if admit else []
         prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
-        return len(prefilling) + sum(1 for r in ready if self.is_long(r))
+        if len(self.running) < self.max_num_active_reqs:  # vLLM's own limit, both versions
+            prefilling += [r for r in ready if self.is_long(r)]
+        return prefilling
 
     def _long_chunk(self, prefills: int) -> int:
         """The tokens each long prompt may take in a step where ``prefills`` long
@@ -177,8 +181,8 @@ class FairScheduler(Scheduler):
         hands a step's output over only after launching the next step, and launching a
         long chunk takes tens of ms of CPU (issue #54, fair9 on an H100: ~35 ms for
         8,192 tokens), which every token of the step before it waited out: a second long
-        gap for each chat beside the chunk's own. Once per long step: if it does not get
-        in after all (vLLM's limits), the next steps run as they would."""
+        gap for each chat beside the chunk's own. Once until a long request prefills or
+        none may: if it does not get in after all, the next steps run as they would."""
         if self.emptied_for_long or not self.spill_share.in_flight():
             return False
         self.emptied_for_long = True
@@ -187,12 +191,12 @@ class FairScheduler(Scheduler):
     def _empty_step(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """vLLM's own step with nothing scheduled (its bookkeeping done, as when it is
         paused): its engine then waits for the step in flight and hands it over."""
-        budget = self.max_num_scheduled_tokens
+        budget, bound = self.max_num_scheduled_tokens, self.prefill_capacity_bound
         self.max_num_scheduled_tokens = 0
         try:
             return super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_scheduled_tokens = budget
+        finally:  # the waiting line's "capacity bound" of a step that admitted none: not
+            self.max_num_scheduled_tokens, self.prefill_capacity_bound = budget, bound
 
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])
