@@ -776,6 +776,25 @@ def test_a_long_request_aborted_after_its_empty_step_leaves_the_next_one_its_own
     assert not launched_over, launched_over
 
 
+def test_a_long_prompt_arriving_among_chats_takes_what_their_prompts_leave(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Issue #54, fair9's 'with' on an H100: a long prompt queued among 16 chats took the
+    rest of the step's budget before the chats behind it, which prefilled one step later;
+    those ahead of it saw that prefill step as a 34-45 ms gap. Short prompts go first,
+    the long one takes what they leave."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
+    engine = BatchQueue(scheduler, long_token_s=1e-4)
+    chats = [add(scheduler, f"chat{n}", 128, 64) for n in range(4)]
+    long = add(scheduler, "long", 6400, 4)
+    chats += [add(scheduler, f"chat{n}", 128, 64) for n in range(4, 8)]
+    engine.schedule()
+    first = engine.queue[-1][0].num_scheduled_tokens
+    assert all(first.get(c.request_id) == 128 for c in chats), first
+    assert first["long"] == 3072 - 8 * 128  # what they left
+    assert long.num_computed_tokens == first["long"]
+
+
 def test_prompts_beside_a_long_request_that_only_decodes_are_not_bounded(
     wide_chunks: Any,
 ) -> None:
