@@ -158,6 +158,17 @@ def test_decode_rows_and_rows_on_gpu_blocks_read_in_place() -> None:
     )  # each prefill needs 5 blocks: longer than the scratch, they read in place
 
 
+def test_a_step_of_short_contexts_reads_no_row_back() -> None:
+    """Issue #54, fair10: picking the rows to stage reads the step's counts and tables
+    back (one sync), which held the step in flight's output for chats' own prompts. A
+    step whose contexts are all short, or whose rows all decode, reads none back."""
+    may_stage = staged_prefill.step_may_stage
+    assert may_stage(max_query_len=256, max_seq_len=60_000)
+    assert may_stage(max_query_len=128, max_seq_len=1024)
+    assert not may_stage(max_query_len=256, max_seq_len=1023)  # chats' prompts
+    assert not may_stage(max_query_len=127, max_seq_len=60_000)  # decodes
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12))
 def test_copy_runs_merge_consecutive_pairs_and_only_those(pairs: list[tuple[int, int]]) -> None:

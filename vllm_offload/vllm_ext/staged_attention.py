@@ -4,8 +4,8 @@ kernel reads it, instead of letting the kernel read the host blocks in place onc
 query tile. The plugin puts this class in FLASH_ATTN's place (``register_backend``, an
 extension point: no hunk) when the launcher asks for it (``STAGED_PREFILL_ENV``).
 
-Per step with a long enough prefill (``staged_prefill.MIN_QUERY_TOKENS``), the first
-layer reads back the batch's query and key counts and the candidate rows' block tables
+Per step with a long enough prefill and context (``staged_prefill.step_may_stage``), the
+first layer reads back the batch's query and key counts and the candidate rows' block tables
 (one sync, on such steps only) and picks the rows that reach host blocks
 (``staged_prefill.stage_rows``); every layer then copies those rows' blocks into the
 scratch (a few memcpys: a long request's blocks are mostly consecutive), runs the
@@ -196,7 +196,9 @@ class StagedFlashAttentionImpl(FlashAttentionImpl):
         if (
             self._scratch is None
             or meta is None
-            or meta.max_query_len < staged_prefill.MIN_QUERY_TOKENS
+            or not staged_prefill.step_may_stage(
+                max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len
+            )
             or self.dcp_world_size > 1
             or meta.causal is not True
             or meta.mm_prefix_query_range_tensor is not None

@@ -12,8 +12,8 @@ pass over their host blocks is what a copy would cost. A row whose context outgr
 scratch left over reads in place too (exact, slow).
 
 Pure functions of token counts and block IDs, no vLLM or torch: ``staged_attention``
-calls ``rows_worth_reading`` and ``stage_rows`` once per step, the planner
-``scratch_bytes``.
+calls ``step_may_stage``, then ``rows_worth_reading`` and ``stage_rows`` once per step,
+the planner ``scratch_bytes``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ from dataclasses import dataclass
 # FlashAttention 3 reads the keys once per 128-row query tile: a row of fewer query tokens
 # reads its host blocks about once, as the copy would.
 MIN_QUERY_TOKENS = 128
+# The shortest context of a step worth reading its rows back for. Picking the rows takes a
+# read-back (one sync), so the step's launch waits for the step in flight, whose output
+# waits for that launch: every chat's token of it came late (issue #54, fair10: chats'
+# own 256-token prompts). A shorter context read in place costs at most 8 passes over
+# 1,024 tokens of host blocks, and only where a short request holds any.
+MIN_STAGED_CONTEXT_TOKENS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +86,12 @@ def copy_runs(pairs: Sequence[tuple[int, int]]) -> tuple[CopyRun, ...]:
 
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+def step_may_stage(*, max_query_len: int, max_seq_len: int) -> bool:
+    """Whether any row of a step may be worth staging, from what the CPU knows of it
+    (vLLM's largest query and key counts): otherwise no row is read back."""
+    return max_query_len >= MIN_QUERY_TOKENS and max_seq_len >= MIN_STAGED_CONTEXT_TOKENS
 
 
 def rows_worth_reading(
