@@ -795,6 +795,47 @@ def test_a_long_prompt_arriving_among_chats_takes_what_their_prompts_leave(
     assert long.num_computed_tokens == first["long"]
 
 
+def test_a_long_prompt_goes_behind_the_chats_waiting_with_it_once(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Found in review: moved behind every short prompt at every step, a long request
+    could wait for as long as chats kept arriving. It goes behind those waiting with it,
+    once; later chats queue behind it."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=256)
+    engine = BatchQueue(scheduler)
+    add(scheduler, "chat0", 128, 64)
+    long = add(scheduler, "long", 5000, 4)
+    add(scheduler, "chat1", 128, 64)
+    first, _, _ = engine.schedule()
+    assert first == {"chat0", "chat1"}  # the budget: both prompts, none of it left
+    add(scheduler, "later", 128, 64)
+    second: set[str] = set()
+    while not second:  # after the empty step that hands the first over
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        second, _, _ = engine.schedule()
+    assert "long" in second and "later" not in second, second
+    assert long.num_computed_tokens > 0
+
+
+def test_a_preempted_long_request_keeps_the_front_of_the_line(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """vLLM puts a preempted request back at the front of the waiting line: it stays
+    there, ahead of the chats."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = make_scheduler(demo_dir, SHARE, True)
+    long = add(scheduler, "long", 5000, 4)
+    add(scheduler, "chat0", 128, 64)
+    long.status = RequestStatus.PREEMPTED
+    scheduler._short_prompts_first()
+    assert [r.request_id for r in scheduler.waiting] == ["long", "chat0"]
+    long.status = RequestStatus.WAITING
+    scheduler._short_prompts_first()
+    assert [r.request_id for r in scheduler.waiting] == ["chat0", "long"]
+
+
 def test_prompts_beside_a_long_request_that_only_decodes_are_not_bounded(
     wide_chunks: Any,
 ) -> None:

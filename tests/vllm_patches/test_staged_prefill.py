@@ -164,8 +164,8 @@ def test_a_step_of_short_contexts_reads_no_row_back() -> None:
     step whose contexts are all short, or whose rows all decode, reads none back."""
     may_stage = staged_prefill.step_may_stage
     assert may_stage(max_query_len=256, max_seq_len=60_000)
-    assert may_stage(max_query_len=128, max_seq_len=1024)
-    assert not may_stage(max_query_len=256, max_seq_len=1023)  # chats' prompts
+    assert may_stage(max_query_len=128, max_seq_len=512)
+    assert not may_stage(max_query_len=256, max_seq_len=511)  # chats' prompts of 256
     assert not may_stage(max_query_len=127, max_seq_len=60_000)  # decodes
 
 

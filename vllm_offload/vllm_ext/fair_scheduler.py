@@ -9,7 +9,7 @@ and preemption decide everything else. Allocations for a long request take GPU b
 to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
 then host blocks; beside a long request a short one that would not find its GPU blocks
 is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
-Short prompts in the waiting line go before a long one. In a step where a long request
+Short prompts waiting with a new long one go before it. In a step where a long request
 may prefill beside others, every prompt's chunk is at most
 ``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step),
 and with a step in flight the scheduler first answers an empty step, so that vLLM hands
@@ -27,6 +27,7 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
@@ -58,6 +59,8 @@ class FairScheduler(Scheduler):
         self.long_running: list[Request] = []
         # A step left empty for a long request's prefill that has not had a step since.
         self.emptied_for_long = False
+        # The long requests once moved behind the short ones waiting with them.
+        self.moved_behind_shorts: set[str] = set()
         self.sharing = bool(self.host_blocks) and self.spill_share.share < 1  # 1: 0006 alone
         if self.sharing:
             self._keep_requests_to_their_parts()
@@ -136,7 +139,7 @@ class FairScheduler(Scheduler):
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
         if self.sharing:
-            self._short_prompts_first(ready)
+            self._short_prompts_first()
         admit = not self.long_running or not self.sharing or self.spill_share.admit(others=others)
         prefilling = self._long_prefills(admit, ready) if others and self.sharing else []
         if not prefilling:
@@ -160,18 +163,31 @@ class FairScheduler(Scheduler):
             )
         return output
 
-    def _short_prompts_first(self, ready: list[Request]) -> None:
-        """Long requests in the waiting line go behind the short ones ready there, so
-        that a long prompt arriving among chats takes what their prompts leave of the
-        step, not the step they would have had (issue #54, fair9's 'with': the chats
-        queued behind it prefilled one step later, and those ahead of it saw that
-        prefill step as a 34-45 ms gap)."""
-        queued = {id(r) for r in self.waiting}
-        longs = [r for r in ready if id(r) in queued and self.is_long(r)]
-        if longs and any(not self.is_long(r) for r in ready):
-            self.waiting.remove_requests(longs)
-            for request in longs:
+    def _short_prompts_first(self) -> None:
+        """A long request new in the waiting line goes behind the short ones waiting
+        there with it, once, so that a long prompt arriving among chats takes what their
+        prompts leave of the step, not the step they would have had (issue #54, fair9's
+        'with': the chats queued behind it prefilled one step later, and those ahead of
+        it saw that prefill step as a 34-45 ms gap). Once: chats arriving later queue
+        behind it, so that it is not starved; a preempted one keeps the front, where vLLM
+        puts it; with vLLM's priority policy the line keeps its own order."""
+        if self.policy != SchedulingPolicy.FCFS:
+            return
+        line = list(self.waiting)
+        self.moved_behind_shorts &= {r.request_id for r in line}  # those still waiting
+        last_short = max((n for n, r in enumerate(line) if not self.is_long(r)), default=0)
+        moved = [
+            r
+            for r in line[:last_short]
+            if self.is_long(r)
+            and r.status == RequestStatus.WAITING
+            and r.request_id not in self.moved_behind_shorts
+        ]
+        if moved:
+            self.waiting.remove_requests(moved)
+            for request in moved:
                 self.waiting.add_request(request)
+                self.moved_behind_shorts.add(request.request_id)
 
     def _long_prefills(self, admit: bool, ready: list[Request]) -> list[Request]:
         """The long requests that may prefill in this step: those running and admitted

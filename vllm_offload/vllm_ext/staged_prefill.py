@@ -21,15 +21,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# FlashAttention 3 reads the keys once per 128-row query tile: a row of fewer query tokens
-# reads its host blocks about once, as the copy would.
+# FlashAttention 3 reads the keys once per 128-row query tile, 32 tokens of 4 grouped heads
+# for the 8B shape (docs/design/long-context.md): a row of fewer query tokens reads its
+# host blocks at most 4 times, not worth a step's read-back.
 MIN_QUERY_TOKENS = 128
 # The shortest context of a step worth reading its rows back for. Picking the rows takes a
 # read-back (one sync), so the step's launch waits for the step in flight, whose output
 # waits for that launch: every chat's token of it came late (issue #54, fair10: chats'
-# own 256-token prompts). A shorter context read in place costs at most 8 passes over
-# 1,024 tokens of host blocks, and only where a short request holds any.
-MIN_STAGED_CONTEXT_TOKENS = 1024
+# own 256-token prompts). A row of a shorter context read in place passes over at most
+# 512 tokens of host blocks 16 times a layer (~2 MiB each for the 8B shape: ~0.6 ms a
+# layer at 52 GB/s), and only where a short request holds host blocks at all.
+MIN_STAGED_CONTEXT_TOKENS = 512
 
 
 @dataclass(frozen=True, kw_only=True)
