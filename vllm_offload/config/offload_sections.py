@@ -110,7 +110,7 @@ class KvOffloadSection(_Section):
         " of 16 and 32. While it prefills beside chats, each of its chunks is sized to "
         "take ~0.25 s from the last one's rate (8,192-token chunks took 0.6 s at 60,000 "
         "tokens) and launched once the step in flight is handed over, and short prompts "
-        "go before it: chats arriving before, with or during its prefill were within "
+        "waiting with it go first: chats arriving before, with or during its prefill were within "
         "1.43x (H100); during its prefill 60 of 61 were within both goals, before or with "
         "it 17 of 32 (their p99 gaps of 50-64 ms came as it arrived, before it was "
         "scheduled: vLLM taking in its 60,000 token ids). "

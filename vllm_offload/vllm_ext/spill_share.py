@@ -4,7 +4,7 @@ scheduler.
 
 Every step that includes such a request waits for its host reads (~0.14 s for 6 GB over
 PCIe), and so does every request batched with it. Four rules keep the others at GPU
-speed (and fair_scheduler puts short prompts before a long one):
+speed (and fair_scheduler puts short prompts waiting with a new long one first):
 
 - **A time share.** While other requests are waiting or running, the steps that include
   a spilled request take at most ``share`` of wall time, their host reads included (a
