@@ -7,9 +7,10 @@ instead of once per query tile of the kernel (40x slower for an 8k chunk: 942 ms
 A staged row's blocks (GPU and host, in order) are copied into consecutive scratch
 blocks, and the kernel reads that row from the scratch through the table
 ``scratch_start, scratch_start + 1, ...``: the same keys in the same order as in the pool.
-Rows with fewer than ``MIN_QUERY_TOKENS`` new tokens (decodes) keep reading in place: one
-pass over their host blocks is what a copy would cost. A row whose context outgrows the
-scratch left over reads in place too (exact, slow).
+Rows with fewer than ``MIN_QUERY_TOKENS`` new tokens (decodes) keep reading in place: a
+few passes over their host blocks, about what a copy would cost; so do the rows of a step
+whose contexts are all short (``step_may_stage``: no read-back). A row whose context
+outgrows the scratch left over reads in place too (exact, slow).
 
 Pure functions of token counts and block IDs, no vLLM or torch: ``staged_attention``
 calls ``step_may_stage``, then ``rows_worth_reading`` and ``stage_rows`` once per step,
