@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from vllm_offload.vllm_ext import kv_host_mapping, staged_attention
+from vllm_offload.vllm_ext import kv_host_mapping, staged_attention, staged_prefill
 
 BLOCK, HEADS, KV_HEADS, DIM = 16, 4, 2, 8
 NUM_BLOCKS, FIRST_HOST = 64, 40
@@ -72,6 +72,8 @@ def impl(monkeypatch: pytest.MonkeyPatch) -> staged_attention.StagedFlashAttenti
     monkeypatch.setattr(FlashAttentionImpl, "forward", reference_forward)
     monkeypatch.setattr(staged_attention, "_reserve_scratch", lambda *a: scratch)
     monkeypatch.setitem(kv_host_mapping._SPLITS, 0, (NUM_BLOCKS, FIRST_HOST))
+    # A pool of 1,024 tokens: every step here may stage (the gate: test_staged_prefill).
+    monkeypatch.setattr(staged_prefill, "MIN_STAGED_CONTEXT_TOKENS", 0)
     made = staged_attention.StagedFlashAttentionImpl()
     made.dcp_world_size = 1
     Reader.calls = 0
