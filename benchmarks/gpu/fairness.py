@@ -12,6 +12,11 @@ graphs, one server per arm through `vllm-offload serve`, both up at once:
   all-gpu    with --all-gpu-pool-gib: a GPU pool that holds the long request (no host
              reads), the long request beside the chats too: what vLLM's own scheduling
              of such a request costs them
+  share-S-switchI  for each I in --switch-intervals: share-S with BENCH_SWITCH_INTERVAL_S=I
+             in its environment (Python's switch interval in seconds, read only by a
+             snippet a call script appends on the GPU host)
+
+--arms keeps only the arms named (comma-separated; all by default).
 
 Scenarios (--scenarios), each with one long request (--long-tokens random ids in,
 --long-out out) and chats of --chat-in in / --chat-out out (greedy, ignore_eos):
@@ -204,6 +209,8 @@ def main() -> None:
     parser.add_argument("--shares", default="0.1")
     parser.add_argument("--caps", default="", help="long prompts' chunk beside others, e.g. 2048")
     parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
+    parser.add_argument("--switch-intervals", default="", help="seconds, e.g. 0.0005")
+    parser.add_argument("--arms", default="", help="only these arms, e.g. share-0.1,all-gpu")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
@@ -224,13 +231,26 @@ def main() -> None:
                 "--",
                 f"--long-prefill-token-threshold={cap}",
             ]
+    switched = {
+        f"{name}-switch{interval}": (name, interval)
+        for name in list(flags)
+        if name.startswith("share-")
+        for interval in filter(None, args.switch_intervals.split(","))
+    }
+    flags.update({name: flags[base] for name, (base, _) in switched.items()})
     if args.all_gpu_pool_gib:
         flags["all-gpu"] = ["--gpu-kv-cache-memory-bytes", str(int(args.all_gpu_pool_gib * GIB))]
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
     ours += ["--kv-offload-backend", "none", "--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
+    kept = set(filter(None, args.arms.split(","))) or set(flags)
     arms = [
-        Arm(name=n, serve_args=vllm_last([*ours, *f], "--load-format=dummy"))
+        Arm(
+            name=n,
+            serve_args=vllm_last([*ours, *f], "--load-format=dummy"),
+            env={"BENCH_SWITCH_INTERVAL_S": switched[n][1]} if n in switched else {},
+        )
         for n, f in flags.items()
+        if n in kept
     ]
     record = Record(args.out / "fairness.json", vars(args))
     rng = random.Random(54)
