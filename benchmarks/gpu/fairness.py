@@ -175,6 +175,33 @@ def chat_ratios(alone: list[dict[str, Any]], next_to: list[dict[str, Any]]) -> d
     }
 
 
+def per_chat_median(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per chat, over runs of the same arrivals: the median of its mean time per token and
+    of its p99 gap (a chat's p99 alone is ~8 or ~17-30 ms by where the others' prompts fall
+    in its stream, which differs run to run: fair11)."""
+    merged = []
+    for chat in zip(*runs, strict=True):
+        done = [c for c in chat if "mean_tpot_s" in c]
+        merged.append(
+            {k: statistics.median(c[k] for c in done) for k in ("mean_tpot_s", "p99_gap_s")}
+            if len(done) == len(chat)
+            else {}
+        )
+    return merged
+
+
+def share_of(before: str, after: str) -> tuple[float | None, float | None]:
+    """The share the scheduler logged for the long request between two reads of the log
+    (spilled and its bound from below); None where it logged none."""
+    old, new = shares_logged(before), shares_logged(after)
+    if len(new) <= len(old):
+        return None, None
+    (s0, low0, t0), (s1, low1, t1) = old[-1] if old else (0.0, 0.0, 0.0), new[-1]
+    if t1 <= t0:
+        return None, None
+    return (s1 - s0) / (t1 - t0), (low1 - low0) / (t1 - t0)
+
+
 def tails_summary(chats: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the chats: mean of their mean time per token, the worst p99 and worst gap, TTFTs."""
     done = [c for c in chats if "mean_tpot_s" in c]
@@ -214,6 +241,9 @@ def main() -> None:
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="alone and beside runs per arm, in turn"
+    )
     args = parser.parse_args()
     began = time.monotonic()
     model = args.model or write_model(Path("/tmp/fairness-model"), None)
@@ -271,31 +301,43 @@ def main() -> None:
                 record["skipped"] = [*record.get("skipped", []), scenario]
                 continue
             starts, anchor = arrivals(scenario, args, rng)
-            prompts = [prompt(args.chat_in) for _ in starts]
-            long_prompt = prompt(args.long_tokens)
             shown = record["scenarios"][scenario] = {"anchor": anchor, "starts_s": starts}
             for name, server in servers.items():
                 url = server.base_url
-                at = time.perf_counter() + lead(starts)
-                alone = [c.to_json() for c in chats_at(url, prompts, starts, at, args.chat_out)]
-                arm: dict[str, Any] = {"alone": alone, "alone_tails": tails_summary(alone)}
-                if name != "gpu-only":
-                    before_log = shares_logged(server.log_path.read_text(errors="replace"))
-                    # Other prompts of the same lengths: the alone run's are in the prefix cache
+                alones: list[list[dict[str, Any]]] = []
+                besides: list[dict[str, Any]] = []
+                shares: list[tuple[float | None, float | None]] = []
+                for _ in range(args.repeats):  # alone and beside in turn, fresh prompts each
+                    # Other prompts of the same lengths: an earlier run's are in the prefix cache
+                    prompts = [prompt(args.chat_in) for _ in starts]
+                    at = time.perf_counter() + lead(starts)
+                    alones.append(
+                        [c.to_json() for c in chats_at(url, prompts, starts, at, args.chat_out)]
+                    )
+                    if name == "gpu-only":
+                        continue
+                    logged = server.log_path.read_text(errors="replace")
                     others = [prompt(args.chat_in) for _ in starts]
-                    result = beside(url, long_prompt, others, starts, anchor, args)
+                    long_prompt = prompt(args.long_tokens)  # nothing of it cached either
+                    besides.append(beside(url, long_prompt, others, starts, anchor, args))
                     time.sleep(0.5)  # the line is logged as the long request ends
-                    after_log = shares_logged(server.log_path.read_text(errors="replace"))
-                    arm["beside"] = result
-                    arm["beside_tails"] = tails_summary(result["chats"])
-                    arm["ratios"] = chat_ratios(alone, result["chats"])
-                    if len(after_log) > len(before_log):
-                        (s0, low0, t0), (s1, low1, t1) = (
-                            before_log[-1] if before_log else (0.0, 0.0, 0.0),
-                            after_log[-1],
-                        )
-                        arm["measured_share"] = (s1 - s0) / (t1 - t0) if t1 > t0 else None
-                        arm["measured_share_low"] = (low1 - low0) / (t1 - t0) if t1 > t0 else None
+                    shares.append(share_of(logged, server.log_path.read_text(errors="replace")))
+                arm: dict[str, Any] = {"alone": alones[0], "alone_tails": tails_summary(alones[0])}
+                if besides:
+                    arm["beside"] = besides[0]
+                    arm["beside_tails"] = tails_summary(besides[0]["chats"])
+                    arm["measured_share"], arm["measured_share_low"] = shares[0]
+                    arm["ratios"] = chat_ratios(
+                        per_chat_median(alones), per_chat_median([b["chats"] for b in besides])
+                    )
+                if len(alones) > 1:
+                    arm["repeats"] = {
+                        "alone": alones[1:],
+                        "beside": besides[1:],
+                        "measured_shares": shares[1:],
+                    }
+                    # The yardstick's own noise: the same chats alone, one run over another
+                    arm["alone_over_alone"] = chat_ratios(alones[0], alones[1])
                 shown[name] = arm
                 print(
                     scenario,
@@ -312,6 +354,12 @@ def main() -> None:
                     {
                         k: v
                         for k, v in arm.get("ratios", {}).items()
+                        if k.startswith("worst") or k.startswith("chats")
+                    },
+                    "alone/alone",
+                    {
+                        k: v
+                        for k, v in arm.get("alone_over_alone", {}).items()
                         if k.startswith("worst") or k.startswith("chats")
                     },
                     flush=True,
