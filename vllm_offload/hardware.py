@@ -9,6 +9,7 @@ Both return the same immutable record, so the planner never knows which it got.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import resource
@@ -54,6 +55,8 @@ class HostFacts:
     # Intel AMX: absent, or present and granted or refused by the kernel (amx.py), and why.
     amx: AmxState = "absent"
     amx_detail: str = ""
+    # The NVIDIA driver's process checkpoint (residency.deep_sleep): driver_checkpoints().
+    process_checkpoint: bool = False
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -138,6 +141,20 @@ def visible_indexes(value: str | None) -> set[int] | None:
     return {int(p) for p in parts}
 
 
+# The NVIDIA driver's library, and the call of its process checkpoint (driver 550 or newer,
+# Linux) that deep sleep needs (box.process_checkpoint).
+LIBCUDA = "libcuda.so.1"
+CHECKPOINT_CALL = "cuCheckpointProcessLock"
+
+
+def driver_checkpoints() -> bool:
+    """Whether this host's NVIDIA driver can checkpoint a process."""
+    try:
+        return hasattr(ctypes.CDLL(LIBCUDA), CHECKPOINT_CALL)
+    except OSError:
+        return False
+
+
 def _memlock_limit() -> int | None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return None if soft == resource.RLIM_INFINITY else int(soft)
@@ -173,6 +190,7 @@ def probe() -> HostFacts:
         wsl=_wsl(),
         amx=amx_state,
         amx_detail=amx_detail,
+        process_checkpoint=bool(gpus) and driver_checkpoints(),
     )
 
 

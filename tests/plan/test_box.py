@@ -16,8 +16,7 @@ from vllm_offload.config.schema import engine_configs
 from vllm_offload.hardware import GIB, HostFacts, declared
 from vllm_offload.model import facts as model_facts
 from vllm_offload.plan.box import BoxPlan, plan_box
-from vllm_offload.plan.box_groups import ASLEEP_GPU_BYTES
-from vllm_offload.plan.box_host import SLEEP_POOLS_BYTES
+from vllm_offload.plan.box_host import ASLEEP_GPU_BYTES, SLEEP_POOLS_BYTES
 from vllm_offload.plan.box_render import box_json
 from vllm_offload.plan.host import SERVER_SHM_BYTES, ram_reserve, server_ram_bytes
 from vllm_offload.plan.records import BoxInputs, PlanError

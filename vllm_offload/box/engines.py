@@ -9,6 +9,9 @@ stderr (the journal), each line prefixed with its model's name; its last lines a
 say why it failed. An engine is put to sleep only once its output said our sleep backend
 runs (vllm_ext.SLEEP_BACKEND_LINE, which our plugin prints in each vLLM process): with
 vLLM's own it would keep more host RAM than planned, so it is stopped instead (issue #43).
+In deep sleep (``residency.deep_sleep``) an engine put to sleep is checkpointed too, and
+restored before its wake (``box.process_checkpoint``); where either fails it is stopped,
+and started again when asked for: the plan counted no GPU memory for it while away.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from typing import Any, Literal
 
 import httpx
 
+from vllm_offload.box.process_checkpoint import (
+    CheckpointError,
+    ProcessCheckpoint,
+    checkpoint_all,
+    restore_all,
+)
 from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 # A large model's start (weights read, CUDA graphs captured, the CPU tier allocated) takes
@@ -78,6 +87,8 @@ class EngineProcess:
     pid: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     ours_sleep: bool = False  # its output said our sleep backend runs (SLEEP_BACKEND_LINE)
+    checkpoints: ProcessCheckpoint | None = None  # deep sleep: the driver's calls
+    checkpointed: tuple[int, ...] = ()  # its processes the driver holds, while asleep
     _proc: asyncio.subprocess.Process | None = None
     _stopping: bool = False
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -92,6 +103,15 @@ class EngineProcess:
         return None if self._proc is None else self._proc.returncode
 
     async def bring_in(self) -> str:
+        restored = ""
+        if self.checkpointed and self.checkpoints is not None and self.alive:
+            try:
+                await asyncio.to_thread(restore_all, self.checkpoints, self.checkpointed)
+            except CheckpointError as exc:
+                await self.stop()  # at once: its CUDA calls may be held still
+                await self.start()
+                return f"started (its restore failed: {exc})"
+            self.checkpointed, restored = (), "restored and "
         if self.alive and self.state == "asleep":
             if self.spec.sleep_level == 2:  # its weights were dropped: read them again
                 await self._call("POST", "/wake_up?tags=weights", "wake")
@@ -100,7 +120,7 @@ class EngineProcess:
             else:
                 await self._call("POST", "/wake_up", "wake")
             self.state = "serving"
-            return "woke"
+            return restored + "woke"
         await self.start()
         return "started"
 
@@ -113,7 +133,16 @@ class EngineProcess:
             level = self.spec.sleep_level
             await self._call("POST", f"/sleep?level={level}&mode=abort", "sleep")
             self.state = "asleep"
-            return "slept"
+            if self.checkpoints is None:
+                return "slept"
+            try:
+                self.checkpointed = await asyncio.to_thread(
+                    checkpoint_all, self.checkpoints, self._session()
+                )
+            except CheckpointError as exc:
+                await self.stop()
+                return f"stopped (its checkpoint failed: {exc})"
+            return "slept and checkpointed"
         await self.stop()
         return "stopped"
 
@@ -160,9 +189,11 @@ class EngineProcess:
             return
         grace = STARTING_GRACE_S if self.state == "starting" else STOP_GRACE_S
         self._stopping, self.state = True, "stopping"
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), grace)
+        if not self.checkpointed:  # a checkpointed engine's CUDA calls wait: kill it at once
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), grace)
+        self.checkpointed = ()
         with contextlib.suppress(ProcessLookupError):  # none left: the usual case
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
@@ -180,6 +211,10 @@ class EngineProcess:
                 raise EngineError(f"{what} failed: {exc}") from None
         if response.status_code != 200:
             raise EngineError(f"{what} answered {response.status_code}: {response.text[:300]}")
+
+    def _session(self) -> int:
+        assert self._proc is not None  # put to sleep while alive
+        return self._proc.pid  # the leader of its own session (start_new_session)
 
     def last_error(self) -> str:
         errors = [line for line in self.tail if "Error" in line or "error" in line]
@@ -214,5 +249,5 @@ class EngineProcess:
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         if not self._stopping and proc is self._proc:
-            self.state = "failed"
+            self.state, self.checkpointed = "failed", ()
             self.on_exit(self.spec.name, code)

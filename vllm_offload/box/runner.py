@@ -30,11 +30,12 @@ from vllm_offload.box.control import EVENTS_KEPT, create_control_app
 from vllm_offload.box.engines import STOP_GRACE_S, EngineProcess, EngineSpec
 from vllm_offload.box.front import FrontDoor, create_front_app
 from vllm_offload.box.prepare import CONTROL_SOCKET, ENGINES_DIR, PreparedBox, socket_of
+from vllm_offload.box.process_checkpoint import CheckpointError, DriverCheckpoint, ProcessCheckpoint
 from vllm_offload.box.residency import Residency
 from vllm_offload.box.residency_records import Event, ResidencySettings, Unavailable
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.errors import Refused
 from vllm_offload.plan.box import BoxPlan, ModelPlan
-from vllm_offload.plan.box_groups import ASLEEP_GPU_BYTES
 
 ENGINE_MODULE = "vllm_offload.box.engine"
 SERVER_GRACE_S = 5  # uvicorn takes whole seconds
@@ -70,17 +71,17 @@ def settings(config: DeploymentConfig, box_plan: BoxPlan) -> ResidencySettings:
 
 def planned_memory(model: ModelPlan) -> dict[str, int]:
     """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
-    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most; a stopped one nothing). An
+    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most, none checkpointed; a stopped
+    one nothing). An
     engine that sleeps at level 1 keeps the sleep arena's copy of its weights while it
     serves too, unless residency.host_copy gives it back: issue #58 found `ps` saying
     8.0 GiB serving for an engine holding ~23.6 GiB."""
     plan = model.plan
     gpu = plan.gpu.budget_bytes if plan.platform == "cuda" else 0
-    asleep = model.idle == "sleep" and plan.platform == "cuda"
     return {
         "gpu_bytes_serving": gpu,
         "host_bytes_serving": model.serving_ram_bytes,
-        "gpu_bytes_away": ASLEEP_GPU_BYTES if asleep else 0,
+        "gpu_bytes_away": model.away_gpu_bytes,
         "host_bytes_away": model.away_ram_bytes,
     }
 
@@ -136,6 +137,7 @@ def box_engines(
     """Each model's engine, not started yet: its launch spec written to a file, which
     ``python -m vllm_offload.box.engine`` runs."""
     specs = write_specs(prepared)
+    checkpoints = process_checkpoints(prepared.plan)
 
     def engine(name: str, spec_file: Path) -> EngineProcess:
         command = (sys.executable, "-m", ENGINE_MODULE, str(spec_file))
@@ -148,9 +150,24 @@ def box_engines(
             idle=idle,
             sleep_level=config.residency.sleep_level,
         )
-        return EngineProcess(spec=spec, on_exit=on_exit)
+        deep = checkpoints if idle == "sleep" else None
+        return EngineProcess(spec=spec, on_exit=on_exit, checkpoints=deep)
 
     return {name: engine(name, path) for name, path in specs.items()}
+
+
+def process_checkpoints(box_plan: BoxPlan) -> ProcessCheckpoint | None:
+    """The NVIDIA driver's process checkpoint where models asleep give their GPU memory to
+    host RAM (residency.deep_sleep)."""
+    if not box_plan.deep_sleep:
+        return None
+    try:
+        return DriverCheckpoint()
+    except CheckpointError as exc:
+        raise Refused(
+            "residency.deep_sleep",
+            f"{exc}: update the NVIDIA driver (550 or newer), or set residency.deep_sleep = false",
+        ) from None
 
 
 def front_config(app: Any, host: str, port: int) -> uvicorn.Config:

@@ -101,6 +101,16 @@ class ResidencySection(_Section):
         "switch the model put away copies its weights out while the one coming in still "
         "holds its copy, and the planner counts that moment either way.",
     )
+    deep_sleep: bool = Field(
+        False,
+        description="A model asleep gives back the GPU memory its engine still keeps (its "
+        "CUDA context and graphs: 1.5-2.4 GiB for an 8B model): the NVIDIA driver's process "
+        "checkpoint (driver 550 or newer) moves it to host RAM after the sleep, and back "
+        "before the wake. The planner then leaves no GPU memory for models asleep (3 GiB "
+        "each otherwise), so the model on the GPU gets that much more, and counts it in "
+        "host RAM instead; each switch takes longer by the checkpoint and the restore "
+        "(docs/several-models.md).",
+    )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
         description="A model's turn on the GPU, in seconds: once used, it stays this long "

@@ -19,8 +19,15 @@ from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, GpuFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.box_gpus import gpu_host, place_models, plan_model, split_engines
-from vllm_offload.plan.box_groups import host_copy, resolve_groups
-from vllm_offload.plan.box_host import Away, Idle, holds, holds_serving, host_view, tier_shares
+from vllm_offload.plan.box_groups import deep_sleep, host_copy, resolve_groups
+from vllm_offload.plan.box_host import (
+    ASLEEP_GPU_BYTES,
+    Away,
+    Idle,
+    holds_serving,
+    host_view,
+    tier_shares,
+)
 from vllm_offload.plan.box_start import fixed_pool_shares, start_batches
 from vllm_offload.plan.records import BoxInputs, Notes, Plan
 
@@ -33,6 +40,7 @@ class ModelPlan:
     plan: Plan
     idle: Idle
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
+    away_gpu_bytes: int  # GPU memory it keeps while away (asleep, not checkpointed)
     serving_ram_bytes: int  # host RAM it holds on the GPU (with its sleep copy, if kept)
     gpus: tuple[int, ...] = ()  # the GPU indexes its engine runs on (plan.placement)
     resident_beside: int = 1  # models of its GPUs' group on them at once ('auto' resolved)
@@ -47,6 +55,7 @@ class BoxPlan:
     min_resident_s: float  # a model's turn ('auto' resolved)
     keeps_copy: bool  # a model on the GPU keeps its sleep copy (residency.host_copy)
     notes: Notes
+    deep_sleep: bool = False  # a model asleep is checkpointed off the GPU (residency.deep_sleep)
     cards: tuple[GpuFacts, ...] = ()  # the box's GPUs where it has several (plan.placement)
     # The models start-up brings in and puts to sleep once, in batches that start side by
     # side (plan.box_start), the default last.
@@ -83,7 +92,9 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     # else max_resident of them (counted as all, which only errs on the safe side).
     together = sets.idle == "sleep" or len(groups) > 1 or max(sets.resident.values()) > 1
     idle_of = {n: i for n, i in sets.idle_of.items() if i != sets.idle}
-    away = Away(idle=sets.idle, level=level, together=together, idle_of=idle_of)
+    deep, step = deep_sleep(config, sets.idle, host)
+    notes += step
+    away = Away(idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep)
     keeps, step = host_copy(config, sets.idle)
     notes += step
     tiers, step = tier_shares(alone, shares, host, away)
@@ -99,7 +110,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             )
         seen = host_view(hosts[name], name, alone, tiers, away)
         plan = plan_model(inputs, i, name, engine, seen)
-        held = holds(plan, idle, level) + plan.cpu_tier.bytes if idle == "sleep" else 0
+        held = away.held(plan, name) + plan.cpu_tier.bytes if idle == "sleep" else 0
+        kept = idle == "sleep" and plan.platform == "cuda" and not deep
         planned[name] = ModelPlan(
             name=name,
             config=engine,
@@ -107,6 +119,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             plan=plan,
             idle=idle,
             away_ram_bytes=held,
+            away_gpu_bytes=ASLEEP_GPU_BYTES if kept else 0,
             serving_ram_bytes=holds_serving(plan, idle, level, keeps) + plan.cpu_tier.bytes,
             gpus=placement.gpus[name],
             resident_beside=sets.resident[name],
@@ -126,6 +139,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
         min_resident_s=sets.turn_s,
         keeps_copy=keeps,
         notes=notes,
+        deep_sleep=deep,
         cards=host.gpus if len(host.gpus) > 1 else (),
     )
 

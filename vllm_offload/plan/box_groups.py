@@ -2,7 +2,8 @@
 its models stay on them at once (``max_resident``, 'auto': ``plan.together``), each model's
 GPU share less what the models asleep beside it keep, what a model away is (asleep or
 stopped: ``residency.idle``), whether a model on the GPU keeps its sleep copy, and the
-turn a model gets (``residency.min_resident_s``)."""
+turn a model gets (``residency.min_resident_s``), and whether a model asleep is
+checkpointed off the GPU (``residency.deep_sleep``)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.hardware import HostFacts
 from vllm_offload.plan.box_gpus import group_inputs, plan_model
-from vllm_offload.plan.box_host import Idle
+from vllm_offload.plan.box_host import ASLEEP_GPU_BYTES, Idle
 from vllm_offload.plan.placement import Placement
 from vllm_offload.plan.records import BoxInputs, Notes, Platform, gib
 from vllm_offload.plan.together import resident_models
 
-# GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
-# 1.53 GiB at levels 1 and 2 in the final runs, 2.48 GiB in the first try
-# (benchmarks/results/h200-vllm-0.32.0/switch/); planned with room to spare.
-ASLEEP_GPU_BYTES = 3 * GIB
 # The model on the GPU must keep at least this share of it.
 MIN_GPU_SHARE = 0.05
 # residency.min_resident_s 'auto', by what a switch costs (H200, vLLM 0.33.0, two 8B
@@ -73,6 +70,36 @@ def host_copy(config: DeploymentConfig, idle: Idle) -> tuple[bool, Notes]:
     )
 
 
+def asleep_gpu_bytes(config: DeploymentConfig) -> int:
+    """GPU memory a model asleep keeps: none where the driver checkpoints it."""
+    return 0 if config.residency.deep_sleep else ASLEEP_GPU_BYTES
+
+
+def deep_sleep(config: DeploymentConfig, idle: Idle, host: HostFacts) -> tuple[bool, Notes]:
+    """Whether models asleep are checkpointed off the GPU (residency.deep_sleep): where
+    they sleep, and this host's driver can (a declared GPU's host is taken to)."""
+    if not config.residency.deep_sleep:
+        return False, Notes()
+    if idle != "sleep":
+        why = "residency.deep_sleep: no model sleeps here (they stop when away): nothing to move"
+        return False, Notes(decisions=(why,))
+    if host.gpu_source == "nvml" and not host.process_checkpoint:
+        return False, Notes.problem(
+            "residency.deep_sleep",
+            "this NVIDIA driver cannot checkpoint a process (its libcuda has no "
+            "cuCheckpointProcessLock: driver 550 or newer, on Linux): update the driver, or "
+            "set residency.deep_sleep = false",
+        )
+    return True, Notes(
+        decisions=(
+            "residency.deep_sleep: a model asleep gives its engine's GPU memory (CUDA context "
+            f"and graphs) to host RAM through the driver's process checkpoint: no GPU memory "
+            f"is left for it, its host RAM counts {gib(ASLEEP_GPU_BYTES)} more, and a switch "
+            "takes longer by the checkpoint and the restore (docs/several-models.md)",
+        )
+    )
+
+
 def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float, Notes]:
     """residency.min_resident_s, 'auto' resolved by what a switch costs (H200 figures);
     said where models switch (not where every one stays on the GPU)."""
@@ -109,27 +136,28 @@ def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float,
 
 
 def _gpu_share(
-    name: str, config: DeploymentConfig, host: HostFacts, sleepers: int
+    name: str, config: DeploymentConfig, host: HostFacts, sleepers: int, asleep: int
 ) -> tuple[DeploymentConfig, Notes]:
-    """``config`` with the GPU share the sleepers leave it: vLLM's memory_utilization is a
-    share of the whole GPU, and its start checks that much is free."""
-    if not sleepers or not host.gpus:
+    """``config`` with the GPU share the sleepers (``asleep`` bytes each) leave it: vLLM's
+    memory_utilization is a share of the whole GPU, and its start checks that much is
+    free."""
+    if not sleepers or not asleep or not host.gpus:
         return config, Notes()
     total = min(g.total_bytes for g in host.gpus)
     asked = config.gpu.memory_utilization
-    share = asked - sleepers * ASLEEP_GPU_BYTES / total
+    share = asked - sleepers * asleep / total
     if share < MIN_GPU_SHARE:
         return config, Notes.problem(
             "residency.idle",
             f"'{name}' would keep {share:.0%} of the GPU beside "
-            f"{sleepers} models asleep ({gib(ASLEEP_GPU_BYTES)} each): fewer models, "
-            "residency.idle = 'stop', or a larger GPU",
+            f"{sleepers} models asleep ({gib(asleep)} each): fewer models, "
+            "residency.deep_sleep = true, residency.idle = 'stop', or a larger GPU",
         )
     gpu = config.gpu.model_copy(update={"memory_utilization": round(share, 4)})
     return config.model_copy(update={"gpu": gpu}), Notes(
         decisions=(
             f"'{name}': gpu.memory_utilization {asked:g} -> {share:.4f}: leaves "
-            f"{gib(sleepers * ASLEEP_GPU_BYTES)} for the {sleepers} other model(s) asleep",
+            f"{gib(sleepers * asleep)} for the {sleepers} other model(s) asleep",
         )
     )
 
@@ -187,10 +215,13 @@ def resolve_groups(inputs: BoxInputs, placement: Placement) -> GroupSets:
             sleepers = dict.fromkeys(group, 0)
         if not any(name in shares for name in group):  # as configured: less the sleepers'
             for name in group:
-                shares[name], step = _gpu_share(name, engines[name], view.host, sleepers[name])
+                shares[name], step = _gpu_share(
+                    name, engines[name], view.host, sleepers[name], asleep_gpu_bytes(config)
+                )
                 notes += step
         group_shares = {n: shares[n] for n in group}
-        notes += _resident_shares_fit(count, group_shares, view.host, max(sleepers.values()))
+        asleep = max(sleepers.values()) * asleep_gpu_bytes(config)
+        notes += _resident_shares_fit(count, group_shares, view.host, asleep)
     return GroupSets(
         resident=resident, shares=shares, idle_of=idle_of, idle=idle, turn_s=turn, notes=notes
     )
@@ -217,7 +248,7 @@ def _resident(inputs: BoxInputs) -> tuple[int, dict[str, DeploymentConfig], Note
         name: plan_model(inputs, i, name, engine, inputs.host)
         for i, (name, engine) in enumerate(engines.items())
     }
-    count, shares, notes = resident_models(inputs, alone, ASLEEP_GPU_BYTES)
+    count, shares, notes = resident_models(inputs, alone, asleep_gpu_bytes(inputs.config))
     configs = {}
     for name, share in shares.items():
         gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})
@@ -226,21 +257,22 @@ def _resident(inputs: BoxInputs) -> tuple[int, dict[str, DeploymentConfig], Note
 
 
 def _resident_shares_fit(
-    resident: int, shares: Mapping[str, DeploymentConfig], host: HostFacts, sleepers: int
+    resident: int, shares: Mapping[str, DeploymentConfig], host: HostFacts, asleep: int
 ) -> Notes:
-    """Above one resident model, the largest shares of the GPU must fit it together."""
+    """Above one resident model, the largest shares of the GPU must fit it together, beside
+    ``asleep`` bytes of the models asleep."""
     if resident == 1 or len(shares) == 1 or not host.gpus:
         return Notes()
     total = min(g.total_bytes for g in host.gpus)
     largest = sorted((c.gpu.memory_utilization for c in shares.values()), reverse=True)
-    together = sum(largest[:resident]) + sleepers * ASLEEP_GPU_BYTES / total
+    together = sum(largest[:resident]) + asleep / total
     if together <= 1.0:
         return Notes()
     return Notes.problem(
         "residency.max_resident",
         f"{resident} models on the GPU at once "
         f"take {together:.0%} of it (their gpu.memory_utilization shares"
-        + (f" and {sleepers} asleep" if sleepers else "")
+        + (f" and {gib(asleep)} for models asleep" if asleep else "")
         + "): give each "
         "model its share ([models.gpu] memory_utilization), or lower "
         "max_resident",

@@ -11,6 +11,9 @@ A model on the GPU keeps that copy of its weights too, unless residency.host_cop
 engine holds, not the peak: at every switch the model put away copies its weights out
 while the one coming in still holds its copy, so every engine's copy is held at once then,
 and the set is planned for that moment either way.
+
+In deep sleep (residency.deep_sleep) a model asleep holds what its engine kept on the GPU
+in host RAM too: the driver's checkpoint of its CUDA context and graphs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ Idle = Literal["sleep", "stop"]
 # 2.88 GiB for a 1B shape's ~2.30 GiB on an H100 (issue #43): ~0.58-0.59 GiB of pools
 # either way. A factor of the weights (1.1x before) under-counted the small model.
 SLEEP_POOLS_BYTES = int(0.6 * GIB)
+# GPU memory an engine asleep still holds (H200, Llama-3-8B shape, CUDA graphs, issue #31):
+# 1.53 GiB at levels 1 and 2 in the final runs, 2.48 GiB in the first try
+# (benchmarks/results/h200-vllm-0.32.0/switch/); planned with room to spare. In deep sleep
+# the driver's checkpoint moves it to host RAM.
+ASLEEP_GPU_BYTES = 3 * GIB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,19 +51,26 @@ class Away:
     level: int
     together: bool
     idle_of: Mapping[str, Idle] = field(default_factory=dict)  # where not ``idle``
+    deep: bool = False  # asleep, checkpointed (residency.deep_sleep)
 
     def of(self, name: str) -> Idle:
         return self.idle_of.get(name, self.idle)
 
+    def held(self, plan: Plan, name: str) -> int:
+        """Host RAM the engine of ``name`` holds while alive and away."""
+        return holds(plan, self.of(name), self.level, self.deep)
 
-def holds(plan: Plan, idle: Idle, level: int) -> int:
-    """Host RAM one engine holds while alive and away (besides its CPU tier)."""
+
+def holds(plan: Plan, idle: Idle, level: int, deep: bool = False) -> int:
+    """Host RAM one engine holds while alive and away (besides its CPU tier); ``deep``:
+    asleep, checkpointed."""
     tp = plan.tensor_parallel_size
     engine = server_ram_bytes(tp, plan.platform)
     engine += (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
     if plan.platform == "cpu":  # the CPU backend's weights and KV pool are in host RAM
         engine += (plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes) * tp
     backup = (plan.weights.gpu_bytes + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
+    backup += ASLEEP_GPU_BYTES * tp if deep else 0
     return engine + (backup if idle == "sleep" else 0)
 
 
@@ -76,7 +91,6 @@ def tier_shares(
     each planned alone)."""
     if not away.together:
         return {}, Notes()  # one engine at a time: each planned alone, as it runs
-    level = away.level
     reserve = ram_reserve(host, next(iter(alone.values())).platform)
     auto = [
         n
@@ -85,11 +99,11 @@ def tier_shares(
         and c.kv_offload.num_cpu_blocks is None
         and alone[n].kv.backend != "none"
     ]
-    fixed = sum(holds(p, away.of(n), level) for n, p in alone.items())
+    fixed = sum(away.held(p, n) for n, p in alone.items())
     configured = sum(p.cpu_tier.bytes for n, p in alone.items() if n not in auto)
     ram = host.ram_available_bytes - reserve - fixed - configured
     shm = host.shm_free_bytes - SERVER_SHM_BYTES * len(alone) - configured
-    held = ", ".join(f"'{n}' {gib(holds(p, away.of(n), level))}" for n, p in alone.items())
+    held = ", ".join(f"'{n}' {gib(away.held(p, n))}" for n, p in alone.items())
     if ram < 0 or shm < 0:
         short = f"{gib(-ram)} of host RAM" if ram < 0 else f"{gib(-shm)} of /dev/shm"
         return {}, Notes.problem(
@@ -123,13 +137,10 @@ def host_view(
     processes, weights, tiers) and what its own sleep keeps."""
     if not away.together:
         return host
-    level = away.level
     own = alone[name]
-    backup = holds(own, away.of(name), level) - holds(own, "stop", level)
+    backup = away.held(own, name) - holds(own, "stop", away.level)
     others = [
-        (holds(p, away.of(n), level), tiers.get(n, p.cpu_tier.bytes))
-        for n, p in alone.items()
-        if n != name
+        (away.held(p, n), tiers.get(n, p.cpu_tier.bytes)) for n, p in alone.items() if n != name
     ]
     ram = sum(h + t for h, t in others) + backup
     shm = sum(SERVER_SHM_BYTES + t for _h, t in others)

@@ -14,6 +14,8 @@ def render_box(box_plan: BoxPlan) -> str:
     parts = []
     for name, model in box_plan.models.items():
         away = "asleep when away" if model.idle == "sleep" else "stopped when away"
+        if model.idle == "sleep" and box_plan.deep_sleep:
+            away += " (checkpointed off the GPU)"
         if model.away_ram_bytes:
             away += f", holding {gib(model.away_ram_bytes)} of host RAM"
         default = ", the default" if name == box_plan.default else ""
@@ -45,6 +47,7 @@ def box_json(box_plan: BoxPlan) -> dict[str, object]:
             **plan_json(m.plan),
             "idle": m.idle,
             "away_ram_bytes": m.away_ram_bytes,
+            "away_gpu_bytes": m.away_gpu_bytes,
             "serving_ram_bytes": m.serving_ram_bytes,
             "gpus": list(m.gpus),
             "resident_beside": m.resident_beside,
@@ -57,6 +60,7 @@ def box_json(box_plan: BoxPlan) -> dict[str, object]:
         "max_resident": box_plan.max_resident,
         "min_resident_s": box_plan.min_resident_s,
         "host_copy": "keep" if box_plan.keeps_copy else "release",
+        "deep_sleep": box_plan.deep_sleep,
         "gpus": [
             {"index": c.index, "name": c.name, "total_bytes": c.total_bytes} for c in box_plan.cards
         ],
