@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,10 +109,10 @@ def test_an_engine_is_checkpointed_after_its_sleep_and_restored_before_its_wake(
         await process.start()
         process.ours_sleep = True
         try:
-            assert await process.put_away() == "slept and checkpointed"
+            assert re.fullmatch(r"slept and checkpointed \(in [\d.]+ s\)", await process.put_away())
             assert process.pid is not None and process_state(process.pid) == "T"
             assert process.checkpointed == (process.pid,)
-            assert await process.bring_in() == "restored and woke"
+            assert re.fullmatch(r"restored \(in [\d.]+ s\) and woke", await process.bring_in())
             assert process.checkpointed == () and await answers(process)
             assert checkpoints.calls == [("checkpoint", process.pid), ("restore", process.pid)]
             assert asked(tmp_path) == ["/sleep", "/wake_up"]

@@ -105,13 +105,15 @@ class EngineProcess:
     async def bring_in(self) -> str:
         restored = ""
         if self.checkpointed and self.checkpoints is not None and self.alive:
+            began = time.monotonic()
             try:
                 await asyncio.to_thread(restore_all, self.checkpoints, self.checkpointed)
             except CheckpointError as exc:
                 await self.stop()  # at once: its CUDA calls may be held still
                 await self.start()
                 return f"started (its restore failed: {exc})"
-            self.checkpointed, restored = (), "restored and "
+            took = time.monotonic() - began
+            self.checkpointed, restored = (), f"restored (in {took:.2f} s) and "
         if self.alive and self.state == "asleep":
             if self.spec.sleep_level == 2:  # its weights were dropped: read them again
                 await self._call("POST", "/wake_up?tags=weights", "wake")
@@ -135,6 +137,7 @@ class EngineProcess:
             self.state = "asleep"
             if self.checkpoints is None:
                 return "slept"
+            began = time.monotonic()
             try:
                 self.checkpointed = await asyncio.to_thread(
                     checkpoint_all, self.checkpoints, self._session()
@@ -142,7 +145,7 @@ class EngineProcess:
             except CheckpointError as exc:
                 await self.stop()
                 return f"stopped (its checkpoint failed: {exc})"
-            return "slept and checkpointed"
+            return f"slept and checkpointed (in {time.monotonic() - began:.2f} s)"
         await self.stop()
         return "stopped"
 
