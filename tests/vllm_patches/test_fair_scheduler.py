@@ -549,6 +549,29 @@ def test_a_long_chunk_is_sized_from_the_last_ones_rate() -> None:
     assert share.long_chunk_tokens(16) == spill_share.MIN_LONG_CHUNK_TOKENS
 
 
+def test_a_first_chunk_is_sized_from_the_last_first_chunks_rate() -> None:
+    """Issue #54, fair10 and fair11: after a 60,000-token prompt (its last chunks slow, a
+    long context), the next long request's first chunk was 1,024 tokens, ~40 ms with no
+    context; the share spaced the next only ~0.4 s after it, and chats saw both."""
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.1, clock=clock)
+    share.started("late", spilled=True, long_tokens=1024)
+    clock.now = 0.25  # 4,096 tokens a second deep in a long context
+    share.ended("late")
+    assert share.long_chunk_tokens(16) == spill_share.MIN_LONG_CHUNK_TOKENS
+    assert share.long_chunk_tokens(16, first=True) == 0  # none measured: vLLM's own chunk
+    share.started("first", spilled=True, long_tokens=8192, first_chunk=True)
+    clock.now = 0.5  # 32,768 tokens a second with no context
+    share.ended("first")
+    assert share.long_chunk_tokens(16, first=True) == 8192 == 32768 * spill_share.LONG_STEP_S
+    assert share.long_chunk_tokens(16) == 8192  # the same request's next: from its first
+    share.started("later", spilled=True, long_tokens=1024)
+    clock.now = 0.75
+    share.ended("later")
+    assert share.long_chunk_tokens(16) == 1024
+    assert share.long_chunk_tokens(16, first=True) == 8192
+
+
 def test_a_spilled_step_taken_alone_holds_none_back() -> None:
     """Issue #54: the spilled request decoding alone, then a chat arrives: its next step
     may run at once (the one before kept no one waiting), and the one after it waits its
@@ -684,6 +707,30 @@ def test_with_a_batch_queue_long_chunks_beside_chats_take_about_the_long_step(
     assert beside[0][1] > 0.3, beside
     assert all(took <= spill_share.LONG_STEP_S + GPU_STEP_S for _, took in beside[1:]), beside
     assert any(tokens > 2000 for tokens, _ in beside[1:]), beside
+
+
+def test_a_new_long_requests_first_chunk_is_not_sized_by_the_one_before(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """The rate a long request ended on (its context long, its chunks slow) does not size
+    the next one's first chunk: vLLM's own chunk before any first chunk was measured."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
+    engine = BatchQueue(scheduler, long_token_s=1e-4)
+    for n in range(2):
+        add(scheduler, f"chat{n}", 160, 600)
+    engine.schedule()
+    scheduler.spill_share._long_tokens_per_s = 4096.0  # the last one's: 1,024-token chunks
+    long = add(scheduler, "long", 6400, 4)
+    first = 0
+    for _ in range(50):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        ran, _, _ = engine.schedule()
+        if "long" in ran:
+            first = engine.queue[-1][0].num_scheduled_tokens["long"]
+            break
+    assert first > 2 * spill_share.MIN_LONG_CHUNK_TOKENS, first
+    assert long.num_computed_tokens == first
 
 
 def test_a_long_chunk_beside_chats_is_launched_after_the_step_in_flight_is_handed_over(

@@ -146,7 +146,8 @@ class FairScheduler(Scheduler):
             self.emptied_for_long = False  # a long request that prefills later: its own
         elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
-        with self._prefill_chunks_of(self._long_chunk(len(prefilling))):
+        first_chunks = bool(prefilling) and all(r.num_computed_tokens == 0 for r in prefilling)
+        with self._prefill_chunks_of(self._long_chunk(len(prefilling), first_chunks)):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
         long_tokens = sum(n for i, n in scheduled.items() if self._is_long_id(i))
@@ -160,6 +161,7 @@ class FairScheduler(Scheduler):
                 shared=shared,
                 beside=others,
                 long_tokens=long_tokens,
+                first_chunk=first_chunks and long_tokens > 0,
             )
         return output
 
@@ -200,12 +202,13 @@ class FairScheduler(Scheduler):
             prefilling += [r for r in ready if self.is_long(r)]
         return prefilling
 
-    def _long_chunk(self, prefills: int) -> int:
+    def _long_chunk(self, prefills: int, first: bool) -> int:
         """The tokens each long prompt may take in a step where ``prefills`` long
-        requests may prefill beside others (0: as configured)."""
+        requests may prefill beside others (``first``: each its first chunk; 0: as
+        configured)."""
         if not prefills or not self.scheduler_config.enable_chunked_prefill:
             return 0  # vLLM would chunk prompts it may not split
-        return self.spill_share.long_chunk_tokens(self.block_size, prefills)
+        return self.spill_share.long_chunk_tokens(self.block_size, prefills, first)
 
     def _hands_over_first(self) -> bool:
         """Whether this step is left empty, so that vLLM hands the step in flight over

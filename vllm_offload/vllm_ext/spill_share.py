@@ -35,7 +35,11 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   ``MIN_LONG_CHUNK_TOKENS`` (vLLM's ``long_prefill_token_threshold`` for a step in which
   it may prefill, every prompt's chunk in it), so that the one long gap a chat sees
   stays short as the context grows (issue #54, fair8: 8,192-token chunks took 0.6 s at
-  60,000 tokens of context and chats beside them 1.9x their time per token); with async
+  60,000 tokens of context and chats beside them 1.9x their time per token). A new long
+  request's first chunk has no context: it is sized from the last first chunk's rate
+  (vLLM's own chunk before one was measured), not from the rate the request before it
+  ended on (fair10, fair11: a 1,024-token first chunk after a 60,000-token prompt took
+  ~40 ms, the share spaced the next only ~0.4 s after it, and chats saw both); with async
   scheduling it is launched with no other step ``in_flight`` (fair_scheduler leaves one
   step empty first).
 
@@ -112,6 +116,7 @@ class Step:
     shared: bool
     beside: bool
     long_tokens: int
+    first_chunk: bool  # its long tokens are new long requests' first
 
 
 @dataclass(kw_only=True)
@@ -148,6 +153,7 @@ class SpillShare:
     _last_end: float = field(default=-math.inf, init=False)
     _not_before: float = field(default=-math.inf, init=False)
     _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
+    _first_tokens_per_s: float | None = field(default=None, init=False)  # of first chunks
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
     spilled_shared_low_s: float = field(default=0.0, init=False)
@@ -163,13 +169,15 @@ class SpillShare:
         """Whether a step is scheduled and its output not yet seen."""
         return bool(self._running)
 
-    def long_chunk_tokens(self, block_tokens: int, requests: int = 1) -> int:
+    def long_chunk_tokens(self, block_tokens: int, requests: int = 1, first: bool = False) -> int:
         """The tokens of each of ``requests`` long requests' next prefill chunks beside
-        others: whole blocks, at least ``MIN_LONG_CHUNK_TOKENS`` together; 0 (no bound)
-        before any chunk was measured."""
-        if self._long_tokens_per_s is None:
+        others (``first``: their first chunks): whole blocks, at least
+        ``MIN_LONG_CHUNK_TOKENS`` together; 0 (no bound) before any such chunk was
+        measured."""
+        rate = self._first_tokens_per_s if first else self._long_tokens_per_s
+        if rate is None:
             return 0
-        tokens = max(MIN_LONG_CHUNK_TOKENS, LONG_STEP_S * self._long_tokens_per_s)
+        tokens = max(MIN_LONG_CHUNK_TOKENS, LONG_STEP_S * rate)
         return max(1, int(tokens / max(1, requests)) // block_tokens) * block_tokens
 
     def started(
@@ -180,11 +188,13 @@ class SpillShare:
         shared: bool = False,
         beside: bool = False,
         long_tokens: int = 0,
+        first_chunk: bool = False,
     ) -> None:
         """A step scheduled; ``shared``: a spilled request was running beside others;
         ``beside``: others were running or waiting (a long request's first chunk, which
         spills as it is scheduled, has them beside it before the share is in force);
-        ``long_tokens``: the long requests' tokens in it."""
+        ``long_tokens``: the long requests' tokens in it; ``first_chunk``: they are
+        first chunks."""
         step = Step(
             key=key,
             at=self.clock(),
@@ -192,6 +202,7 @@ class SpillShare:
             shared=shared,
             beside=beside,
             long_tokens=long_tokens,
+            first_chunk=first_chunk,
         )
         self._running.append(step)
 
@@ -211,3 +222,5 @@ class SpillShare:
             self._not_before = now + own * (1 - self.share) / self.share
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
             self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
+            if step.first_chunk:
+                self._first_tokens_per_s = self._long_tokens_per_s
