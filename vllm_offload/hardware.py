@@ -141,7 +141,7 @@ def visible_indexes(value: str | None) -> set[int] | None:
     return {int(p) for p in parts}
 
 
-# The NVIDIA driver's library, and the call of its process checkpoint (driver 550 or newer,
+# The NVIDIA driver's library, and the call of its process checkpoint (driver 570 or newer,
 # Linux) that deep sleep needs (box.process_checkpoint).
 LIBCUDA = "libcuda.so.1"
 CHECKPOINT_CALL = "cuCheckpointProcessLock"

@@ -44,9 +44,9 @@ class StoppingCheckpoint:
 
     def checkpoint(self, pid: int) -> None:
         self.calls.append(("checkpoint", pid))
-        if self.fail == "checkpoint":
+        os.kill(pid, signal.SIGSTOP)  # locked
+        if self.fail == "checkpoint":  # and left so: the driver's failed state
             raise CheckpointError("cuCheckpointProcessCheckpoint answered CUresult 2")
-        os.kill(pid, signal.SIGSTOP)
 
     def restore(self, pid: int) -> None:
         self.calls.append(("restore", pid))
@@ -112,7 +112,8 @@ def test_an_engine_is_checkpointed_after_its_sleep_and_restored_before_its_wake(
             assert re.fullmatch(r"slept and checkpointed \(in [\d.]+ s\)", await process.put_away())
             assert process.pid is not None and process_state(process.pid) == "T"
             assert process.checkpointed == (process.pid,)
-            assert re.fullmatch(r"restored \(in [\d.]+ s\) and woke", await process.bring_in())
+            how = await asyncio.wait_for(process.bring_in(), 120)  # the wake after the restore
+            assert re.fullmatch(r"restored \(in [\d.]+ s\) and woke", how)
             assert process.checkpointed == () and await answers(process)
             assert checkpoints.calls == [("checkpoint", process.pid), ("restore", process.pid)]
             assert asked(tmp_path) == ["/sleep", "/wake_up"]
@@ -122,14 +123,18 @@ def test_an_engine_is_checkpointed_after_its_sleep_and_restored_before_its_wake(
     asyncio.run(run())
 
 
-def test_a_failed_checkpoint_stops_the_engine(tmp_path: Path) -> None:
+def test_a_failed_checkpoint_kills_the_engine_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Locked, or in the driver's failed state, its shutdown would wait: no SIGTERM grace."""
+    monkeypatch.setattr(engines_module, "STOP_GRACE_S", 3600.0)
     process = engine(tmp_path, StoppingCheckpoint(fail="checkpoint"))
 
     async def run() -> None:
         await process.start()
         process.ours_sleep = True
         try:
-            how = await process.put_away()
+            how = await asyncio.wait_for(process.put_away(), 120)
             assert how.startswith("stopped (its checkpoint failed: cuCheckpointProcess")
             assert process.state == "stopped" and not process.alive
         finally:
@@ -179,3 +184,81 @@ def test_without_the_driver_the_checkpoint_says_so(monkeypatch: pytest.MonkeyPat
     assert not hardware.driver_checkpoints()
     with pytest.raises(CheckpointError, match="process checkpoint: libcuda-absent"):
         DriverCheckpoint()
+
+
+class FakeLibcuda:
+    """libcuda's checkpoint calls as ctypes finds them: each records its name and
+    arguments and answers ``results[name]`` (0 by default); a process's state moves as
+    the driver's would."""
+
+    def __init__(self, results: dict[str, int] | None = None, stuck: bool = False) -> None:
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+        self.state = 0  # running
+        moves = {
+            "cuCheckpointProcessLock": 1,
+            "cuCheckpointProcessCheckpoint": 1 if stuck else 2,
+            "cuCheckpointProcessRestore": 1,
+            "cuCheckpointProcessUnlock": 0,
+        }
+
+        def call(name: str) -> object:
+            def function(*args: object) -> int:
+                self.calls.append((name, args))
+                result = (results or {}).get(name, 0)
+                if name == "cuCheckpointProcessGetState":
+                    args[1]._obj.value = self.state  # type: ignore[attr-defined]
+                elif not result and name in moves:
+                    self.state = moves[name]
+                return result
+
+            return function
+
+        for name in ("cuInit", "cuCheckpointProcessGetState", *moves):
+            setattr(self, name, call(name))
+
+
+def driver_over(monkeypatch: pytest.MonkeyPatch, lib: FakeLibcuda) -> DriverCheckpoint:
+    import ctypes
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: lib)
+    return DriverCheckpoint()
+
+
+def test_the_driver_is_called_as_cuda_h_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    from vllm_offload.box.process_checkpoint import LOCK_TIMEOUT_MS, _LockArgs
+
+    lib = FakeLibcuda()
+    driver = driver_over(monkeypatch, lib)
+    driver.checkpoint(4242)
+    driver.restore(4242)
+    names = [name for name, _ in lib.calls if name != "cuCheckpointProcessGetState"]
+    assert names == [
+        "cuInit",
+        "cuCheckpointProcessLock",
+        "cuCheckpointProcessCheckpoint",
+        "cuCheckpointProcessRestore",
+        "cuCheckpointProcessUnlock",
+    ]
+    lock = next(args for name, args in lib.calls if name == "cuCheckpointProcessLock")
+    assert lock[0] == 4242 and ctypes.sizeof(_LockArgs) == 64  # CUcheckpointLockArgs
+    assert lock[1]._obj.timeoutMs == LOCK_TIMEOUT_MS  # type: ignore[attr-defined]
+    assert lib.state == 0  # running again
+
+
+def test_a_process_the_driver_left_on_the_gpu_is_a_failed_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lib = FakeLibcuda(stuck=True)
+    with pytest.raises(CheckpointError, match="process 7 is locked, not checkpointed"):
+        driver_over(monkeypatch, lib).checkpoint(7)
+    assert lib.calls[-1][0] == "cuCheckpointProcessUnlock" and lib.state == 0
+
+
+def test_the_checkpoints_error_is_said_when_the_unlock_fails_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lib = FakeLibcuda({"cuCheckpointProcessCheckpoint": 2, "cuCheckpointProcessUnlock": 999})
+    with pytest.raises(CheckpointError, match="cuCheckpointProcessCheckpoint answered CUresult 2"):
+        driver_over(monkeypatch, lib).checkpoint(7)

@@ -104,23 +104,20 @@ class EngineProcess:
 
     async def bring_in(self) -> str:
         restored = ""
-        if self.checkpointed and self.checkpoints is not None and self.alive:
-            began = time.monotonic()
+        if self.checkpointed and self.alive:
             try:
-                await asyncio.to_thread(restore_all, self.checkpoints, self.checkpointed)
+                restored = f"restored (in {await self._restore():.2f} s) and "
             except CheckpointError as exc:
                 await self.stop()  # at once: its CUDA calls may be held still
                 await self.start()
                 return f"started (its restore failed: {exc})"
-            took = time.monotonic() - began
-            self.checkpointed, restored = (), f"restored (in {took:.2f} s) and "
         if self.alive and self.state == "asleep":
-            if self.spec.sleep_level == 2:  # its weights were dropped: read them again
-                await self._call("POST", "/wake_up?tags=weights", "wake")
-                await self._call("POST", "/collective_rpc", "reload", {"method": "reload_weights"})
-                await self._call("POST", "/wake_up?tags=kv_cache", "wake")
-            else:
-                await self._call("POST", "/wake_up", "wake")
+            try:
+                await self._wake()
+            except EngineError:
+                if self.checkpoints is not None:  # awake, holding what the plan gave none
+                    await self.stop()
+                raise
             self.state = "serving"
             return restored + "woke"
         await self.start()
@@ -135,25 +132,47 @@ class EngineProcess:
             level = self.spec.sleep_level
             await self._call("POST", f"/sleep?level={level}&mode=abort", "sleep")
             self.state = "asleep"
-            if self.checkpoints is None:
-                return "slept"
-            began = time.monotonic()
-            try:
-                self.checkpointed = await asyncio.to_thread(
-                    checkpoint_all, self.checkpoints, self._session()
-                )
-            except CheckpointError as exc:
-                await self.stop()
-                return f"stopped (its checkpoint failed: {exc})"
-            return f"slept and checkpointed (in {time.monotonic() - began:.2f} s)"
+            return "slept" if self.checkpoints is None else await self._checkpoint()
         await self.stop()
         return "stopped"
+
+    async def _wake(self) -> None:
+        if self.spec.sleep_level == 2:  # its weights were dropped: read them again
+            await self._call("POST", "/wake_up?tags=weights", "wake")
+            await self._call("POST", "/collective_rpc", "reload", {"method": "reload_weights"})
+            await self._call("POST", "/wake_up?tags=kv_cache", "wake")
+        else:
+            await self._call("POST", "/wake_up", "wake")
+
+    async def _checkpoint(self) -> str:
+        """Its CUDA processes checkpointed (deep sleep); a failure stops it at once (it may
+        be locked, or in the driver's failed state)."""
+        assert self.checkpoints is not None and self._proc is not None
+        proc, began = self._proc, time.monotonic()
+        try:  # the leader of its own session (start_new_session)
+            pids = await asyncio.to_thread(checkpoint_all, self.checkpoints, proc.pid)
+        except CheckpointError as exc:
+            await self.stop(at_once=True)
+            return f"stopped (its checkpoint failed: {exc})"
+        if proc is not self._proc or self._stopping:  # stopped meanwhile: none to restore
+            return "stopped"
+        self.checkpointed = pids
+        return f"slept and checkpointed (in {time.monotonic() - began:.2f} s)"
+
+    async def _restore(self) -> float:
+        """Its checkpointed processes brought back; the seconds it took."""
+        assert self.checkpoints is not None
+        began = time.monotonic()
+        await asyncio.to_thread(restore_all, self.checkpoints, self.checkpointed)
+        self.checkpointed = ()
+        return time.monotonic() - began
 
     async def start(self) -> None:
         if self.alive:
             await self.stop()
         self.spec.socket.unlink(missing_ok=True)
         self.state, self._stopping, self.ours_sleep = "starting", False, False
+        self.checkpointed = ()
         self._proc = await asyncio.create_subprocess_exec(
             *self.spec.command,
             env=self.spec.env,
@@ -182,17 +201,19 @@ class EngineProcess:
         self.state = "failed"
         raise EngineError(f"not healthy within {START_TIMEOUT_S:.0f} s: {self.last_error()}")
 
-    async def stop(self) -> None:
+    async def stop(self, at_once: bool = False) -> None:
         """SIGTERM (vLLM's own shutdown: its processes follow), SIGKILL to its whole process
         group after STARTING_GRACE_S while it starts, STOP_GRACE_S once it served; then
-        SIGKILL to what is left of the group (a child that outlived its parent)."""
+        SIGKILL to what is left of the group (a child that outlived its parent). At once
+        (no SIGTERM) where it is checkpointed: its shutdown would wait on the CUDA calls
+        the driver holds."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             self.state = "stopped"
             return
         grace = STARTING_GRACE_S if self.state == "starting" else STOP_GRACE_S
         self._stopping, self.state = True, "stopping"
-        if not self.checkpointed:  # a checkpointed engine's CUDA calls wait: kill it at once
+        if not (self.checkpointed or at_once):
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), grace)
@@ -214,10 +235,6 @@ class EngineProcess:
                 raise EngineError(f"{what} failed: {exc}") from None
         if response.status_code != 200:
             raise EngineError(f"{what} answered {response.status_code}: {response.text[:300]}")
-
-    def _session(self) -> int:
-        assert self._proc is not None  # put to sleep while alive
-        return self._proc.pid  # the leader of its own session (start_new_session)
 
     def last_error(self) -> str:
         errors = [line for line in self.tail if "Error" in line or "error" in line]

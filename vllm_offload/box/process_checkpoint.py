@@ -5,7 +5,7 @@ vLLM's sleep gives back the weights and the KV pool, but the engine's CUDA conte
 and its CUDA graphs' pools stay: 1.53-2.41 GiB for an 8B engine on an H200, of which no
 release inside the process gives back more than a little (torch alone keeps 1.15 GiB on an
 H100 after its graphs are deleted; docs/several-models.md). The driver's
-``cuCheckpointProcessLock / Checkpoint / Restore / Unlock`` (libcuda, NVIDIA driver 550 or
+``cuCheckpointProcessLock / Checkpoint / Restore / Unlock`` (libcuda, NVIDIA driver 570 or
 newer, Linux) act on another process: the lock waits for its GPU work to end and holds its
 CUDA calls, the checkpoint copies its device memory to host RAM and releases all of it,
 context included, and the restore brings it back to the same addresses (measured on an
@@ -19,6 +19,7 @@ state for.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Iterable
 from pathlib import Path
@@ -96,16 +97,26 @@ class DriverCheckpoint:
         return held
 
     def checkpoint(self, pid: int) -> None:
+        """Lock and checkpoint ``pid``; raises unless the driver then says it is
+        checkpointed (a process it left on the GPU would hold what the plan gave none)."""
+        self._expect(pid, "running")
         self._call("cuCheckpointProcessLock", pid, ctypes.byref(_LockArgs(LOCK_TIMEOUT_MS)))
         try:
             self._call("cuCheckpointProcessCheckpoint", pid, None)
+            self._expect(pid, "checkpointed")
         except CheckpointError:
-            self._call("cuCheckpointProcessUnlock", pid, None)
+            with contextlib.suppress(CheckpointError):  # the first error is the one to say
+                self._call("cuCheckpointProcessUnlock", pid, None)
             raise
 
     def restore(self, pid: int) -> None:
         self._call("cuCheckpointProcessRestore", pid, None)
         self._call("cuCheckpointProcessUnlock", pid, None)
+        self._expect(pid, "running")
+
+    def _expect(self, pid: int, state: str) -> None:
+        if (found := self.state(pid)) != state:
+            raise CheckpointError(f"process {pid} is {found}, not {state}")
 
 
 def session_processes(session: int, proc: Path = Path("/proc")) -> list[int]:

@@ -166,7 +166,7 @@ def process_checkpoints(box_plan: BoxPlan) -> ProcessCheckpoint | None:
     except CheckpointError as exc:
         raise Refused(
             "residency.deep_sleep",
-            f"{exc}: update the NVIDIA driver (550 or newer), or set residency.deep_sleep = false",
+            f"{exc}: update the NVIDIA driver (570 or newer), or set residency.deep_sleep = false",
         ) from None
 
 

@@ -105,11 +105,13 @@ class ResidencySection(_Section):
         False,
         description="A model asleep gives back the GPU memory its engine still keeps (its "
         "CUDA context and graphs: 1.5-2.4 GiB for an 8B model): the NVIDIA driver's process "
-        "checkpoint (driver 550 or newer) moves it to host RAM after the sleep, and back "
+        "checkpoint (driver 570 or newer) moves it to host RAM after the sleep, and back "
         "before the wake. The planner then leaves no GPU memory for models asleep (3 GiB "
         "each otherwise), so the model on the GPU gets that much more, and counts it in "
-        "host RAM instead; each switch takes longer by the checkpoint and the restore "
-        "(docs/several-models.md).",
+        "host RAM instead. Each switch takes longer by the checkpoint (two 8B engines' "
+        "took ~1.4 and ~2.0 s on an H100) and the restore (not measured on an engine yet), "
+        "so min_resident_s 'auto' gives turns. Not for a model split over GPUs (tensor "
+        "parallel): refused (docs/several-models.md).",
     )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
@@ -119,8 +121,9 @@ class ResidencySection(_Section):
         "nothing was asked of since it came in goes at once. 0 to 3600, or 'auto': 0 where "
         "models sleep at level 1 keeping their host copy (a switch is the weights' copy, "
         "about 0.5 s; switching for each request served people best at every load "
-        "measured), else 5 (a switch copies the weights out or reads them again, or "
-        "restarts the engine); `plan` says which. Numbers: "
+        "measured), else 5 (a switch copies the weights out or reads them again, "
+        "checkpoints and restores the engine in deep sleep, or restarts it); `plan` says "
+        "which. Numbers: "
         "docs/several-models.md.",
     )
     keep_alive_s: float | Literal["forever"] = Field(

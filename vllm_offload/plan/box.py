@@ -92,7 +92,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     # else max_resident of them (counted as all, which only errs on the safe side).
     together = sets.idle == "sleep" or len(groups) > 1 or max(sets.resident.values()) > 1
     idle_of = {n: i for n, i in sets.idle_of.items() if i != sets.idle}
-    deep, step = deep_sleep(config, sets.idle, host)
+    split = [n for n, p in alone.items() if p.tensor_parallel_size > 1 and n in switching]
+    deep, step = deep_sleep(config, sets.idle, host, split)
     notes += step
     away = Away(idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep)
     keeps, step = host_copy(config, sets.idle)
