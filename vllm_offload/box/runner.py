@@ -71,11 +71,10 @@ def settings(config: DeploymentConfig, box_plan: BoxPlan) -> ResidencySettings:
 
 def planned_memory(model: ModelPlan) -> dict[str, int]:
     """The memory the plan gives ``model`` on the GPU and in host RAM, serving and away (an
-    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most, none checkpointed; a stopped
-    one nothing). An
-    engine that sleeps at level 1 keeps the sleep arena's copy of its weights while it
-    serves too, unless residency.host_copy gives it back: issue #58 found `ps` saying
-    8.0 GiB serving for an engine holding ~23.6 GiB."""
+    engine asleep keeps ASLEEP_GPU_BYTES on the GPU at most, none in deep sleep; a stopped
+    one nothing). An engine that sleeps at level 1 keeps the sleep arena's copy of its
+    weights while it serves too, unless residency.host_copy gives it back: issue #58 found
+    `ps` saying 8.0 GiB serving for an engine holding ~23.6 GiB."""
     plan = model.plan
     gpu = plan.gpu.budget_bytes if plan.platform == "cuda" else 0
     return {
