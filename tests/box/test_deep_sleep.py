@@ -14,7 +14,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import httpx
@@ -75,6 +76,21 @@ def asked(tmp_path: Path) -> list[str]:
     return [json.loads(line)["raw_path"] for line in lines if "/health" not in line]
 
 
+def started(process: EngineProcess, body: Callable[[], Awaitable[None]]) -> None:
+    """``body`` run with ``process`` started (its output said our sleep backend runs, as
+    our plugin makes vLLM's say), the engine stopped after."""
+
+    async def run() -> None:
+        await process.start()
+        process.ours_sleep = True
+        try:
+            await body()
+        finally:
+            await process.stop()
+
+    asyncio.run(run())
+
+
 async def answers(process: EngineProcess) -> bool:
     async with uds_client(process.spec.socket, 30.0) as client:
         try:
@@ -90,7 +106,7 @@ def test_session_processes_are_the_leader_and_its_children() -> None:
             found = session_processes(leader.pid)
             if len(found) == 3:
                 break
-            asyncio.run(asyncio.sleep(0.05))
+            time.sleep(0.05)
         assert leader.pid in found and len(found) == 3
         assert os.getpid() not in found
         assert session_processes(os.getsid(0)) != found
@@ -105,22 +121,17 @@ def test_an_engine_is_checkpointed_after_its_sleep_and_restored_before_its_wake(
     checkpoints = StoppingCheckpoint()
     process = engine(tmp_path, checkpoints)
 
-    async def run() -> None:
-        await process.start()
-        process.ours_sleep = True
-        try:
-            assert re.fullmatch(r"slept and checkpointed \(in [\d.]+ s\)", await process.put_away())
-            assert process.pid is not None and process_state(process.pid) == "T"
-            assert process.checkpointed == (process.pid,)
-            how = await asyncio.wait_for(process.bring_in(), 120)  # the wake after the restore
-            assert re.fullmatch(r"restored \(in [\d.]+ s\) and woke", how)
-            assert process.checkpointed == () and await answers(process)
-            assert checkpoints.calls == [("checkpoint", process.pid), ("restore", process.pid)]
-            assert asked(tmp_path) == ["/sleep", "/wake_up"]
-        finally:
-            await process.stop()
+    async def body() -> None:
+        assert re.fullmatch(r"slept and checkpointed \(in [\d.]+ s\)", await process.put_away())
+        assert process.pid is not None and process_state(process.pid) == "T"
+        assert process.checkpointed == (process.pid,)
+        how = await asyncio.wait_for(process.bring_in(), 120)  # the wake after the restore
+        assert re.fullmatch(r"restored \(in [\d.]+ s\) and woke", how)
+        assert process.checkpointed == () and await answers(process)
+        assert checkpoints.calls == [("checkpoint", process.pid), ("restore", process.pid)]
+        assert asked(tmp_path) == ["/sleep", "/wake_up"]
 
-    asyncio.run(run())
+    started(process, body)
 
 
 def test_a_failed_checkpoint_kills_the_engine_at_once(
@@ -130,36 +141,26 @@ def test_a_failed_checkpoint_kills_the_engine_at_once(
     monkeypatch.setattr(engines_module, "STOP_GRACE_S", 3600.0)
     process = engine(tmp_path, StoppingCheckpoint(fail="checkpoint"))
 
-    async def run() -> None:
-        await process.start()
-        process.ours_sleep = True
-        try:
-            how = await asyncio.wait_for(process.put_away(), 120)
-            assert how.startswith("stopped (its checkpoint failed: cuCheckpointProcess")
-            assert process.state == "stopped" and not process.alive
-        finally:
-            await process.stop()
+    async def body() -> None:
+        how = await asyncio.wait_for(process.put_away(), 120)
+        assert how.startswith("stopped (its checkpoint failed: cuCheckpointProcess")
+        assert process.state == "stopped" and not process.alive
 
-    asyncio.run(run())
+    started(process, body)
 
 
 def test_a_failed_restore_starts_the_engine_again(tmp_path: Path) -> None:
     process = engine(tmp_path, StoppingCheckpoint(fail="restore"))
 
-    async def run() -> None:
-        await process.start()
-        process.ours_sleep = True
+    async def body() -> None:
         first = process.pid
-        try:
-            await process.put_away()
-            how = await process.bring_in()
-            assert how.startswith("started (its restore failed: cuCheckpointProcessRestore")
-            assert process.pid != first and process.state == "serving"
-            assert await answers(process)
-        finally:
-            await process.stop()
+        await process.put_away()
+        how = await process.bring_in()
+        assert how.startswith("started (its restore failed: cuCheckpointProcessRestore")
+        assert process.pid != first and process.state == "serving"
+        assert await answers(process)
 
-    asyncio.run(run())
+    started(process, body)
 
 
 def test_a_checkpointed_engine_is_killed_at_once(
@@ -169,14 +170,12 @@ def test_a_checkpointed_engine_is_killed_at_once(
     monkeypatch.setattr(engines_module, "STOP_GRACE_S", 3600.0)
     process = engine(tmp_path, StoppingCheckpoint())
 
-    async def run() -> None:
-        await process.start()
-        process.ours_sleep = True
+    async def body() -> None:
         await process.put_away()
         await asyncio.wait_for(process.stop(), 120)
         assert process.state == "stopped" and process.checkpointed == ()
 
-    asyncio.run(run())
+    started(process, body)
 
 
 def test_without_the_driver_the_checkpoint_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
