@@ -12,7 +12,8 @@ its own compile caches there, emptied first (a cold start). Writes $OUT-style JS
                token (the resident one put away, the other brought in, the prefill), and
                the front door's own put-away / bring-in times
   rss          each engine's process tree (psutil RSS) and GPU memory (nvidia-smi) at each
-               point, beside the front door's planned figures for its state (`ps`)
+               point, beside the front door's planned figures for its state (`ps`), and
+               the GPU's used memory
   same         the same greedy request (64 token ids, 32 tokens, 5 logprobs a token) asked
                of each model at its first turn and again after each later switch brings it
                in: tokens and logprobs against that first answer (weights restored from
@@ -114,13 +115,28 @@ def engine_gpu(pid: int | None, by_pid: dict[int, int]) -> int | None:
     return sum(by_pid.get(p, 0) for p in tree)
 
 
+def device_used_bytes() -> int | None:
+    """The GPU's used memory, from nvidia-smi (MiB): what a checkpointed engine no longer
+    holds shows here, not only in its own row."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return int(out) << 20 if out.isdigit() else None
+
+
 def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
     """Each engine's measured memory beside the front door's record of it (its state, the
-    planned figures `ps` shows)."""
+    planned figures `ps` shows), and the GPU's used memory."""
     models = control(run_dir)["models"]
     by_pid = gpu_bytes_by_pid()
     return {
         "when": when,
+        "device_used_bytes": device_used_bytes(),
         **{
             n: {
                 "rss_bytes": rss(m["pid"]),
