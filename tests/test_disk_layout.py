@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vllm_offload import disk_layout, hardware
+from vllm_offload import disk_facts, disk_layout
 from vllm_offload.errors import Refused
 
 BLOCK = "0123456789abcdef.bin"
@@ -112,8 +112,8 @@ def test_the_odirect_probe_is_never_made_through_a_link(tmp_path: Path) -> None:
     target = tmp_path / "nologin"
     for pid in range(os.getpid() - 5, os.getpid() + 50):
         (disk / f".vllm-offload-odirect-{pid}").symlink_to(target)
-    hardware._o_direct.cache_clear()
-    facts = hardware.probe_disk(str(disk))
+    disk_facts._o_direct.cache_clear()
+    facts = disk_facts.probe_disk(str(disk))
     assert facts.exists and facts.writable
     assert not target.exists()
     assert all(p.is_symlink() for p in disk.iterdir())  # nothing left behind either

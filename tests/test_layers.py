@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).parents[1] / "vllm_offload"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "safe_files", "http_limits"),
     ("config", "model", "upstream", "disk_layout", "vllm_ext"),
-    ("hardware", "systemd", "cluster_router"),
+    ("hardware", "disk_facts", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "launch_kv", "argv_check", "run_vllm"),
     ("deployment", "length_advice"),

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import disk_layout, hardware, launch
+from vllm_offload import disk_facts, disk_layout, launch
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
@@ -139,7 +139,7 @@ def plan_for(
     raises ModelFactsError or PlanError, each naming the field."""
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     path = config.kv_offload.disk_path
-    disk = hardware.probe_disk(path) if path else None
+    disk = disk_facts.probe_disk(path) if path else None
     model = facts or model_facts.read(directory)
     release = release_for(vllm, platform)
 

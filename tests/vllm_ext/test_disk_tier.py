@@ -19,8 +19,9 @@ from tests.conftest import make_host
 from tests.shapes import LLAMA3_8B, write_shape
 from vllm_offload import disk_layout, launch
 from vllm_offload.config import DeploymentConfig, with_overrides
+from vllm_offload.disk_facts import DiskFacts, probe_disk
 from vllm_offload.errors import Refused
-from vllm_offload.hardware import GIB, DiskFacts, probe_disk
+from vllm_offload.hardware import GIB
 from vllm_offload.model import facts as model_facts
 from vllm_offload.plan import make_plan
 

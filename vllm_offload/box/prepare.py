@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_offload import hardware, launch
+from vllm_offload import disk_facts, launch
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.config.schema import engine_configs, entry_field
 from vllm_offload.deployment import (
@@ -108,7 +108,7 @@ def prepare_box(
             raise exc.named(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     disks = {
-        name: hardware.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
+        name: disk_facts.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
         for name, e in engines.items()
     }
     box_plan = plan_box(

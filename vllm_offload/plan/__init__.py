@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllm_offload.config import DeploymentConfig
-from vllm_offload.hardware import DiskFacts, HostFacts
+from vllm_offload.disk_facts import DiskFacts
+from vllm_offload.hardware import HostFacts
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.checks import combination_checks

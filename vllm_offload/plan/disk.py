@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 
 from vllm_offload import disk_layout
-from vllm_offload.hardware import GIB, NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts
+from vllm_offload.disk_facts import NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts
+from vllm_offload.hardware import GIB
 from vllm_offload.plan.records import DiskTier, KvLayout, Notes, PlanInputs, gib
 
 # The disk tier never lets its filesystem's free space fall below this (the launcher hands

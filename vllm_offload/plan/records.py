@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from vllm_offload.config import DeploymentConfig
+from vllm_offload.disk_facts import DiskFacts
 from vllm_offload.errors import FieldError
-from vllm_offload.hardware import DiskFacts, HostFacts
+from vllm_offload.hardware import HostFacts
 from vllm_offload.model.facts import ModelFacts
 
 Platform = Literal["cuda", "cpu"]
