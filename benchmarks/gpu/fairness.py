@@ -28,12 +28,15 @@ Scenarios (--scenarios), each with one long request (--long-tokens random ids in
   steady          chats arriving at --rate a second (seeded Poisson) for --steady-s
   during          the same from the long request's sending: chats beside its prefill
 
-Each scenario runs its chats twice on each arm, in turn: alone (the same arrival times, no
-long request) and beside the long request. Per chat, from its first token: mean time per
-token, p99 and worst gap (kit.stream.tail), and the ratios to the same chat alone; per
-scenario the long request's decode rate and the time share the scheduler measured
-(fair_scheduler's log line when a spilled request ends). Goals (#54): each chat's mean
-time per token <= 1.5x and p99 gap <= 3x alone; the share within +-20 % of the setting.
+Each scenario runs its chats on each arm --repeats times (default 1; odd: a true median),
+alone (the same arrival times, no long request) and beside the long request in turn, fresh
+prompts each time. Per chat, from its first token: mean time per token, p99 and worst gap
+(kit.stream.tail), and the ratios of its medians over the runs to the same chat's alone
+(chats failed counted apart); with repeats, each chat's spread alone (its worst run over
+its best: the yardstick's noise); per scenario the long request's decode rate (first run)
+and the median time share the scheduler measured (fair_scheduler's log line when a
+spilled request ends). Goals (#54): each chat's mean time per token <= 1.5x and p99 gap
+<= 3x alone; the share within +-20 % of the setting.
 Writes OUT/fairness.json and each server's log.
 
     benchmarks/gpu/fairness.py --out DIR
@@ -55,6 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
 from kit.arms import Arm, serving
+from kit.chat_ratios import alone_spread, chat_ratios, per_chat_median, tails_summary
 from kit.model import GIB, VOCAB, split_line, write_model
 from kit.record import Record
 from kit.stream import Answer, stream
@@ -155,41 +159,6 @@ def beside(
     }
 
 
-def chat_ratios(alone: list[dict[str, Any]], next_to: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per chat (the same arrival and prompt length; another prompt, as the alone run's is
-    in the prefix cache), beside over alone; and the worst of them."""
-    pairs = [
-        (a, b)
-        for a, b in zip(alone, next_to, strict=True)
-        if "mean_tpot_s" in a and "mean_tpot_s" in b
-    ]
-    tpot = [b["mean_tpot_s"] / a["mean_tpot_s"] for a, b in pairs]
-    p99 = [b["p99_gap_s"] / a["p99_gap_s"] for a, b in pairs]
-    return {
-        "mean_tpot_ratio": tpot,
-        "p99_gap_ratio": p99,
-        "worst_mean_tpot_ratio": max(tpot, default=None),
-        "worst_p99_gap_ratio": max(p99, default=None),
-        "chats_within_goals": sum(t <= 1.5 and p <= 3 for t, p in zip(tpot, p99, strict=True)),
-        "chats": len(pairs),
-    }
-
-
-def per_chat_median(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per chat, over runs of the same arrivals: the median of its mean time per token and
-    of its p99 gap (a chat's p99 alone is ~8 or ~17-30 ms by where the others' prompts fall
-    in its stream, which differs run to run: fair11)."""
-    merged = []
-    for chat in zip(*runs, strict=True):
-        done = [c for c in chat if "mean_tpot_s" in c]
-        merged.append(
-            {k: statistics.median(c[k] for c in done) for k in ("mean_tpot_s", "p99_gap_s")}
-            if len(done) == len(chat)
-            else {}
-        )
-    return merged
-
-
 def share_of(before: str, after: str) -> tuple[float | None, float | None]:
     """The share the scheduler logged for the long request between two reads of the log
     (spilled and its bound from below); None where it logged none."""
@@ -200,21 +169,6 @@ def share_of(before: str, after: str) -> tuple[float | None, float | None]:
     if t1 <= t0:
         return None, None
     return (s1 - s0) / (t1 - t0), (low1 - low0) / (t1 - t0)
-
-
-def tails_summary(chats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Over the chats: mean of their mean time per token, the worst p99 and worst gap, TTFTs."""
-    done = [c for c in chats if "mean_tpot_s" in c]
-    if not done:
-        return {}
-    return {
-        "mean_of_mean_tpot_s": statistics.fmean(c["mean_tpot_s"] for c in done),
-        "worst_mean_tpot_s": max(c["mean_tpot_s"] for c in done),
-        "worst_p99_gap_s": max(c["p99_gap_s"] for c in done),
-        "worst_gap_s": max(c["max_gap_s"] for c in done),
-        "ttft_median_s": statistics.median(c["ttft_s"] for c in done),
-        "ttft_max_s": max(c["ttft_s"] for c in done),
-    }
 
 
 def shares_logged(log: str) -> list[tuple[float, float, float]]:
@@ -283,10 +237,11 @@ def main() -> None:
         if n in kept
     ]
     record = Record(args.out / "fairness.json", vars(args))
-    rng = random.Random(54)
+    rng = random.Random(54)  # arrivals: the same whatever the arms and repeats
+    ids = random.Random(4254)
 
     def prompt(tokens: int) -> list[int]:  # random ids: no prefix is shared
-        return [rng.randrange(VOCAB // 100, VOCAB * 3 // 4) for _ in range(tokens)]
+        return [ids.randrange(VOCAB // 100, VOCAB * 3 // 4) for _ in range(tokens)]
 
     with serving(arms, args.out) as up:
         record["starts"], servers = up["starts"], up["servers"]
@@ -307,7 +262,9 @@ def main() -> None:
                 alones: list[list[dict[str, Any]]] = []
                 besides: list[dict[str, Any]] = []
                 shares: list[tuple[float | None, float | None]] = []
-                for _ in range(args.repeats):  # alone and beside in turn, fresh prompts each
+                for n in range(args.repeats):  # alone and beside in turn, fresh prompts each
+                    if n and time.monotonic() - began > args.deadline_s:
+                        break
                     # Other prompts of the same lengths: an earlier run's are in the prefix cache
                     prompts = [prompt(args.chat_in) for _ in starts]
                     at = time.perf_counter() + lead(starts)
@@ -322,22 +279,26 @@ def main() -> None:
                     besides.append(beside(url, long_prompt, others, starts, anchor, args))
                     time.sleep(0.5)  # the line is logged as the long request ends
                     shares.append(share_of(logged, server.log_path.read_text(errors="replace")))
+                # The tails are the first run's; ratios and share over every run
                 arm: dict[str, Any] = {"alone": alones[0], "alone_tails": tails_summary(alones[0])}
+                ran = [b for b in besides if "long_refused" not in b]  # else chats alone
                 if besides:
                     arm["beside"] = besides[0]
                     arm["beside_tails"] = tails_summary(besides[0]["chats"])
-                    arm["measured_share"], arm["measured_share_low"] = shares[0]
+                    for n, key in enumerate(("measured_share", "measured_share_low")):
+                        measured = [s[n] for s in shares if s[n] is not None]
+                        arm[key] = statistics.median(measured) if measured else None
+                if ran:
                     arm["ratios"] = chat_ratios(
-                        per_chat_median(alones), per_chat_median([b["chats"] for b in besides])
+                        per_chat_median(alones), per_chat_median([b["chats"] for b in ran])
                     )
                 if len(alones) > 1:
                     arm["repeats"] = {
                         "alone": alones[1:],
                         "beside": besides[1:],
-                        "measured_shares": shares[1:],
+                        "measured_shares": shares,
                     }
-                    # The yardstick's own noise: the same chats alone, one run over another
-                    arm["alone_over_alone"] = chat_ratios(alones[0], alones[1])
+                    arm["alone_spread"] = alone_spread(alones)
                 shown[name] = arm
                 print(
                     scenario,
@@ -356,10 +317,10 @@ def main() -> None:
                         for k, v in arm.get("ratios", {}).items()
                         if k.startswith("worst") or k.startswith("chats")
                     },
-                    "alone/alone",
+                    "alone spread",
                     {
                         k: v
-                        for k, v in arm.get("alone_over_alone", {}).items()
+                        for k, v in arm.get("alone_spread", {}).items()
                         if k.startswith("worst") or k.startswith("chats")
                     },
                     flush=True,

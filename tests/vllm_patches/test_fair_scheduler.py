@@ -75,13 +75,17 @@ def scheduler(demo_dir: Path, as_cuda: None, request: Any) -> Any:
     return make_scheduler(demo_dir, SHARE, request.param)
 
 
-def add(scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int) -> Any:
+def add(
+    scheduler: Any, request_id: str, prompt_tokens: int, max_tokens: int, first: int = 0
+) -> Any:
+    """A request of ``prompt_tokens`` ids counting up from ``first`` (by default a new
+    start: prompts share no prefix)."""
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.request import Request
 
-    first = 1 + 10000 * next(PROMPTS)  # prompts share no prefix
+    first = first or 1 + 10000 * next(PROMPTS)
     request = Request(
         request_id,
         list(range(first, first + prompt_tokens)),
@@ -731,6 +735,65 @@ def test_a_new_long_requests_first_chunk_is_not_sized_by_the_one_before(
             break
     assert first > 2 * spill_share.MIN_LONG_CHUNK_TOKENS, first
     assert long.num_computed_tokens == first
+
+
+def test_first_chunks_are_told_as_vllm_schedules_them(demo_dir: Path, as_cuda: None) -> None:
+    """A step is a first chunk's where each long request in it began at its first token:
+    one prefilling alone teaches the first chunks' rate too, its next chunk does not, nor
+    does a long prompt whose start was in the prefix cache (found in review: counted as
+    a first chunk, its slow rate shrank the next new request's first chunk again)."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
+    engine = BatchQueue(scheduler, long_token_s=1e-4)
+    marks: list[tuple[str, int, bool]] = []  # (request, its tokens in the step, first)
+
+    def run_until_done(request: Any) -> None:
+        for _ in range(200):
+            if len(engine.queue) == 2:
+                engine.end_oldest()
+            ran, _, _ = engine.schedule()
+            if request.request_id in ran:
+                step = scheduler.spill_share._running[-1]
+                tokens = engine.queue[-1][0].num_scheduled_tokens[request.request_id]
+                marks.append((request.request_id, tokens, step.first_chunk))
+            if request.num_output_tokens:
+                return
+        raise AssertionError(marks)
+
+    first = 1 + 10000 * next(PROMPTS)
+    run_until_done(add(scheduler, "long", 6400, 1, first=first))
+    assert marks[0] == ("long", 3072, True)
+    assert not any(first for _, _, first in marks[1:])
+    assert scheduler.spill_share._first_tokens_per_s is not None  # learned alone
+    learned = scheduler.spill_share._first_tokens_per_s
+    marks.clear()
+    run_until_done(add(scheduler, "again", 6400 + 640, 1, first=first))  # 6,400 cached
+    assert marks and not any(first for _, _, first in marks), marks
+    assert scheduler.spill_share._first_tokens_per_s == learned
+
+
+def test_a_new_long_request_takes_a_first_chunk_a_running_one_a_later_one(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Beside chats, with both rates known: the first chunk from the first chunks' rate,
+    the next ones from the last chunk's."""
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=4096)
+    share = scheduler.spill_share
+    share._first_tokens_per_s, share._long_tokens_per_s = 12288.0, 4096.0  # 3,072 and 1,024
+    engine = BatchQueue(scheduler, long_token_s=1e-4)
+    for n in range(2):
+        add(scheduler, f"chat{n}", 160, 2000)
+    long = add(scheduler, "long", 6400, 4)
+    chunks = []
+    for _ in range(5000):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        share._first_tokens_per_s, share._long_tokens_per_s = 12288.0, 4096.0  # kept
+        ran, _, _ = engine.schedule()
+        if "long" in ran and long.num_computed_tokens <= long.num_prompt_tokens:
+            chunks.append(engine.queue[-1][0].num_scheduled_tokens["long"])
+        if len(chunks) == 2:
+            break
+    assert chunks == [3072, 1024], chunks
 
 
 def test_a_long_chunk_beside_chats_is_launched_after_the_step_in_flight_is_handed_over(

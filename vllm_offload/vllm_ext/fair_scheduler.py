@@ -1,20 +1,14 @@
 """vLLM's scheduler with ``spill_share``'s rules for a pool with a host extension (issue
 #42), loaded by ``--scheduler-cls`` (the launcher passes it with a host extension only).
 
-A step whose long requests the time share keeps out (from their first chunk: a long
-request spills past half the GPU part, most within their prefill) hides them from vLLM's
-running list while vLLM schedules it (and lowers the running limit by as many, so none is
-admitted in their place), then puts them back in their order: vLLM's own loop, budgets
-and preemption decide everything else. Allocations for a long request take GPU blocks up
-to what the long requests may hold together (``DeviceFirstFreeBlockQueue.gpu_allowance``),
-then host blocks; beside a long request a short one that would not find its GPU blocks
-is left waiting (its allocation answers None, as vLLM's own does when the pool is full).
-Short prompts waiting with a new long one go before it. In a step where a long request
-may prefill beside others, every prompt's chunk is at most
-``SpillShare.long_chunk_tokens`` (vLLM's ``long_prefill_token_threshold`` for that step),
-and with a step in flight the scheduler first answers an empty step, so that vLLM hands
-that one's output over before it launches the long chunk (``_hands_over_first``). With a
-share of 1 only patch 0006's host blocks remain.
+Long requests (past half the GPU part, from their first chunk) share the GPU's time: a
+step that keeps them out hides them from vLLM's running list (and its running limit) while
+vLLM schedules it; vLLM's own loop, budgets and preemption decide the rest. Their blocks
+come from the GPU up to their allowance (``DeviceFirstFreeBlockQueue.gpu_allowance``), then
+from host RAM; a short request that would not find GPU blocks beside them waits. Short
+prompts waiting with a new long one go first; a long chunk beside others is bounded
+(``SpillShare.long_chunk_tokens``) and launched with no step in flight
+(``_hands_over_first``). A share of 1 leaves patch 0006's host blocks alone.
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
 
@@ -39,6 +33,15 @@ logger = init_logger("vllm.vllm_offload.fair_scheduler")  # printed as vLLM's ow
 # Waiting requests a step could run: not those waiting for a grammar, remote KV or the
 # next part of a streamed request, beside which the share would only leave the GPU idle.
 READY_TO_RUN = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def _all_new(prefills: list[Request]) -> bool:
+    """Whether each of the long requests that may prefill takes its first chunk: none
+    computed, none preempted (a prefix-cache hit is seen only as vLLM schedules it: such
+    a chunk is sized as a first one, and measured as what it is)."""
+    return bool(prefills) and all(
+        r.num_computed_tokens == 0 and r.num_preemptions == 0 for r in prefills
+    )
 
 
 class FairScheduler(Scheduler):
@@ -146,11 +149,11 @@ class FairScheduler(Scheduler):
             self.emptied_for_long = False  # a long request that prefills later: its own
         elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
-        first_chunks = bool(prefilling) and all(r.num_computed_tokens == 0 for r in prefilling)
-        with self._prefill_chunks_of(self._long_chunk(len(prefilling), first_chunks)):
+        with self._prefill_chunks_of(self._long_chunk(len(prefilling), _all_new(prefilling))):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
-        long_tokens = sum(n for i, n in scheduled.items() if self._is_long_id(i))
+        longs = {i: n for i, n in scheduled.items() if self._is_long_id(i)}
+        long_tokens = sum(longs.values())
         shared = others and (long_tokens > 0 or bool(self.long_running))
         if any(r.request_id in scheduled for r in prefilling):
             self.emptied_for_long = False
@@ -161,7 +164,10 @@ class FairScheduler(Scheduler):
                 shared=shared,
                 beside=others,
                 long_tokens=long_tokens,
-                first_chunk=first_chunks and long_tokens > 0,
+                # vLLM counted the step's tokens as computed as it scheduled them: a chunk
+                # that began at 0 is a first one (not one after a prefix-cache hit)
+                first_chunk=bool(longs)
+                and all(self.requests[i].num_computed_tokens == n for i, n in longs.items()),
             )
         return output
 

@@ -193,8 +193,8 @@ class SpillShare:
         """A step scheduled; ``shared``: a spilled request was running beside others;
         ``beside``: others were running or waiting (a long request's first chunk, which
         spills as it is scheduled, has them beside it before the share is in force);
-        ``long_tokens``: the long requests' tokens in it; ``first_chunk``: they are
-        first chunks."""
+        ``long_tokens``: the long requests' tokens in it; ``first_chunk``: each began
+        at its prompt's first token (no context, not after a prefix-cache hit)."""
         step = Step(
             key=key,
             at=self.clock(),

@@ -14,6 +14,8 @@
   is its command line); ``vlm``: the files a random Qwen2.5-VL needs to serve images;
 - ``box``: a box of several models (two [[models]] of one checkpoint) served, its
   token-id prompts, a first token, and the front door's control socket.
+- ``chat_ratios``: chats beside a long request against the same chats alone (each
+  chat's ratios, its medians over runs, the yardstick's own noise, the tails).
 
 ``stream.stream_record`` and ``compare_records`` keep the earlier experiments' JSON keys
 (TTFT, total, median and min-max gap) over the same streamed request.
