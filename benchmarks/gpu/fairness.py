@@ -51,6 +51,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ from kit.chat_ratios import alone_spread, chat_ratios, per_chat_median, tails_su
 from kit.model import GIB, VOCAB, split_line, write_model
 from kit.record import Record
 from kit.stream import Answer, stream
+
+from vllm_offload.bench.server_process import ServerProcess
 
 # "(at least L s)" since 346bda0's review: the share lies between L / T and S / T.
 SHARE_LINE = re.compile(
@@ -177,30 +180,85 @@ def shares_logged(log: str) -> list[tuple[float, float, float]]:
     return [(float(a), float(low or a), float(t)) for a, low, t in SHARE_LINE.findall(log)]
 
 
-def main() -> None:
-    parser = options.parser(
-        __doc__, pool_gib=2.0, extension_gib=12.0, long_tokens=60000, chunk_tokens=8192
+Chats = list[dict[str, Any]]  # each chat's Answer as JSON
+Share = tuple[float | None, float | None]  # spilled and its bound from below
+
+
+def runs(
+    server: ServerProcess,
+    alone_only: bool,
+    starts: list[float],
+    anchor: str,
+    args: argparse.Namespace,
+    prompt: Callable[[int], list[int]],
+    deadline: float,
+) -> tuple[list[Chats], list[dict[str, Any]], list[Share]]:
+    """--repeats runs on one server, alone and beside in turn, fresh prompts each time (an
+    earlier run's are in the prefix cache): the chats alone, beside the long request, and
+    the share logged for each."""
+    alones: list[Chats] = []
+    besides: list[dict[str, Any]] = []
+    shares: list[Share] = []
+    url = server.base_url
+    for n in range(args.repeats):
+        if n and time.monotonic() > deadline:
+            break
+        prompts = [prompt(args.chat_in) for _ in starts]
+        at = time.perf_counter() + lead(starts)
+        alones.append([c.to_json() for c in chats_at(url, prompts, starts, at, args.chat_out)])
+        if alone_only:
+            continue
+        logged = server.log_path.read_text(errors="replace")
+        others = [prompt(args.chat_in) for _ in starts]
+        long_prompt = prompt(args.long_tokens)  # nothing of it cached either
+        besides.append(beside(url, long_prompt, others, starts, anchor, args))
+        time.sleep(0.5)  # the line is logged as the long request ends
+        shares.append(share_of(logged, server.log_path.read_text(errors="replace")))
+    return alones, besides, shares
+
+
+def arm_summary(
+    alones: list[Chats], besides: list[dict[str, Any]], shares: list[Share]
+) -> dict[str, Any]:
+    """One arm's record of a scenario: the tails are the first run's; the ratios (runs whose
+    long request was refused left out: their chats ran alone) and the share over every run."""
+    arm: dict[str, Any] = {"alone": alones[0], "alone_tails": tails_summary(alones[0])}
+    ran = [b for b in besides if "long_refused" not in b]
+    if besides:
+        arm["beside"] = besides[0]
+        arm["beside_tails"] = tails_summary(besides[0]["chats"])
+        for n, key in enumerate(("measured_share", "measured_share_low")):
+            measured = [v for s in shares if (v := s[n]) is not None]
+            arm[key] = statistics.median(measured) if measured else None
+    if ran:
+        arm["ratios"] = chat_ratios(
+            per_chat_median(alones), per_chat_median([b["chats"] for b in ran])
+        )
+    if len(alones) > 1:
+        arm["repeats"] = {"alone": alones[1:], "beside": besides[1:], "measured_shares": shares}
+        arm["alone_spread"] = alone_spread(alones)
+    return arm
+
+
+def print_arm(scenario: str, name: str, arm: dict[str, Any]) -> None:
+    shown = ("alone_tails", "beside_tails", "measured_share", "measured_share_low")
+
+    def worst(table: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in table.items() if k.startswith(("worst", "chats"))}
+
+    print(
+        scenario,
+        name,
+        {k: arm.get(k) for k in shown},
+        worst(arm.get("ratios", {})),
+        "alone spread",
+        worst(arm.get("alone_spread", {})),
+        flush=True,
     )
-    parser.add_argument("--long-out", type=int, default=160)
-    parser.add_argument("--chat-in", type=int, default=256)
-    parser.add_argument("--chat-out", type=int, default=128)
-    parser.add_argument("--scenarios", default="wave16,wave32,before,with,waves,steady")
-    parser.add_argument("--rate", type=float, default=4.0, help="steady: chats a second")
-    parser.add_argument("--steady-s", type=float, default=15.0)
-    parser.add_argument("--shares", default="0.1")
-    parser.add_argument("--caps", default="", help="long prompts' chunk beside others, e.g. 2048")
-    parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
-    parser.add_argument("--switch-intervals", default="", help="seconds, e.g. 0.0005")
-    parser.add_argument("--arms", default="", help="only these arms, e.g. share-0.1,all-gpu")
-    parser.add_argument("--utilization", type=float, default=0.3, help="per server")
-    parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
-    parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
-    parser.add_argument(
-        "--repeats", type=int, default=1, help="alone and beside runs per arm, in turn"
-    )
-    args = parser.parse_args()
-    began = time.monotonic()
-    model = args.model or write_model(Path("/tmp/fairness-model"), None)
+
+
+def make_arms(args: argparse.Namespace, model: Path) -> list[Arm]:
+    """The arms of the module's docstring, those --arms keeps."""
     pool = ["--gpu-kv-cache-memory-bytes", str(int(args.pool_gib * GIB))]
     flags = {"gpu-only": pool}
     for share in args.shares.split(","):
@@ -227,7 +285,7 @@ def main() -> None:
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
     ours += ["--kv-offload-backend", "none", "--gpu-prefill-chunk-tokens", str(args.chunk_tokens)]
     kept = set(filter(None, args.arms.split(","))) or set(flags)
-    arms = [
+    return [
         Arm(
             name=n,
             serve_args=vllm_last([*ours, *f], "--load-format=dummy"),
@@ -236,6 +294,33 @@ def main() -> None:
         for n, f in flags.items()
         if n in kept
     ]
+
+
+def main() -> None:
+    parser = options.parser(
+        __doc__, pool_gib=2.0, extension_gib=12.0, long_tokens=60000, chunk_tokens=8192
+    )
+    parser.add_argument("--long-out", type=int, default=160)
+    parser.add_argument("--chat-in", type=int, default=256)
+    parser.add_argument("--chat-out", type=int, default=128)
+    parser.add_argument("--scenarios", default="wave16,wave32,before,with,waves,steady")
+    parser.add_argument("--rate", type=float, default=4.0, help="steady: chats a second")
+    parser.add_argument("--steady-s", type=float, default=15.0)
+    parser.add_argument("--shares", default="0.1")
+    parser.add_argument("--caps", default="", help="long prompts' chunk beside others, e.g. 2048")
+    parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
+    parser.add_argument("--switch-intervals", default="", help="seconds, e.g. 0.0005")
+    parser.add_argument("--arms", default="", help="only these arms, e.g. share-0.1,all-gpu")
+    parser.add_argument("--utilization", type=float, default=0.3, help="per server")
+    parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
+    parser.add_argument("--deadline-s", type=float, default=1e9, help="skip what starts later")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="alone and beside runs per arm, in turn"
+    )
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.deadline_s  # no scenario nor repeat starts after it
+    model = args.model or write_model(Path("/tmp/fairness-model"), None)
+    arms = make_arms(args, model)
     record = Record(args.out / "fairness.json", vars(args))
     rng = random.Random(54)  # arrivals: the same whatever the arms and repeats
     ids = random.Random(4254)
@@ -252,79 +337,16 @@ def main() -> None:
             stream(server.base_url, prompt(args.chat_in), 8)  # warm
         record["scenarios"] = {}
         for scenario in args.scenarios.split(","):
-            if time.monotonic() - began > args.deadline_s:
+            if time.monotonic() > deadline:
                 record["skipped"] = [*record.get("skipped", []), scenario]
                 continue
             starts, anchor = arrivals(scenario, args, rng)
-            shown = record["scenarios"][scenario] = {"anchor": anchor, "starts_s": starts}
+            shown: dict[str, Any] = {"anchor": anchor, "starts_s": starts}
+            record["scenarios"][scenario] = shown
             for name, server in servers.items():
-                url = server.base_url
-                alones: list[list[dict[str, Any]]] = []
-                besides: list[dict[str, Any]] = []
-                shares: list[tuple[float | None, float | None]] = []
-                for n in range(args.repeats):  # alone and beside in turn, fresh prompts each
-                    if n and time.monotonic() - began > args.deadline_s:
-                        break
-                    # Other prompts of the same lengths: an earlier run's are in the prefix cache
-                    prompts = [prompt(args.chat_in) for _ in starts]
-                    at = time.perf_counter() + lead(starts)
-                    alones.append(
-                        [c.to_json() for c in chats_at(url, prompts, starts, at, args.chat_out)]
-                    )
-                    if name == "gpu-only":
-                        continue
-                    logged = server.log_path.read_text(errors="replace")
-                    others = [prompt(args.chat_in) for _ in starts]
-                    long_prompt = prompt(args.long_tokens)  # nothing of it cached either
-                    besides.append(beside(url, long_prompt, others, starts, anchor, args))
-                    time.sleep(0.5)  # the line is logged as the long request ends
-                    shares.append(share_of(logged, server.log_path.read_text(errors="replace")))
-                # The tails are the first run's; ratios and share over every run
-                arm: dict[str, Any] = {"alone": alones[0], "alone_tails": tails_summary(alones[0])}
-                ran = [b for b in besides if "long_refused" not in b]  # else chats alone
-                if besides:
-                    arm["beside"] = besides[0]
-                    arm["beside_tails"] = tails_summary(besides[0]["chats"])
-                    for n, key in enumerate(("measured_share", "measured_share_low")):
-                        measured = [s[n] for s in shares if s[n] is not None]
-                        arm[key] = statistics.median(measured) if measured else None
-                if ran:
-                    arm["ratios"] = chat_ratios(
-                        per_chat_median(alones), per_chat_median([b["chats"] for b in ran])
-                    )
-                if len(alones) > 1:
-                    arm["repeats"] = {
-                        "alone": alones[1:],
-                        "beside": besides[1:],
-                        "measured_shares": shares,
-                    }
-                    arm["alone_spread"] = alone_spread(alones)
-                shown[name] = arm
-                print(
-                    scenario,
-                    name,
-                    {
-                        k: arm.get(k)
-                        for k in (
-                            "alone_tails",
-                            "beside_tails",
-                            "measured_share",
-                            "measured_share_low",
-                        )
-                    },
-                    {
-                        k: v
-                        for k, v in arm.get("ratios", {}).items()
-                        if k.startswith("worst") or k.startswith("chats")
-                    },
-                    "alone spread",
-                    {
-                        k: v
-                        for k, v in arm.get("alone_spread", {}).items()
-                        if k.startswith("worst") or k.startswith("chats")
-                    },
-                    flush=True,
-                )
+                done = runs(server, name == "gpu-only", starts, anchor, args, prompt, deadline)
+                shown[name] = arm = arm_summary(*done)
+                print_arm(scenario, name, arm)
                 record.save()
     record.save()
 
