@@ -10,6 +10,7 @@ Both return the same immutable record, so the planner never knows which it got.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import resource
 import shutil
@@ -146,8 +147,15 @@ CHECKPOINT_CALL = "cuCheckpointProcessLock"
 
 def driver_checkpoints() -> bool:
     """Whether this host's NVIDIA driver can checkpoint a process."""
+    return _library_has(LIBCUDA, CHECKPOINT_CALL)
+
+
+# Cached: the driver does not change under a running process, and the manager probes the
+# host at every poll.
+@functools.cache
+def _library_has(library: str, symbol: str) -> bool:
     try:
-        return hasattr(ctypes.CDLL(LIBCUDA), CHECKPOINT_CALL)
+        return hasattr(ctypes.CDLL(library), symbol)
     except OSError:
         return False
 
