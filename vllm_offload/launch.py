@@ -29,6 +29,7 @@ from vllm_offload.upstream.version import (
 from vllm_offload.vllm_ext import forwarded_routes
 from vllm_offload.vllm_ext.knobs import (
     CPU_TIER_RESERVE_ENV,
+    LAYERED_WAKE_WORKER,
     SLEEP_ARENA_ENV,
     SLEEP_KEEP_COPY_ENV,
 )
@@ -70,11 +71,12 @@ class EngineLaunch:
     """One engine of several models: it listens on a unix socket only the front door
     reaches, instead of server.host:port, and (sleeps) is put to sleep when away, keeping
     its sleep copy of the weights while it serves or not (keeps_copy, residency.host_copy
-    as planned)."""
+    as planned), and with that copy wakes layer by layer or whole (layered_wake)."""
 
     socket: str
     sleeps: bool
     keeps_copy: bool = True
+    layered_wake: bool = False  # residency.layered_wake, at sleep level 1
     gpus: tuple[int, ...] = ()  # its GPUs (NVML indexes) on a box with several; (): all
 
 
@@ -266,6 +268,8 @@ def _listen(
         env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
         if not engine.keeps_copy:  # given back after each wake (vllm_ext/sleep.py)
             env[SLEEP_KEEP_COPY_ENV] = "0"
+        elif engine.layered_wake:  # the worker that wakes layer by layer
+            options.add("--worker-cls", LAYERED_WAKE_WORKER)
 
 
 def _parallel(options: _Options, config: DeploymentConfig, tp: int) -> None:

@@ -2,9 +2,10 @@
 """Several models on one GPU (issues #31, #58), through `vllm-offload serve` with --models
 [[models]] of the same Llama-3-8B-shaped random checkpoint ("a", the default, "b", ...),
 CUDA graphs on, 8 GiB GPU pools and 4 GiB CPU tiers. One arm a call (--idle sleep --level
-1|2, or --idle stop; --host-copy keep|release; --deep-sleep); --arena 0 runs the sleeps
-with vLLM's own backend (vllm_offload's plugin not loaded); --cache DIR gives the server
-its own compile caches there, emptied first (a cold start). Writes $OUT-style JSON:
+1|2, or --idle stop; --host-copy keep|release; --deep-sleep; --layered-wake); --arena 0
+runs the sleeps with vLLM's own backend (vllm_offload's plugin not loaded); --cache DIR
+gives the server its own compile caches there, emptied first (a cold start). Writes
+$OUT-style JSON:
 
   start_s      front door up to /health 200 (with sleep: every model started and put away
                once, then 'a' brought in): every model ready
@@ -65,6 +66,7 @@ def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
         "sleep_level": args.level,
         "min_resident_s": 0.0,
         "deep_sleep": args.deep_sleep,
+        "layered_wake": args.layered_wake,
     }
     return box_config(
         checkpoint=args.checkpoint,
@@ -307,6 +309,7 @@ def main() -> int:
     parser.add_argument("--models", type=int, choices=range(1, len(NAMES) + 1), default=2)
     parser.add_argument("--host-copy", choices=["keep", "release"], default="keep")
     parser.add_argument("--deep-sleep", action="store_true", help="residency.deep_sleep = true")
+    parser.add_argument("--layered-wake", action="store_true", help="residency.layered_wake = true")
     parser.add_argument("--cache", type=Path, help="the server's compile caches, emptied")
     parser.add_argument("--switches", type=int, default=6)
     parser.add_argument("--front-windows", type=int, default=0)
@@ -322,6 +325,7 @@ def main() -> int:
     PROMPT_IDS[1] = args.vocab_high
     name = f"{args.idle}{args.level if args.idle == 'sleep' else ''}-arena{args.arena}"
     name += f"-{args.models}models-{args.host_copy}"
+    name += "-layered" if args.layered_wake else ""
     run_dir = Path(f"/tmp/vllm-offload-switch/run-{name}")
     config = run_dir.parent / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,11 @@ from vllm_offload.config import parse
 from vllm_offload.hardware import declared
 from vllm_offload.launch import LaunchSpec
 from vllm_offload.vllm_ext import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET, plugin_missing
-from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV, SLEEP_KEEP_COPY_ENV
+from vllm_offload.vllm_ext.knobs import (
+    LAYERED_WAKE_WORKER,
+    SLEEP_ARENA_ENV,
+    SLEEP_KEEP_COPY_ENV,
+)
 
 OURS = importlib.metadata.EntryPoint(PLUGIN_NAME, PLUGIN_TARGET, PLUGIN_GROUP)
 OTHER = importlib.metadata.EntryPoint("lora_filesystem_resolver", "x:y", PLUGIN_GROUP)
@@ -99,6 +103,27 @@ def test_engines_that_sleep_are_launched_for_the_arena(tmp_path: Path) -> None:
     assert together.plan.max_resident == 2
     for spec in together.specs.values():
         assert "--enable-sleep-mode" not in spec.args and SLEEP_ARENA_ENV not in spec.env
+
+
+def test_a_layered_wake_is_vllms_worker_class_where_the_weights_wait_in_the_arena(
+    tmp_path: Path,
+) -> None:
+    """residency.layered_wake: each engine that sleeps at level 1 keeping its copy runs our
+    worker (--worker-cls, one token: vLLM reads the class as given); where the copy goes
+    back after each wake, or the weights are read again (level 2), vLLM's own."""
+    host = declared(make_host(None), gpu_mem_gib=80, ram_gib=256)
+    flag = f"--worker-cls={LAYERED_WAKE_WORKER}"
+    for residency, layered in [
+        ({}, False),
+        ({"layered_wake": True}, True),
+        ({"layered_wake": True, "host_copy": "release"}, False),
+        ({"layered_wake": True, "sleep_level": 2}, False),
+    ]:
+        data = two_models(tmp_path, max_resident=1, **residency)
+        for spec in prepare_box(parse(data), host, {}, None).specs.values():
+            assert (flag in spec.args) is layered, residency
+            if layered:
+                assert spec.owned["worker_cls"] == LAYERED_WAKE_WORKER
 
 
 def test_the_plugin_makes_the_arena_vllms_sleep_backend_and_says_so(

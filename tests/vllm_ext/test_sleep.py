@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+DEFERRABLE = ("weights", "kv_cache")  # vllm.device_allocator.DEFERRABLE_TAGS
+
 
 @dataclass(kw_only=True)
 class Allocation:
@@ -40,8 +42,8 @@ class StandInAllocator:
             allocation.is_asleep = True
 
     def wake_up(self, tags: list[str] | None) -> None:
-        for allocation in self.pointer_to_data.values():
-            if tags is None or allocation.tag in tags:
+        for allocation in self.pointer_to_data.values():  # vLLM's rule: others always
+            if tags is None or allocation.tag in tags or allocation.tag not in DEFERRABLE:
                 allocation.is_asleep = False
 
 
@@ -84,9 +86,9 @@ def test_a_level_1_sleep_keeps_weights_and_graphs_in_one_arena(
     backend.suspend(level=1)
     assert allocator.buffers["registered"] == [8192]  # 8,000 bytes, page-rounded, once
     assert read(weights, 5000) == b"\xee" * 5000  # released
-    backend.resume(["kv_cache"])  # vLLM may wake the KV first...
-    assert read(weights, 5000) == b"\xee" * 5000 and read(graphs, 3000) == b"\xee" * 3000
-    backend.resume(["weights", "cudagraph"])  # ...and the rest after
+    backend.resume(["kv_cache"])  # vLLM may wake the KV first (and all but the weights)...
+    assert read(weights, 5000) == b"\xee" * 5000 and read(graphs, 3000) == b"G" * 3000
+    backend.resume(["weights"])  # ...and the weights after
     assert read(weights, 5000) == b"W" * 5000 and read(graphs, 3000) == b"G" * 3000
     assert read(kv, 4000) == b"\xee" * 4000  # the KV cache is discarded, as vLLM does
     backend.suspend(level=1)  # the next sleep reuses the arena
@@ -156,3 +158,69 @@ def test_a_larger_arena_gets_the_weights_again(allocator: StandInAllocator) -> N
     assert allocator.buffers["registered"] == [8192, 12288]
     backend.resume(None)
     assert read(weights, 5000) == b"W" * 5000 and read(more, 4000) == b"H" * 4000
+
+
+@pytest.fixture
+def queued(allocator: StandInAllocator, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The layered wake's copies as queued (address, stream), made at once here, and
+    each allocation mapped before its copy."""
+    from vllm_offload.vllm_ext import sleep
+
+    copies: list[tuple[int, int]] = []
+
+    def memcpy_async(dst: int, src: int, n: int, kind: int, stream: int) -> int:
+        assert kind == 4 and not allocator.pointer_to_data[dst].is_asleep
+        copies.append((dst, stream))
+        ctypes.memmove(dst, src, n)
+        return 0
+
+    monkeypatch.setattr(sleep, "_memcpy_async", lambda: memcpy_async)
+    monkeypatch.setattr(sleep, "create_and_map", lambda handle: None)
+    return copies
+
+
+def test_a_layered_wake_holds_the_weights_for_their_copies_in_its_order(
+    allocator: StandInAllocator, queued: list[tuple[int, int]]
+) -> None:
+    from vllm_offload.vllm_ext.sleep import ArenaBackend
+
+    first = allocator.allocate("weights", b"A" * 5000)
+    second = allocator.allocate("weights", b"B" * 3000)
+    graphs = allocator.allocate("cudagraph", b"G" * 3000)
+    backend = ArenaBackend()
+    backend.suspend(level=1)
+    backend.hold_weights = True
+    backend.resume(None)
+    assert read(graphs, 3000) == b"G" * 3000  # all else woken and copied as before
+    assert [saved.ptr for saved in backend.held] == [first, second]
+    assert all(allocator.pointer_to_data[ptr].is_asleep for ptr in (first, second))
+    assert read(first, 5000) == b"\xee" * 5000 and queued == []  # nothing mapped nor copied
+    for saved in reversed(backend.held):  # the order is the caller's
+        backend.map_and_copy(saved, stream=77)
+    assert queued == [(second, 77), (first, 77)]
+    assert read(first, 5000) == b"A" * 5000 and read(second, 3000) == b"B" * 3000
+    backend.hold_weights, backend.held = False, []
+    backend.suspend(level=1)  # the weights' copy is still whole: the next wake as ever
+    backend.resume(None)
+    assert read(first, 5000) == b"A" * 5000 and queued == [(second, 77), (first, 77)]
+
+
+@pytest.mark.parametrize("case", ["level 2", "copy released", "weights later"])
+def test_weights_are_held_only_where_their_whole_copy_stays_in_the_arena(
+    allocator: StandInAllocator,
+    queued: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+) -> None:
+    from vllm_offload.vllm_ext import sleep
+
+    if case == "copy released":
+        monkeypatch.setenv(sleep.SLEEP_KEEP_COPY_ENV, "0")
+    weights = allocator.allocate("weights", b"W" * 5000)
+    backend = sleep.ArenaBackend()
+    backend.suspend(level=2 if case == "level 2" else 1)
+    backend.hold_weights = True
+    backend.resume(["kv_cache"] if case == "weights later" else None)
+    assert backend.held == []
+    if case == "copy released":
+        assert read(weights, 5000) == b"W" * 5000  # copied whole, then the arena went back

@@ -148,6 +148,7 @@ def prepare_box(
             socket=str(socket),
             sleeps=model.idle == "sleep",
             keeps_copy=box_plan.keeps_copy,
+            layered_wake=config.residency.layered_wake and config.residency.sleep_level == 1,
             gpus=model.gpus if len(host.gpus) > 1 else (),
         )
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)

@@ -113,6 +113,15 @@ class ResidencySection(_Section):
         "so min_resident_s 'auto' gives turns. Not for a model split over GPUs (tensor "
         "parallel): refused (docs/several-models.md).",
     )
+    layered_wake: bool = Field(
+        False,
+        description="A model woken from a level-1 sleep that keeps its host copy starts its "
+        "first step while its weights are still coming back, each layer waiting on the GPU "
+        "for its own copies only (vllm_offload/vllm_ext/layered_wake.py): the request's way "
+        "in and its forward hide behind the copy. Off until measured on a GPU "
+        "(docs/design/switch-below-the-copy.md); ignored where models stop, sleep at level "
+        "2 or give their copy back (residency.host_copy = 'release').",
+    )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
         description="A model's turn on the GPU, in seconds: once used, it stays this long "

@@ -46,6 +46,8 @@ SPILLED_STEP_SHARE_KEY = "kv_spilled_step_share"
 # vLLM flag values.
 # The scheduler that shares the GPU fairly beside a spilled request (--scheduler-cls).
 FAIR_SCHEDULER = "vllm_offload.vllm_ext.fair_scheduler.FairScheduler"
+# The worker whose level-1 wake copies the weights layer by layer (--worker-cls).
+LAYERED_WAKE_WORKER = "vllm_offload.vllm_ext.layered_wake.LayeredWakeWorker"
 
 
 def additional(vllm_config: Any, key: str, default: object) -> object:

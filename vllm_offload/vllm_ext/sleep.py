@@ -32,6 +32,7 @@ vLLM.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import sys
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vllm.device_allocator.cumem import CuMemAllocator, libcudart
+from vllm.device_allocator import DEFERRABLE_TAGS
+from vllm.device_allocator.cumem import CuMemAllocator, create_and_map, libcudart
 from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
 
@@ -51,6 +53,7 @@ logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed 
 
 BACKED_UP_AT_EVERY_LEVEL = ("runtime", "cudagraph")  # as vLLM's CuMemBackend keeps them
 PAGE = mmap.PAGESIZE
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class ArenaBackend(CuMemBackend):
         # bulk of a put-away) where the same allocations are asleep again.
         self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
         self._keep_copy = os.environ.get(SLEEP_KEEP_COPY_ENV, "1") != "0"
+        # Set by the layered wake's worker for one resume: the weights, where the arena
+        # holds them, are neither mapped nor copied there but left to map_and_copy (held).
+        self.hold_weights = False
+        self.held: list[Saved] = []
 
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
@@ -102,7 +109,7 @@ class ArenaBackend(CuMemBackend):
         others = [(ptr, size) for ptr, size, tag in awake if tag in BACKED_UP_AT_EVERY_LEVEL]
         copy_weights = bool(weights) and weights != self._weights_kept
         total = sum(size for _ptr, size in weights + others)
-        if self._arena is None or self._arena.size < total:
+        if total and (self._arena is None or self._arena.size < total):  # none for 0 bytes
             if self._arena is not None:
                 self._arena.close()
                 self._arena, self._weights_kept = None, []  # if the next one fails
@@ -112,6 +119,7 @@ class ArenaBackend(CuMemBackend):
         arena = self._arena
         self._saved, offset = [], 0
         for index, (ptr, size) in enumerate(weights + others):  # weights first: offsets kept
+            assert arena is not None
             if copy_weights or index >= len(weights):
                 libcudart.cudaMemcpy(arena.ptr + offset, ptr, size)
             self._saved.append(Saved(ptr, offset, size))
@@ -124,6 +132,11 @@ class ArenaBackend(CuMemBackend):
         allocator = CuMemAllocator.get_instance()
         self._state = "RESUMING"
         began = time.perf_counter()
+        held = {ptr for ptr, _size in self._weights_kept} if self._holds(tags) else set()
+        if held:  # every deferrable tag asked for but the weights
+            tags = [tag for tag in (tags or DEFERRABLE_TAGS) if tag != "weights"]
+            self.held = [saved for saved in self._saved if saved.ptr in held]
+            self._saved = [saved for saved in self._saved if saved.ptr not in held]
         allocator.wake_up(tags)
         mapped, copied = time.perf_counter() - began, 0
         arena = self._arena
@@ -141,12 +154,50 @@ class ArenaBackend(CuMemBackend):
             self._arena, self._weights_kept = None, []
             logger.info("vllm-offload sleep arena: given back (residency.host_copy = release)")
         logger.info(
-            "vllm-offload sleep arena: woke %s: mapped in %.3f s, %.2f GiB copied by %.3f s",
+            "vllm-offload sleep arena: woke %s: mapped in %.3f s, %.2f GiB copied by %.3f s%s",
             "all" if tags is None else ",".join(tags),
             mapped,
             copied / (1 << 30),
             time.perf_counter() - began,
+            f"; {len(self.held)} weight allocations held for a layered wake" if held else "",
         )
+
+    def _holds(self, tags: list[str] | None) -> bool:
+        """Whether this resume leaves the weights to map_and_copy: asked by the layered
+        wake, the weights among the tags woken, their copy whole in the arena (a level-1
+        sleep's) and kept after the wake (with the arena given back at the wake, its
+        copies must end first)."""
+        return (
+            self.hold_weights
+            and (tags is None or "weights" in tags)
+            and bool(self._weights_kept)
+            and self._arena is not None
+            and self._keep_copy
+        )
+
+    def map_and_copy(self, saved: Saved, stream: int) -> None:
+        """One held weight allocation mapped again and its copy from the arena queued on
+        ``stream`` (a CUDA stream handle): the layered wake's, in the order it chooses."""
+        assert self._arena is not None
+        data = CuMemAllocator.get_instance().pointer_to_data[saved.ptr]
+        create_and_map(data.handle)
+        data.is_asleep = False
+        result = _memcpy_async()(
+            saved.ptr, self._arena.ptr + saved.offset, saved.size, _MEMCPY_DEFAULT, stream
+        )
+        if result != 0:
+            raise RuntimeError(f"cudaMemcpyAsync of {saved.size} bytes failed ({result})")
+
+
+def _memcpy_async() -> Any:
+    """libcudart's cudaMemcpyAsync, from the library vLLM loaded (its CudaRTLibrary binds
+    the synchronous copy only)."""
+    function = libcudart.lib.cudaMemcpyAsync
+    if function.restype is not ctypes.c_int:
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        function.argtypes += [ctypes.c_int, ctypes.c_void_p]
+        function.restype = ctypes.c_int
+    return function
 
 
 def register() -> None:
