@@ -11,13 +11,14 @@ $OUT-style JSON:
                once, then 'a' brought in): every model ready
   switches     each: a request for the next model (b, c, ..., a, ...), sent to its first
                token (the resident one put away, the other brought in, the prefill), and
-               the front door's own put-away / bring-in times
+               the front door's own put-away / bring-in times; the request is `same`'s
   rss          each engine's process tree (psutil RSS) and GPU memory (nvidia-smi) at each
                point, beside the front door's planned figures for its state (`ps`), and
                the GPU's used memory
   same         the same greedy request (64 token ids, 32 tokens, 5 logprobs a token) asked
-               of each model at its first turn and again after each later switch brings it
-               in: tokens and logprobs against that first answer (weights restored from
+               of each model at its first turn and again at each later switch, bringing it
+               in (the first step after its wake): tokens and logprobs against that first
+               answer ('a''s first asked after a warm-up, its weights whole) (weights restored from
                the sleep's copy, or read again at level 2); a control (the prompt with one
                token changed) shows the comparison is sensitive. Random weights make it
                mean something (dummy weights repeat one token); the arms' first answers
@@ -173,9 +174,10 @@ async def switches(
     for k in range(count):
         model = names[(k + 1) % models]
         before = len(control(run_dir)["events"])
-        ttft, _ = await first_token(front, model, tokens(64, 1000 + k))
+        # the request that brings it in is the one compared: its first step is the wake's
+        answer = await asyncio.to_thread(same_answer, port, model, same["prompt"])
+        ttft = answer["ttft_s"]
         events = control(run_dir)["events"][before:]
-        answer = same_answer(port, model, same["prompt"])
         reference = same["first"].setdefault(model, answer)
         out.append(
             {
