@@ -14,21 +14,32 @@ import pytest
 from vllm_offload.vllm_ext.wake_order import (
     FIRST,
     CopyGroup,
+    Layers,
     attention_layers,
     copy_groups,
     tensor_rank,
     waits,
 )
 
+LLAMA = Layers("model.", {f"model.layers.{n}.self_attn.attn": n for n in range(32)})
+
 
 def test_tensors_rank_by_their_layer_the_embedding_first_the_head_last() -> None:
-    assert tensor_rank("model.embed_tokens.weight", 31) == FIRST
-    assert tensor_rank("model.layers.0.self_attn.qkv_proj.weight", 31) == 0
-    assert tensor_rank("model.layers.17.mlp.down_proj.weight", 31) == 17
-    assert tensor_rank("model.norm.weight", 31) == 32
-    assert tensor_rank("lm_head.weight", 31) == 32
-    assert tensor_rank("model.rotary_emb.cos_sin_cache", 31) == FIRST  # unknown: first
-    assert tensor_rank("model.layers.3.input_layernorm.weight", 31) == 3
+    assert tensor_rank("model.embed_tokens.weight", LLAMA) == FIRST
+    assert tensor_rank("model.layers.0.self_attn.qkv_proj.weight", LLAMA) == 0
+    assert tensor_rank("model.layers.17.mlp.down_proj.weight", LLAMA) == 17
+    assert tensor_rank("model.norm.weight", LLAMA) == 32
+    assert tensor_rank("lm_head.weight", LLAMA) == 32
+    assert tensor_rank("model.rotary_emb.cos_sin_cache", LLAMA) == FIRST  # unknown: first
+    assert tensor_rank("model.layers.3.input_layernorm.weight", LLAMA) == 3
+    # another stack's layers (a vision tower's) are not the decoder's: first
+    assert tensor_rank("vision_model.encoder.layers.5.mlp.fc1.weight", LLAMA) == FIRST
+    assert tensor_rank("vision_model.post_layernorm.norm.weight", LLAMA) == FIRST
+    wrapped = attention_layers(["language_model.model.layers.0.self_attn.attn"])
+    assert wrapped is not None and wrapped.prefix == "language_model.model."
+    assert tensor_rank("language_model.model.layers.0.mlp.up_proj.weight", wrapped) == 0
+    assert tensor_rank("language_model.lm_head.weight", wrapped) == 1
+    assert tensor_rank("model.layers.0.mlp.up_proj.weight", wrapped) == FIRST
 
 
 def test_an_allocation_goes_with_the_lowest_layer_it_holds() -> None:
@@ -43,7 +54,8 @@ def test_an_allocation_goes_with_the_lowest_layer_it_holds() -> None:
         ("lm_head.weight", 3010),
         ("elsewhere", 9000),  # outside the weight pool
     ]  # the allocation at 4000 holds no known tensor: first
-    groups = copy_groups(allocations, tensors, last_layer=2)
+    three = Layers("model.", {f"model.layers.{n}.self_attn.attn": n for n in range(3)})
+    groups = copy_groups(allocations, tensors, three)
     assert groups == [
         CopyGroup(FIRST, (1, 4)),
         CopyGroup(0, (0,)),
@@ -73,25 +85,29 @@ def test_each_attention_layer_waits_for_the_piece_after_it() -> None:
 def test_a_model_not_in_layers_n_order_is_not_layered() -> None:
     assert attention_layers(["model.layers.0.attn", "model.layers.0.cross_attn"]) is None
     assert attention_layers(["model.layers.0.attn", "encoder.attn"]) is None
+    assert attention_layers(["model.layers.0.attn", "vision.layers.1.attn"]) is None
     assert attention_layers([]) is None
 
 
 class Dispatcher:
-    """vLLM's CudagraphDispatcher's dispatch as the model runner calls it (keywords)."""
-
-    def __init__(self, graphs: set[str]) -> None:
-        self.graphs, self.asked = graphs, []
+    """vLLM's model runner V1 CudagraphDispatcher.dispatch: (mode, batch); FULL where a
+    full graph of that size was captured (a one-token decode step here)."""
 
     def dispatch(self, num_tokens: int, **kwargs: Any) -> tuple[Any, int]:
         from vllm.config import CUDAGraphMode
 
-        self.asked.append(kwargs.get("invalid_modes"))
-        allowed = set(kwargs.get("valid_modes") or {CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE})
-        allowed -= set(kwargs.get("invalid_modes") or ())
-        for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
-            if mode in allowed and mode.name in self.graphs:
-                return mode, num_tokens
-        return CUDAGraphMode.NONE, num_tokens
+        full = num_tokens == 1 and kwargs.get("uniform_decode", False)
+        return (CUDAGraphMode.FULL if full else CUDAGraphMode.PIECEWISE), num_tokens
+
+
+class Manager:
+    """Model runner V2's ModelCudaGraphManager.dispatch: a batch with its cg_mode."""
+
+    def dispatch(self, num_reqs: int, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+
+        full = num_tokens == num_reqs
+        return SimpleNamespace(cg_mode=CUDAGraphMode.FULL if full else CUDAGraphMode.PIECEWISE)
 
 
 class Impl:
@@ -103,64 +119,59 @@ class Impl:
         return self.name
 
 
-@pytest.fixture
-def model() -> tuple[Dispatcher, dict[str, Any], list[str]]:
+def model(dispatcher: Any) -> tuple[Any, dict[str, Any], list[str], Any]:
+    """Three attention layers, their waits installed on ``dispatcher``."""
+    from vllm_offload.vllm_ext.layered_wake import StepWaits
+
     log: list[str] = []
     attention = {
         f"model.layers.{n}.self_attn.attn": SimpleNamespace(impl=Impl(str(n), log))
         for n in range(3)
     }
-    return Dispatcher({"FULL", "PIECEWISE"}), attention, log
-
-
-def installed(model: tuple[Dispatcher, dict[str, Any], list[str]]) -> Any:
-    from vllm_offload.vllm_ext.layered_wake import StepWaits
-
-    dispatcher, attention, log = model
     per_layer = {name: n + 2 for n, name in enumerate(attention)}
-    step = StepWaits(["e0", "e1", "e2", "e3", "e4"], 1, per_layer, lambda e: log.append(e))
+    step = StepWaits(["e0", "e1", "e2", "e3", "e4"], 1, per_layer, log.append)
     step.install(dispatcher, attention)
-    return step
+    return dispatcher, attention, log, step
 
 
-def test_the_first_step_runs_piecewise_each_layer_waiting_for_its_next_copies(
-    model: tuple[Dispatcher, dict[str, Any], list[str]],
-) -> None:
-    from vllm.config import CUDAGraphMode
-
-    dispatcher, attention, log = model
-    installed(model)
-    mode, _ = dispatcher.dispatch(1, uniform_decode=True)  # would replay a full graph
-    assert mode == CUDAGraphMode.PIECEWISE and dispatcher.asked == [{CUDAGraphMode.FULL}]
+def forward(attention: dict[str, Any]) -> None:
     for layer in attention.values():  # as vLLM's unified_attention_with_output calls it
         layer.impl.forward(layer, "q", "k", "v")
+
+
+def test_the_first_step_waits_layer_by_layer_then_the_waits_go() -> None:
+    dispatcher, attention, log, _ = model(Dispatcher())
+    dispatcher.dispatch(64, uniform_decode=False)  # a prefill: piecewise graphs
+    forward(attention)
     assert log == ["e1", "attention 0", "e2", "attention 1", "e3", "attention 2", "e4"]
-    # done: the next step is vLLM's own, full graph and all, and no more waits
-    log.clear()
-    assert dispatcher.dispatch(1)[0] == CUDAGraphMode.FULL and dispatcher.asked[-1] is None
-    attention["model.layers.0.self_attn.attn"].impl.forward(None)
-    assert log == ["attention 0"]
+    log.clear()  # done: the next steps are vLLM's own
+    dispatcher.dispatch(64)
+    forward(attention)
+    assert log == ["attention 0", "attention 1", "attention 2"]
 
 
-def test_where_only_a_full_graph_may_run_the_step_waits_for_every_copy(
-    model: tuple[Dispatcher, dict[str, Any], list[str]],
-) -> None:
-    from vllm.config import CUDAGraphMode
+@pytest.mark.parametrize("runner", ["V1", "V2"])
+def test_a_full_graph_first_waits_for_every_copy_before_it(runner: str) -> None:
+    dispatcher, attention, log, _ = model(Dispatcher() if runner == "V1" else Manager())
+    if runner == "V1":
+        dispatcher.dispatch(1, uniform_decode=True)
+    else:
+        dispatcher.dispatch(1, 1, 1, 0)
+    assert log == ["e4"]  # no Python runs between a full graph's layers
+    forward(attention)  # the waits are down: all was waited for
+    assert log == ["e4", "attention 0", "attention 1", "attention 2"]
 
-    dispatcher, _attention, log = model
-    installed(model)
-    mode, _ = dispatcher.dispatch(1, valid_modes={CUDAGraphMode.FULL})
-    assert mode == CUDAGraphMode.FULL and log == ["e4"]  # no Python runs between its layers
+
+def test_model_runner_v2s_piecewise_step_waits_layer_by_layer() -> None:
+    dispatcher, attention, log, _ = model(Manager())
+    dispatcher.dispatch(1, 64, None, 0)
+    forward(attention)
+    assert log == ["e1", "attention 0", "e2", "attention 1", "e3", "attention 2", "e4"]
 
 
-def test_a_put_away_before_any_step_takes_the_waits_down(
-    model: tuple[Dispatcher, dict[str, Any], list[str]],
-) -> None:
-    from vllm.config import CUDAGraphMode
-
-    dispatcher, attention, log = model
-    installed(model).remove()
-    assert dispatcher.dispatch(1)[0] == CUDAGraphMode.FULL
-    for layer in attention.values():
-        layer.impl.forward(layer)
+def test_a_put_away_before_any_step_takes_the_waits_down() -> None:
+    dispatcher, attention, log, step = model(Dispatcher())
+    step.remove()
+    dispatcher.dispatch(64)
+    forward(attention)
     assert log == ["attention 0", "attention 1", "attention 2"]

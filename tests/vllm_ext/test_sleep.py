@@ -192,14 +192,14 @@ def test_a_layered_wake_holds_the_weights_for_their_copies_in_its_order(
     backend.hold_weights = True
     backend.resume(None)
     assert read(graphs, 3000) == b"G" * 3000  # all else woken and copied as before
-    assert [saved.ptr for saved in backend.held] == [first, second]
+    assert list(backend.held) == [first, second]
     assert all(allocator.pointer_to_data[ptr].is_asleep for ptr in (first, second))
     assert read(first, 5000) == b"\xee" * 5000 and queued == []  # nothing mapped nor copied
-    for saved in reversed(backend.held):  # the order is the caller's
-        backend.map_and_copy(saved, stream=77)
-    assert queued == [(second, 77), (first, 77)]
+    for address in (second, first):  # the order is the caller's
+        backend.map_and_copy(address, stream=77)
+    assert queued == [(second, 77), (first, 77)] and backend.held == {}
     assert read(first, 5000) == b"A" * 5000 and read(second, 3000) == b"B" * 3000
-    backend.hold_weights, backend.held = False, []
+    backend.hold_weights = False
     backend.suspend(level=1)  # the weights' copy is still whole: the next wake as ever
     backend.resume(None)
     assert read(first, 5000) == b"A" * 5000 and queued == [(second, 77), (first, 77)]
@@ -221,6 +221,49 @@ def test_weights_are_held_only_where_their_whole_copy_stays_in_the_arena(
     backend.suspend(level=2 if case == "level 2" else 1)
     backend.hold_weights = True
     backend.resume(["kv_cache"] if case == "weights later" else None)
-    assert backend.held == []
+    assert backend.held == {}
     if case == "copy released":
         assert read(weights, 5000) == b"W" * 5000  # copied whole, then the arena went back
+
+
+def test_a_failed_layered_wake_copies_what_it_held_and_the_next_wake_is_whole(
+    allocator: StandInAllocator, queued: list[tuple[int, int]]
+) -> None:
+    """What the worker does when its wake fails after the resume: every held allocation
+    mapped and copied at once (no stream); a retried wake then finds nothing asleep and
+    holds nothing; the next sleep keeps the weights' copy."""
+    from vllm_offload.vllm_ext.sleep import ArenaBackend
+
+    first = allocator.allocate("weights", b"A" * 5000)
+    second = allocator.allocate("weights", b"B" * 3000)
+    backend = ArenaBackend()
+    backend.suspend(level=1)
+    backend.hold_weights = True
+    backend.resume(None)
+    backend.map_and_copy(first, stream=5)  # then the error
+    for address in list(backend.held):
+        backend.map_and_copy(address, None)
+    assert queued == [(first, 5)] and backend.held == {}
+    assert read(second, 3000) == b"B" * 3000
+    backend.resume(None)  # vLLM's executor retries a wake that raised
+    assert backend.held == {} and read(first, 5000) == b"A" * 5000
+    backend.hold_weights = False
+    backend.suspend(level=1)
+    backend.resume(None)
+    assert read(first, 5000) == b"A" * 5000 and read(second, 3000) == b"B" * 3000
+
+
+def test_the_async_copy_passes_64_bit_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cudaMemcpyAsync bound with its argument types (ctypes passes a bare int as a C
+    int): here libc's memmove stands in, at a 64-bit address; its extra arguments (the
+    kind, the stream) are ignored by the C calling convention."""
+    from vllm_offload.vllm_ext import sleep
+
+    libc_memmove = ctypes.CDLL(None)["memmove"]  # a fresh function object: no argtypes
+    monkeypatch.setattr(
+        sleep, "libcudart", SimpleNamespace(lib=SimpleNamespace(cudaMemcpyAsync=libc_memmove))
+    )
+    source, target = ctypes.create_string_buffer(b"S" * 64), ctypes.create_string_buffer(64)
+    assert ctypes.addressof(target) > 1 << 32
+    sleep._memcpy_async()(ctypes.addressof(target), ctypes.addressof(source), 64, 4, 1 << 40)
+    assert target.raw == b"S" * 64

@@ -40,8 +40,8 @@ logger = init_logger("vllm.vllm_offload.layered_wake")
 
 
 class StepWaits:
-    """The first step's waits, installed on vLLM's dispatcher and attention impls until
-    the last attention layer has asked for the last copy. ``wait`` makes the current
+    """The first step's waits, installed on vLLM's CUDA-graph dispatch and attention impls
+    until the last attention layer has asked for the last copy. ``wait`` makes the current
     stream wait for an event (never the host)."""
 
     def __init__(
@@ -55,20 +55,21 @@ class StepWaits:
         self._undo: list[Callable[[], None]] = []
 
     def install(self, dispatcher: Any, attention: dict[str, Any]) -> None:
+        """``dispatcher``: the model runner's (vLLM's model runner V1 ``cudagraph_dispatcher``
+        answers (mode, batch), V2's ``cudagraph_manager`` a batch with ``cg_mode``)."""
         dispatch = dispatcher.dispatch
 
-        def dispatch_piecewise(*args: Any, **kwargs: Any) -> Any:
-            valid = kwargs.get("valid_modes")
-            invalid = set(kwargs.get("invalid_modes") or ())
-            if not valid or set(valid) - invalid - {CUDAGraphMode.FULL}:
-                kwargs["invalid_modes"] = invalid | {CUDAGraphMode.FULL}
-            mode, batch = dispatch(*args, **kwargs)
-            # A full graph runs no Python per layer: where one was the only choice left,
-            # the step waits for every copy before it.
-            self._wait(self._events[-1 if mode == CUDAGraphMode.FULL else self._first])
-            return mode, batch
+        def dispatch_then_wait(*args: Any, **kwargs: Any) -> Any:
+            chosen = dispatch(*args, **kwargs)
+            mode = chosen[0] if isinstance(chosen, tuple) else chosen.cg_mode
+            if mode == CUDAGraphMode.FULL:  # no Python runs between its layers: all first
+                self._wait(self._events[-1])
+                self.remove()
+            else:  # the embedding and the first layer's projections
+                self._wait(self._events[self._first])
+            return chosen
 
-        dispatcher.dispatch = dispatch_piecewise
+        dispatcher.dispatch = dispatch_then_wait
         self._undo.append(lambda: vars(dispatcher).pop("dispatch", None))
         for name, layer in attention.items():
             self._wrap(name, layer.impl)
@@ -102,56 +103,80 @@ class LayeredWakeWorker(Worker):
         self._waits: StepWaits | None = None
 
     def sleep(self, level: int = 1) -> None:
-        if self._waits is not None:  # woken, put away before any step: vLLM syncs first
-            self._waits.remove()
-            self._waits = None
+        self._take_waits_down()  # woken, put away before any step: vLLM syncs first
         super().sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         backend = self.sleep_mode_backend
-        if not isinstance(backend, ArenaBackend) or self._layers() is None:
+        attention = self._layers()
+        if not isinstance(backend, ArenaBackend) or attention is None:
             super().wake_up(tags)
             return
         backend.hold_weights = True
         try:
             super().wake_up(tags)
-        finally:
             backend.hold_weights = False
-        if backend.held:
-            held, backend.held = backend.held, []
-            self._copy_layer_by_layer(backend, held)
+            if backend.held:
+                self._copy_layer_by_layer(backend, attention)
+        except BaseException:  # every weight whole before the error goes on
+            backend.hold_weights = False
+            self._take_waits_down()
+            for address in list(backend.held):
+                backend.map_and_copy(address, None)
+            torch.cuda.synchronize()
+            raise
+
+    def _take_waits_down(self) -> None:
+        if self._waits is not None:
+            self._waits.remove()
+            self._waits = None
 
     def _layers(self) -> dict[str, Any] | None:
         """The attention layers by name, or None (logged once) where this engine wakes
-        whole."""
-        context = self.vllm_config.compilation_config.static_forward_context
-        attention = {name: layer for name, layer in context.items() if hasattr(layer, "impl")}
+        whole: the model's forward must be vLLM's decoder layers in order, each calling
+        its attention impl's ``forward``, and nothing else must read a weight first."""
+        from vllm.model_executor.layers.attention.attention import Attention
+
+        config = self.vllm_config
+        context = config.compilation_config.static_forward_context
+        attention = {name: layer for name, layer in context.items() if type(layer) is Attention}
         why = None
-        if self.vllm_config.speculative_config is not None:
+        if config.speculative_config is not None:
             why = "a draft model's layers are not in the order"
+        elif config.model_config.is_multimodal_model or config.model_config.is_encoder_decoder:
+            why = "an encoder reads its weights outside the decoder's layers"
+        elif config.model_config.quantization is not None:
+            why = "a quantized model's scales and workspaces are not all named tensors"
+        elif getattr(config.parallel_config, "use_ubatching", False):
+            why = "micro-batches run the layers on two streams"
         elif len(attention) != len(context) or wake_order.attention_layers(attention) is None:
-            why = "its layers are not all attention layers named layers.N"
+            why = "its layers are not all vLLM's Attention named layers.N"
+        elif self._dispatcher() is None:
+            why = "its model runner has no CUDA-graph dispatch this worker knows"
         if why is not None and why != self._why_whole:
             logger.info("vllm-offload layered wake: this engine wakes whole (%s)", why)
         self._why_whole = why
         return None if why else attention
 
-    def _copy_layer_by_layer(self, backend: ArenaBackend, held: list[Saved]) -> None:
-        attention = self._layers()
-        assert attention is not None
-        by_address = {saved.ptr: saved for saved in held}
-        if self._order is None or set(by_address) != set(chain(*self._order[0])):
-            self._order = self._ordered(attention, held)  # the same allocations each wake
-        groups, first, per_layer = self._order
+    def _dispatcher(self) -> Any:
+        """The runner's CUDA-graph dispatch: model runner V1's dispatcher, V2's manager."""
+        runner = self.model_runner
+        found = getattr(runner, "cudagraph_dispatcher", None)
+        return found if found is not None else getattr(runner, "cudagraph_manager", None)
+
+    def _copy_layer_by_layer(self, backend: ArenaBackend, attention: dict[str, Any]) -> None:
+        if self._order is None or set(backend.held) != set(chain(*self._order[0])):
+            self._order = self._ordered(attention, list(backend.held.values()))
+        groups, first, per_layer = self._order  # the same allocations each wake
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         events = []
         for group in groups:
             for address in group:
-                backend.map_and_copy(by_address[address], stream.cuda_stream)
+                backend.map_and_copy(address, stream.cuda_stream)
             events.append(torch.cuda.Event())  # type: ignore[no-untyped-call]
             events[-1].record(stream)
         self._waits = StepWaits(events, first, per_layer, _current_stream_waits)
-        self._waits.install(self.model_runner.cudagraph_dispatcher, attention)
+        self._waits.install(self._dispatcher(), attention)
 
     def _ordered(
         self, attention: dict[str, Any], held: list[Saved]
@@ -164,7 +189,7 @@ class LayeredWakeWorker(Worker):
         groups = wake_order.copy_groups(
             [(saved.ptr, saved.size) for saved in held],
             ((name, tensor.data_ptr()) for name, tensor in tensors),
-            max(layers.values()),
+            layers,
         )
         first, per_layer = wake_order.waits(groups, layers)
         addresses = [tuple(held[index].ptr for index in group.allocations) for group in groups]

@@ -92,9 +92,10 @@ class ArenaBackend(CuMemBackend):
         self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
         self._keep_copy = os.environ.get(SLEEP_KEEP_COPY_ENV, "1") != "0"
         # Set by the layered wake's worker for one resume: the weights, where the arena
-        # holds them, are neither mapped nor copied there but left to map_and_copy (held).
+        # holds them, are neither mapped nor copied there but left to map_and_copy (held,
+        # by address, until each is mapped and its copy queued).
         self.hold_weights = False
-        self.held: list[Saved] = []
+        self.held: dict[int, Saved] = {}
 
     def suspend(self, level: int = 1) -> None:
         allocator = CuMemAllocator.get_instance()
@@ -135,7 +136,7 @@ class ArenaBackend(CuMemBackend):
         held = {ptr for ptr, _size in self._weights_kept} if self._holds(tags) else set()
         if held:  # every deferrable tag asked for but the weights
             tags = [tag for tag in (tags or DEFERRABLE_TAGS) if tag != "weights"]
-            self.held = [saved for saved in self._saved if saved.ptr in held]
+            self.held.update((saved.ptr, saved) for saved in self._saved if saved.ptr in held)
             self._saved = [saved for saved in self._saved if saved.ptr not in held]
         allocator.wake_up(tags)
         mapped, copied = time.perf_counter() - began, 0
@@ -175,25 +176,31 @@ class ArenaBackend(CuMemBackend):
             and self._keep_copy
         )
 
-    def map_and_copy(self, saved: Saved, stream: int) -> None:
+    def map_and_copy(self, address: int, stream: int | None) -> None:
         """One held weight allocation mapped again and its copy from the arena queued on
-        ``stream`` (a CUDA stream handle): the layered wake's, in the order it chooses."""
+        ``stream`` (a CUDA stream handle: the layered wake's, in the order it chooses), or
+        made at once (None: what is left held after a failure)."""
         assert self._arena is not None
-        data = CuMemAllocator.get_instance().pointer_to_data[saved.ptr]
-        create_and_map(data.handle)
-        data.is_asleep = False
-        result = _memcpy_async()(
-            saved.ptr, self._arena.ptr + saved.offset, saved.size, _MEMCPY_DEFAULT, stream
-        )
-        if result != 0:
-            raise RuntimeError(f"cudaMemcpyAsync of {saved.size} bytes failed ({result})")
+        saved = self.held[address]
+        data = CuMemAllocator.get_instance().pointer_to_data[address]
+        if data.is_asleep:
+            create_and_map(data.handle)
+            data.is_asleep = False
+        source = self._arena.ptr + saved.offset
+        if stream is None:
+            libcudart.cudaMemcpy(address, source, saved.size)
+        else:
+            result = _memcpy_async()(address, source, saved.size, _MEMCPY_DEFAULT, stream)
+            if result != 0:
+                raise RuntimeError(f"cudaMemcpyAsync of {saved.size} bytes failed ({result})")
+        del self.held[address]
 
 
 def _memcpy_async() -> Any:
     """libcudart's cudaMemcpyAsync, from the library vLLM loaded (its CudaRTLibrary binds
     the synchronous copy only)."""
     function = libcudart.lib.cudaMemcpyAsync
-    if function.restype is not ctypes.c_int:
+    if function.argtypes is None:  # without them ctypes passes each address as a C int
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         function.argtypes += [ctypes.c_int, ctypes.c_void_p]
         function.restype = ctypes.c_int

@@ -19,24 +19,49 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_AFTER_THE_LAYERS = re.compile(r"^(?:lm_head\.|(?:[\w]+\.)?norm\.)")  # lm_head, model.norm
+_LAYER = re.compile(r"^(.*?)layers\.(\d+)\.")
+_HEAD = re.compile(r"(?:^|\.)lm_head\.")
 FIRST = -1  # the rank of what the first layer's step needs before its own tensors
 
 
-def layer_of(name: str) -> int | None:
-    """N for a name under ``layers.N.``; None elsewhere."""
-    found = _LAYER.search(name)
-    return int(found.group(1)) if found else None
+@dataclass(frozen=True)
+class Layers:
+    """The decoder's attention layers: the part of their names before ``layers.N.``
+    (``model.`` for Llama; a vision tower's ``layers.N`` elsewhere is not theirs) and each
+    layer's N by name."""
+
+    prefix: str
+    by_name: dict[str, int]
+
+    @property
+    def last(self) -> int:
+        return max(self.by_name.values())
 
 
-def tensor_rank(name: str, last_layer: int) -> int:
-    """When the forward first reads this tensor: its layer, FIRST before the layers
-    (embedding and anything not known), last_layer + 1 after them (final norm, lm_head)."""
-    layer = layer_of(name)
-    if layer is not None:
-        return layer
-    return last_layer + 1 if _AFTER_THE_LAYERS.match(name) else FIRST
+def attention_layers(names: Iterable[str]) -> Layers | None:
+    """The attention layers, or None where the layered wake does not know the model's
+    order: a layer without ``layers.N.``, two of one N, or two prefixes."""
+    prefixes: set[str] = set()
+    by_name: dict[str, int] = {}
+    for name in names:
+        found = _LAYER.match(name)
+        if found is None or int(found.group(2)) in by_name.values():
+            return None
+        prefixes.add(found.group(1))
+        by_name[name] = int(found.group(2))
+    return Layers(prefixes.pop(), by_name) if len(prefixes) == 1 else None
+
+
+def tensor_rank(name: str, layers: Layers) -> int:
+    """When the forward first reads this tensor: its decoder layer, FIRST before the
+    layers (the embedding, and anything not known), the last layer + 1 after them (the
+    decoder's final norm, lm_head)."""
+    found = _LAYER.match(name)
+    if found is not None and found.group(1) == layers.prefix:
+        return int(found.group(2))
+    if name.startswith(layers.prefix + "norm.") or _HEAD.search(name):
+        return layers.last + 1
+    return FIRST
 
 
 @dataclass(frozen=True)
@@ -50,7 +75,7 @@ class CopyGroup:
 def copy_groups(
     allocations: Sequence[tuple[int, int]],
     tensors: Iterable[tuple[str, int]],
-    last_layer: int,
+    layers: Layers,
 ) -> list[CopyGroup]:
     """``allocations``: (address, size) of the weight pool's allocations; ``tensors``:
     (name, data address) of the model's parameters and buffers. Groups in rank order,
@@ -66,7 +91,7 @@ def copy_groups(
         start, size = allocations[index]
         if address >= start + size:
             continue  # not in the weight pool
-        rank = tensor_rank(name, last_layer)
+        rank = tensor_rank(name, layers)
         ranks[index] = min(rank, ranks.get(index, rank))
     by_rank: dict[int, list[int]] = {}
     for index in range(len(allocations)):
@@ -74,31 +99,18 @@ def copy_groups(
     return [CopyGroup(rank, tuple(by_rank[rank])) for rank in sorted(by_rank)]
 
 
-def attention_layers(names: Iterable[str]) -> dict[str, int] | None:
-    """Each attention layer's N (its ``layers.N.``), or None where the layered wake does
-    not know the model's order: a layer without N, or two layers of one N."""
-    layers: dict[str, int] = {}
-    for name in names:
-        layer = layer_of(name)
-        if layer is None or layer in layers.values():
-            return None
-        layers[name] = layer
-    return layers or None
-
-
-def waits(groups: Sequence[CopyGroup], layers: dict[str, int]) -> tuple[int, dict[str, int]]:
+def waits(groups: Sequence[CopyGroup], layers: Layers) -> tuple[int, dict[str, int]]:
     """The group whose event the step waits for before its first piece (the embedding and
     layer 0's projections), and for each attention layer the one it waits for before the
     piece after it (its own MLP and the next layer's projections; the last layer: all, the
     final norm and lm_head included). Events are recorded in group order on one stream, so
     waiting for group g waits for every group before it."""
     ranks = [group.rank for group in groups]
-    last = max(layers.values())
 
     def through(rank: int) -> int:  # the last group of rank <= rank (0 if none)
         return max(bisect.bisect_right(ranks, rank) - 1, 0)
 
-    return through(min(layers.values())), {
-        name: len(groups) - 1 if layer == last else through(layer + 1)
-        for name, layer in layers.items()
+    return through(min(layers.by_name.values())), {
+        name: len(groups) - 1 if layer == layers.last else through(layer + 1)
+        for name, layer in layers.by_name.items()
     }
