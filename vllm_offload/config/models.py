@@ -118,9 +118,10 @@ class ResidencySection(_Section):
         description="A model woken from a level-1 sleep that keeps its host copy starts its "
         "first step while its weights are still coming back, each layer waiting on the GPU "
         "for its own copies only (vllm_offload/vllm_ext/layered_wake.py): the request's way "
-        "in and its forward hide behind the copy. Off until measured on a GPU "
-        "(docs/design/switch-below-the-copy.md); ignored where models stop, sleep at level "
-        "2 or give their copy back (residency.host_copy = 'release').",
+        "in and its forward hide behind the copy: an 8B model's first token after a switch "
+        "0.48 s instead of 0.51 on an H200, answers bit-identical (one run; off until more "
+        "fresh starts: docs/design/switch-below-the-copy.md). Ignored where models stop, "
+        "sleep at level 2 or give their copy back (residency.host_copy = 'release').",
     )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
