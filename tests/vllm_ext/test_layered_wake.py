@@ -175,3 +175,34 @@ def test_a_put_away_before_any_step_takes_the_waits_down() -> None:
     dispatcher.dispatch(64)
     forward(attention)
     assert log == ["attention 0", "attention 1", "attention 2"]
+
+
+def decoder_of(context: dict[str, Any], **model: Any) -> Any:
+    """LayeredWakeWorker._decoder for a vLLM config made of ``context`` (its
+    static_forward_context) and ``model`` (model_config's fields), on a worker not started."""
+    from vllm_offload.vllm_ext.layered_wake import LayeredWakeWorker
+
+    worker = LayeredWakeWorker.__new__(LayeredWakeWorker)
+    worker.vllm_config = SimpleNamespace(  # type: ignore[assignment]
+        compilation_config=SimpleNamespace(static_forward_context=context),
+        speculative_config=model.pop("speculative", None),
+        parallel_config=SimpleNamespace(use_ubatching=False),
+        model_config=SimpleNamespace(
+            **{"is_multimodal_model": False, "is_encoder_decoder": False, "quantization": None}
+            | model
+        ),
+    )
+    worker.model_runner = SimpleNamespace(cudagraph_manager=object())  # type: ignore[assignment]
+    return worker._decoder
+
+
+def test_an_engine_wakes_layer_by_layer_only_where_it_knows_the_order() -> None:
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    llama = {f"model.layers.{n}.self_attn.attn": Attention.__new__(Attention) for n in range(2)}
+    attention, layers = decoder_of(llama)
+    assert attention == llama and layers.prefix == "model." and layers.last == 1
+    assert decoder_of(llama, speculative=object()) is None
+    assert decoder_of(llama, quantization="fp8") is None
+    assert decoder_of(llama, is_multimodal_model=True) is None
+    assert decoder_of(llama | {"model.layers.2.mamba": SimpleNamespace(impl=None)}) is None

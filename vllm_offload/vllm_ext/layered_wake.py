@@ -29,6 +29,7 @@ GPU worker.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from itertools import chain
 from typing import Any
 
@@ -103,7 +104,6 @@ class LayeredWakeWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._order: tuple[list[tuple[int, ...]], int, dict[str, int]] | None = None
-        self._why_whole: str | None = None
         self._waits: StepWaits | None = None
 
     def sleep(self, level: int = 1) -> None:
@@ -112,8 +112,7 @@ class LayeredWakeWorker(Worker):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         backend = self.sleep_mode_backend
-        attention = self._layers()
-        if not isinstance(backend, ArenaBackend) or attention is None:
+        if not isinstance(backend, ArenaBackend) or self._decoder is None:
             super().wake_up(tags)
             return
         backend.hold_weights = True
@@ -121,7 +120,7 @@ class LayeredWakeWorker(Worker):
             super().wake_up(tags)
             backend.hold_weights = False
             if backend.held:
-                self._copy_layer_by_layer(backend, attention)
+                self._copy_layer_by_layer(backend, *self._decoder)
         except BaseException:  # every weight whole before the error goes on
             backend.hold_weights = False
             self._take_waits_down()
@@ -135,15 +134,19 @@ class LayeredWakeWorker(Worker):
             self._waits.remove()
             self._waits = None
 
-    def _layers(self) -> dict[str, Any] | None:
-        """The attention layers by name, or None (logged once) where this engine wakes
-        whole: the model's forward must be vLLM's decoder layers in order, each calling
-        its attention impl's ``forward``, and nothing else must read a weight first."""
+    @cached_property
+    def _decoder(self) -> tuple[dict[str, Any], wake_order.Layers] | None:
+        """The attention layers by name and in order, or None (logged) where this engine
+        wakes whole: the model's forward must be vLLM's decoder layers in order, each
+        calling its attention impl's ``forward``, and nothing else must read a weight
+        first. Known at the first wake (the model and its runner are built by then) and
+        the same at every later one."""
         from vllm.model_executor.layers.attention.attention import Attention
 
         config = self.vllm_config
         context = config.compilation_config.static_forward_context
         attention = {name: layer for name, layer in context.items() if type(layer) is Attention}
+        layers = wake_order.attention_layers(attention)
         why = None
         if config.speculative_config is not None:
             why = "a draft model's layers are not in the order"
@@ -153,14 +156,14 @@ class LayeredWakeWorker(Worker):
             why = "a quantized model's scales and workspaces are not all named tensors"
         elif getattr(config.parallel_config, "use_ubatching", False):
             why = "micro-batches run the layers on two streams"
-        elif len(attention) != len(context) or wake_order.attention_layers(attention) is None:
+        elif len(attention) != len(context) or layers is None:
             why = "its layers are not all vLLM's Attention named layers.N"
         elif self._dispatcher() is None:
             why = "its model runner has no CUDA-graph dispatch this worker knows"
-        if why is not None and why != self._why_whole:
+        if why is not None or layers is None:
             logger.info("vllm-offload layered wake: this engine wakes whole (%s)", why)
-        self._why_whole = why
-        return None if why else attention
+            return None
+        return attention, layers
 
     def _dispatcher(self) -> Any:
         """The runner's CUDA-graph dispatch: model runner V1's dispatcher, V2's manager."""
@@ -168,9 +171,11 @@ class LayeredWakeWorker(Worker):
         found = getattr(runner, "cudagraph_dispatcher", None)
         return found if found is not None else getattr(runner, "cudagraph_manager", None)
 
-    def _copy_layer_by_layer(self, backend: ArenaBackend, attention: dict[str, Any]) -> None:
+    def _copy_layer_by_layer(
+        self, backend: ArenaBackend, attention: dict[str, Any], layers: wake_order.Layers
+    ) -> None:
         if self._order is None or set(backend.held) != set(chain(*self._order[0])):
-            self._order = self._ordered(attention, list(backend.held.values()))
+            self._order = self._ordered(layers, list(backend.held.values()))
         groups, first, per_layer = self._order  # the same allocations each wake
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         events = []
@@ -183,11 +188,9 @@ class LayeredWakeWorker(Worker):
         self._waits.install(self._dispatcher(), attention)
 
     def _ordered(
-        self, attention: dict[str, Any], held: list[Saved]
+        self, layers: wake_order.Layers, held: list[Saved]
     ) -> tuple[list[tuple[int, ...]], int, dict[str, int]]:
         """The held allocations' addresses in copy groups, and the step's waits."""
-        layers = wake_order.attention_layers(attention)
-        assert layers is not None
         model = self.model_runner.model
         tensors = chain(model.named_parameters(), model.named_buffers())
         groups = wake_order.copy_groups(
