@@ -531,6 +531,29 @@ def test_the_time_share_after_a_long_step() -> None:
     assert not share.admit(others=True)
     assert share.admit(others=False)  # nobody to wait for
     clock.now = 5.0
+    assert not share.admit(others=True)  # 0.1 s of the wait was left as they parted
+    clock.now = 5.1
+    assert share.admit(others=True)
+
+
+def test_the_time_apart_does_not_count_towards_the_wait() -> None:
+    """Issue #54, fair12 (a share of 0.1): with the time apart counted, every wave of
+    chats met a spilled step at once, 0.22-0.25 of the waves' time. What is left of the
+    wait when they part is left when they meet again."""
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.25, clock=clock)
+    share.started("beside", spilled=True, shared=True, beside=True)
+    clock.now = 1.0  # 3 s of the others' steps before the next
+    share.ended("beside")
+    clock.now = 2.0
+    assert share.admit(others=False)  # the wave ends with 2 s of the wait left
+    share.started("alone", spilled=True)
+    clock.now = 10.0
+    share.ended("alone")  # alone for 8 s
+    assert not share.admit(others=True)  # the next wave
+    clock.now = 11.9
+    assert not share.admit(others=True)
+    clock.now = 12.0
     assert share.admit(others=True)
 
 
@@ -991,3 +1014,51 @@ def test_a_request_that_cannot_run_yet_holds_no_long_step_back(scheduler: Any) -
     for _ in range(10):
         assert step(scheduler) == {"long"}
     assert long.num_output_tokens == 11
+
+
+def test_over_waves_of_chats_a_spilled_decode_gets_its_share_of_their_time(
+    scheduler: Any,
+) -> None:
+    """Issue #54, fair12: waves of chats shorter than the share's spacing, the spilled
+    request alone between them. Each wave met a spilled step at once (the time apart
+    counted towards the wait): 0.22-0.25 of the waves' time at a share of 0.1. Over the
+    waves' time together, its steps take the share."""
+    long = prefill_long(scheduler)
+    clock = scheduler.spill_share.clock
+    spilled_s = together_s = 0.0
+    for wave in range(24):  # each ~0.3 s, the wait after a spilled step 0.42 s
+        chats = [add(scheduler, f"w{wave}c{n}", 160, 60) for n in range(4)]
+        while not all(c.is_finished() for c in chats):
+            before = clock.now
+            ran = step(scheduler)
+            together_s += clock.now - before
+            spilled_s += clock.now - before if "long" in ran else 0.0
+        for _ in range(5):  # alone between the waves: every step its own
+            assert step(scheduler) == {"long"}
+    assert SHARE - 0.07 <= spilled_s / together_s <= SHARE + 0.03, spilled_s / together_s
+    assert not long.is_finished()
+
+
+def test_a_new_long_request_waits_out_the_share_too(scheduler: Any) -> None:
+    """A long request waiting for its first chunk beside chats, while a spilled one's
+    wait runs: its chunk waits too (it was taken at once, the share counting only long
+    requests already running), in its place in the line; that time counts as shared."""
+    first = prefill_long(scheduler, prompt_tokens=2500)
+    chats = [add(scheduler, f"chat{n}", 160, 400) for n in range(2)]
+    clock, with_first = scheduler.spill_share.clock, []
+    while len(with_first) < 2:  # its first step beside the chats, then its wait begins
+        began = clock.now
+        if "long" in step(scheduler):
+            with_first.append((began, clock.now))
+    ended = with_first[-1][1]
+    second = add(scheduler, "long2", 2500, 4)
+    later = add(scheduler, "chat-later", 160, 4)
+    while second.num_computed_tokens == 0:
+        began = clock.now
+        ran = step(scheduler)
+        assert "long" not in ran or began >= ended + SPILLED_STEP_S * (1 - SHARE) / SHARE
+        if "long2" in ran:
+            assert began >= ended + SPILLED_STEP_S * (1 - SHARE) / SHARE - 1e-9, began
+    assert later.num_computed_tokens > 0  # the chat behind it was not held back
+    assert scheduler.spill_share.shared_s >= clock.now - with_first[0][0] - GPU_STEP_S
+    assert not first.is_finished() and not any(c.is_finished() for c in chats)

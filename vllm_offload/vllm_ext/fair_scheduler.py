@@ -3,7 +3,8 @@
 
 Long requests (past half the GPU part, from their first chunk) share the GPU's time: a
 step that keeps them out hides them from vLLM's running list (and its running limit) while
-vLLM schedules it; vLLM's own loop, budgets and preemption decide the rest. Their blocks
+vLLM schedules it, and has vLLM skip those waiting for a first chunk; vLLM's own loop,
+budgets and preemption decide the rest. Their blocks
 come from the GPU up to their allowance (``DeviceFirstFreeBlockQueue.gpu_allowance``), then
 from host RAM; a short request that would not find GPU blocks beside them waits. Short
 prompts waiting with a new long one go first; a long chunk beside others is bounded
@@ -64,6 +65,8 @@ class FairScheduler(Scheduler):
         self.emptied_for_long = False
         # The long requests once moved behind the short ones waiting with them.
         self.moved_behind_shorts: set[str] = set()
+        # While vLLM schedules a step: the share keeps the waiting long requests out.
+        self.holding_back_longs = False
         self.sharing = bool(self.host_blocks) and self.spill_share.share < 1  # 1: 0006 alone
         if self.sharing:
             self._keep_requests_to_their_parts()
@@ -141,20 +144,26 @@ class FairScheduler(Scheduler):
         waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
+        # A long request and others, running or ready: the share is in force, for a long
+        # request that waits for its first chunk too.
+        met = others and (bool(self.long_running) or any(self.is_long(r) for r in ready))
         if self.sharing:
             self._short_prompts_first()
-        admit = not self.long_running or not self.sharing or self.spill_share.admit(others=others)
+        admit = not self.sharing or self.spill_share.admit(others=met)
         prefilling = self._long_prefills(admit, ready) if others and self.sharing else []
         if not prefilling:
             self.emptied_for_long = False  # a long request that prefills later: its own
         elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
-        with self._prefill_chunks_of(self._long_chunk(len(prefilling), _all_new(prefilling))):
+        with (
+            self._holding_back_longs(not admit),
+            self._prefill_chunks_of(self._long_chunk(len(prefilling), _all_new(prefilling))),
+        ):
             output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
         scheduled = output.num_scheduled_tokens
         longs = {i: n for i, n in scheduled.items() if self._is_long_id(i)}
         long_tokens = sum(longs.values())
-        shared = others and (long_tokens > 0 or bool(self.long_running))
+        shared = met or (others and long_tokens > 0)
         if any(r.request_id in scheduled for r in prefilling):
             self.emptied_for_long = False
         if output.total_num_scheduled_tokens:  # an empty step keeps none waiting
@@ -198,12 +207,13 @@ class FairScheduler(Scheduler):
                 self.moved_behind_shorts.add(request.request_id)
 
     def _long_prefills(self, admit: bool, ready: list[Request]) -> list[Request]:
-        """The long requests that may prefill in this step: those running and admitted
-        by the share, and those ready in the waiting line (a first chunk) while vLLM
+        """The long requests that may prefill in this step where the share admits them:
+        those running, and those ready in the waiting line (a first chunk) while vLLM
         admits more; not one that only decodes (found in review: chats' prompts were
         split for a long request's whole life)."""
-        running = self.long_running if admit else []
-        prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
+        if not admit:
+            return []
+        prefilling = [r for r in self.long_running if r.num_computed_tokens < r.num_prompt_tokens]
         if len(self.running) < self.max_num_active_reqs:  # vLLM's own limit, both versions
             prefilling += [r for r in ready if self.is_long(r)]
         return prefilling
@@ -239,8 +249,25 @@ class FairScheduler(Scheduler):
         finally:  # the waiting line's "capacity bound" of a step that admitted none: not
             self.max_num_scheduled_tokens, self.prefill_capacity_bound = budget, bound
 
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        """vLLM's check of a waiting request before it schedules it; a long one the share
+        holds back is skipped too, keeping its place in the line."""
+        if self.holding_back_longs and self.is_long(request):
+            return False
+        return bool(super()._handle_blocked_waiting_request(request))
+
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])
+
+    @contextlib.contextmanager
+    def _holding_back_longs(self, hold: bool) -> Iterator[None]:
+        """While vLLM schedules a step: with ``hold``, the long requests waiting for a
+        chunk are skipped (``_handle_blocked_waiting_request``)."""
+        self.holding_back_longs = hold
+        try:
+            yield
+        finally:
+            self.holding_back_longs = False
 
     @contextlib.contextmanager
     def _prefill_chunks_of(self, tokens: int) -> Iterator[None]:

@@ -12,10 +12,13 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   measured its GPU-only first chunks beside chats as unspaced long gaps): after
   such a step of ``t`` seconds beside them (from its scheduling: ``SpillShare``), the next
   one may start ``t * (1 - share) / share`` seconds later, and the steps in between run
-  without it. Alone, it runs every
-  step, and those steps hold back none that follows (issue #54: a spacing counted from
-  them kept the spilled request out for most of a chat's life when chats came and went,
-  0.07 of the time at a share of 0.1).
+  without it. Alone, it runs every step, and those steps hold back none that follows
+  (issue #54: a spacing counted from them kept the spilled request out for most of a
+  chat's life when chats came and went, 0.07 of the time at a share of 0.1); nor does the
+  time apart count towards the spacing: what is left of it when they part is left when
+  they meet again (issue #54, fair12: with the time apart counted, each wave of chats met
+  a spilled step at once, 0.22-0.25 of the waves' time at a share of 0.1), so that over
+  the time together its steps take the share, wave after wave.
 - **Long requests together hold at most half the GPU part** (a long request: one whose
   length could fill that half). Past it their new blocks come from host RAM, counted block
   by block (a prefill chunk larger than what is left of the half takes the rest from host
@@ -154,16 +157,24 @@ class SpillShare:
     _not_before: float = field(default=-math.inf, init=False)
     _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
     _first_tokens_per_s: float | None = field(default=None, init=False)  # of first chunks
+    _apart_since: float | None = field(default=None, init=False)  # none beside it since
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
     spilled_shared_low_s: float = field(default=0.0, init=False)
 
     def admit(self, *, others: bool) -> bool:
-        """Whether the spilled requests go into the step now scheduled; ``others``:
-        whether any other request is running or waiting."""
+        """Whether the spilled requests go into the step now scheduled (called for every
+        step); ``others``: whether a spilled request and any other request are running or
+        waiting."""
+        now = self.clock()
         if not others:
+            if self._apart_since is None:
+                self._apart_since = now
             return True
-        return self.clock() >= self._not_before and not any(s.spilled for s in self._running)
+        if self._apart_since is not None:  # together again: the wait left when they parted
+            self._not_before = now + max(0.0, self._not_before - self._apart_since)
+            self._apart_since = None
+        return now >= self._not_before and not any(s.spilled for s in self._running)
 
     def in_flight(self) -> bool:
         """Whether a step is scheduled and its output not yet seen."""
