@@ -15,6 +15,8 @@ graphs, one server per arm through `vllm-offload serve`, both up at once:
   share-S-switchI  for each I in --switch-intervals: share-S with BENCH_SWITCH_INTERVAL_S=I
              in its environment (Python's switch interval in seconds, read only by a
              snippet a call script appends on the GPU host)
+  share-S-base  with --base-tree DIR: share-S with vllm_offload imported from DIR (a
+             copy of an earlier commit's tree): the rules before a change, in the same run
 
 --arms keeps only the arms named (comma-separated; all by default).
 
@@ -45,6 +47,7 @@ Writes OUT/fairness.json and each server's log.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import statistics
@@ -280,6 +283,12 @@ def make_arms(args: argparse.Namespace, model: Path) -> list[Arm]:
         for interval in filter(None, args.switch_intervals.split(","))
     }
     flags.update({name: flags[base] for name, (base, _) in switched.items()})
+    env = {name: {"BENCH_SWITCH_INTERVAL_S": interval} for name, (_, interval) in switched.items()}
+    if args.base_tree:
+        path = os.pathsep.join([str(args.base_tree), os.environ.get("PYTHONPATH", "")])
+        for share in args.shares.split(","):
+            flags[f"share-{share}-base"] = flags[f"share-{share}"]
+            env[f"share-{share}-base"] = {"PYTHONPATH": path}
     if args.all_gpu_pool_gib:
         flags["all-gpu"] = ["--gpu-kv-cache-memory-bytes", str(int(args.all_gpu_pool_gib * GIB))]
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]
@@ -289,7 +298,7 @@ def make_arms(args: argparse.Namespace, model: Path) -> list[Arm]:
         Arm(
             name=n,
             serve_args=vllm_last([*ours, *f], "--load-format=dummy"),
-            env={"BENCH_SWITCH_INTERVAL_S": switched[n][1]} if n in switched else {},
+            env=env.get(n, {}),
         )
         for n, f in flags.items()
         if n in kept
@@ -310,6 +319,7 @@ def main() -> None:
     parser.add_argument("--caps", default="", help="long prompts' chunk beside others, e.g. 2048")
     parser.add_argument("--all-gpu-pool-gib", type=float, default=0.0, help="0: no such arm")
     parser.add_argument("--switch-intervals", default="", help="seconds, e.g. 0.0005")
+    parser.add_argument("--base-tree", type=Path, help="share-S-base arms: vllm_offload from here")
     parser.add_argument("--arms", default="", help="only these arms, e.g. share-0.1,all-gpu")
     parser.add_argument("--utilization", type=float, default=0.3, help="per server")
     parser.add_argument("--model", type=Path, help="a model folder (default: the 8B shape)")
