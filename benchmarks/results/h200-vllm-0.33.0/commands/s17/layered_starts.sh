@@ -1,0 +1,28 @@
+#!/bin/bash
+# Issue #58: the layered wake's answers over fresh starts. Two 8B models of the seeded
+# random checkpoint, 8 GiB pools, max_resident 1, through `vllm-offload serve`
+# (benchmarks/gpu/switch.py): first the whole wake with its compile caches emptied (the
+# reference), then STARTS servers with the layered wake, each a fresh process tree on the
+# caches the first compiled, SWITCHES switches each; every answer against the reference's
+# first (s17/same_across.py). LIMIT=s [STARTS=3] [SWITCHES=6]
+set -u; commands=benchmarks/results/h200-vllm-0.33.0/commands
+bash $commands/s10/retree.sh
+cd /root/repo && source /root/vo/env.sh; mkdir -p $OUT/starts; t0=$SECONDS
+arm() {  # name seconds switch.py-flags...
+  local name=$1 limit=$2; shift 2; local t=$SECONDS
+  timeout -k 10 $limit python3 benchmarks/gpu/switch.py --checkpoint /root/ckpt-llama-3.1-8b \
+    --out $OUT/starts/$name.json --models 2 --switches ${SWITCHES:-6} "$@" 2>&1 \
+    | grep -v "^INFO\|^(\|^WARNING\|^DEBUG" | tail -6
+  echo "$name: rc=${PIPESTATUS[0]} in $((SECONDS-t)) s"
+  pkill -9 -f vllm_offload; pkill -9 -f EngineCore; sleep 3
+}
+arm whole 240 --cache /root/cc/starts
+export VLLM_CACHE_ROOT=/root/cc/starts/vllm TORCHINDUCTOR_CACHE_DIR=/root/cc/starts/inductor TRITON_CACHE_DIR=/root/cc/starts/triton
+for n in $(seq 1 ${STARTS:-3}); do
+  left=$((LIMIT - (SECONDS - t0) - 15))
+  [ $left -gt 110 ] || { echo "start $n: skipped ($left s left)"; break; }
+  arm layered-$n $left --layered-wake
+done
+python3 $commands/s17/same_across.py --out $OUT/starts/same.json $OUT/starts/whole.json $OUT/starts/layered-*.json
+(cd $OUT/starts && tar -cJf starts-logs.tar.xz ./*.log 2>/dev/null && rm -f ./*.log)
+echo "layered_starts.sh done in $((SECONDS-t0)) s"
