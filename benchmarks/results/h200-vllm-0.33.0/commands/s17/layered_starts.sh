@@ -4,10 +4,13 @@
 # (benchmarks/gpu/switch.py): first the whole wake with its compile caches emptied (the
 # reference), then STARTS servers with the layered wake, each a fresh process tree on the
 # caches the first compiled, SWITCHES switches each; every answer against the reference's
-# first (s17/same_across.py). LIMIT=s [STARTS=3] [SWITCHES=6]
+# first (s17/same_across.py); the layered starts log each wake's copy timeline
+# (s17/wake_timeline.py, appended on the host). LIMIT=s [STARTS=3] [SWITCHES=6]
 set -u; commands=benchmarks/results/h200-vllm-0.33.0/commands
 bash $commands/s10/retree.sh
 cd /root/repo && source /root/vo/env.sh; mkdir -p $OUT/starts; t0=$SECONDS
+grep -q WAKETL vllm_offload/vllm_ext/layered_wake.py \
+  || cat $commands/s17/wake_timeline.py >> vllm_offload/vllm_ext/layered_wake.py
 arm() {  # name seconds switch.py-flags...
   local name=$1 limit=$2; shift 2; local t=$SECONDS
   timeout -k 10 $limit python3 benchmarks/gpu/switch.py --checkpoint /root/ckpt-llama-3.1-8b \
@@ -24,5 +27,6 @@ for n in $(seq 1 ${STARTS:-3}); do
   arm layered-$n $left --layered-wake
 done
 python3 $commands/s17/same_across.py --out $OUT/starts/same.json $OUT/starts/whole.json $OUT/starts/layered-*.json
+grep -h "WAKETL [0-9]" $OUT/starts/*.log | sed -E 's/.*WAKETL/WAKETL/' | head -12
 (cd $OUT/starts && tar -cJf starts-logs.tar.xz ./*.log 2>/dev/null && rm -f ./*.log)
 echo "layered_starts.sh done in $((SECONDS-t0)) s"
