@@ -151,8 +151,9 @@ class FairScheduler(Scheduler):
             self._short_prompts_first()
         admit = not self.sharing or self.spill_share.admit(others=met)
         prefilling = self._long_prefills(admit, ready) if others and self.sharing else []
-        if not prefilling:
-            self.emptied_for_long = False  # a long request that prefills later: its own
+        if not prefilling:  # one that prefills later gets its own empty step; one the
+            # share holds back keeps the one it had (found in review: one before each)
+            self.emptied_for_long = self.emptied_for_long and not admit
         elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
         with (
@@ -252,9 +253,8 @@ class FairScheduler(Scheduler):
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's check of a waiting request before it schedules it; a long one the share
         holds back is skipped too, keeping its place in the line."""
-        if self.holding_back_longs and self.is_long(request):
-            return False
-        return bool(super()._handle_blocked_waiting_request(request))
+        ready = bool(super()._handle_blocked_waiting_request(request))  # vLLM's first
+        return ready and not (self.holding_back_longs and self.is_long(request))
 
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])
@@ -291,6 +291,9 @@ class FairScheduler(Scheduler):
         if ended:
             self.long_running = [r for r in self.long_running if not r.is_finished()]
             self._log_share()
+            waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
+            if not self.long_running and not any(self.is_long(r) for r in waiting):
+                self.spill_share.start_over()
         return outputs
 
     def _log_share(self) -> None:

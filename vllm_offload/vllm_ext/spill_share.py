@@ -16,9 +16,12 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   (issue #54: a spacing counted from them kept the spilled request out for most of a
   chat's life when chats came and went, 0.07 of the time at a share of 0.1); nor does the
   time apart count towards the spacing: what is left of it when they part is left when
-  they meet again (issue #54, fair12: with the time apart counted, each wave of chats met
-  a spilled step at once, 0.22-0.25 of the waves' time at a share of 0.1), so that over
-  the time together its steps take the share, wave after wave.
+  they meet again, so that over the time together its steps take the share, wave after
+  wave. Where long requests first meet others (since none was there), the first step
+  waits as if one of ``LONG_STEP_S`` had just ended beside them, so that a wave of chats
+  shorter than that never waits for one (issue #54, fair12: each wave met a spilled step
+  at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat that saw a second
+  long gap missed its p99 goal).
 - **Long requests together hold at most half the GPU part** (a long request: one whose
   length could fill that half). Past it their new blocks come from host RAM, counted block
   by block (a prefill chunk larger than what is left of the half takes the rest from host
@@ -158,6 +161,7 @@ class SpillShare:
     _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
     _first_tokens_per_s: float | None = field(default=None, init=False)  # of first chunks
     _apart_since: float | None = field(default=None, init=False)  # none beside it since
+    _fresh: bool = field(default=True, init=False)  # no spacing yet since start_over
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
     spilled_shared_low_s: float = field(default=0.0, init=False)
@@ -171,10 +175,20 @@ class SpillShare:
             if self._apart_since is None:
                 self._apart_since = now
             return True
-        if self._apart_since is not None:  # together again: the wait left when they parted
+        if self._fresh:  # they first meet: as if a long step had just ended beside them
+            self._not_before, self._fresh = now + self._spacing(LONG_STEP_S), False
+        elif self._apart_since is not None:  # together again: the wait left when they parted
             self._not_before = now + max(0.0, self._not_before - self._apart_since)
-            self._apart_since = None
+        self._apart_since = None
         return now >= self._not_before and not any(s.spilled for s in self._running)
+
+    def start_over(self) -> None:
+        """No long request is left: the next one to meet others waits as the first."""
+        self._fresh, self._apart_since = True, None
+
+    def _spacing(self, step_s: float) -> float:
+        """The wait after a spilled step of ``step_s`` beside others."""
+        return step_s * (1 - self.share) / self.share
 
     def in_flight(self) -> bool:
         """Whether a step is scheduled and its output not yet seen."""
@@ -230,7 +244,9 @@ class SpillShare:
             self.spilled_shared_s += own if step.spilled else 0.0
             self.spilled_shared_low_s += took if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
-            self._not_before = now + own * (1 - self.share) / self.share
+            self._not_before, self._fresh = now + self._spacing(own), False
+            if self._apart_since is not None:  # they parted as it ran: its wait starts now
+                self._apart_since = now
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
             self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
             if step.first_chunk:
