@@ -675,8 +675,8 @@ def test_a_long_request_arriving_beside_chats_is_spaced_from_its_first_chunk(
     request not yet running): its second chunk ran straight after, and chats arriving
     before it saw two long gaps (p99 33x). Every step with it beside the chats spaces the
     next, its first chunk too."""
-    scheduler = met_earlier(wide_chunks)
-    chats = [add(scheduler, f"chat{n}", 160, 200) for n in range(4)]
+    scheduler = wide_chunks
+    chats = [add(scheduler, f"chat{n}", 160, 600) for n in range(2)]  # past the first wait
     step(scheduler)
     long = add(scheduler, "long", 5000, 8)
     clock, with_long = scheduler.spill_share.clock, []
@@ -762,7 +762,7 @@ def test_a_new_long_requests_first_chunk_is_not_sized_by_the_one_before(
 ) -> None:
     """The rate a long request ended on (its context long, its chunks slow) does not size
     the next one's first chunk: vLLM's own chunk before any first chunk was measured."""
-    scheduler = met_earlier(make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072))
+    scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
     engine = BatchQueue(scheduler, long_token_s=1e-4)
     for n in range(2):
         add(scheduler, f"chat{n}", 160, 600)
@@ -770,7 +770,7 @@ def test_a_new_long_requests_first_chunk_is_not_sized_by_the_one_before(
     scheduler.spill_share._long_tokens_per_s = 4096.0  # the last one's: 1,024-token chunks
     long = add(scheduler, "long", 6400, 4)
     first = 0
-    for _ in range(50):
+    for _ in range(500):  # after the first wait
         if len(engine.queue) == 2:
             engine.end_oldest()
         ran, _, _ = engine.schedule()
@@ -981,13 +981,11 @@ def test_a_preempted_long_request_keeps_the_front_of_the_line(
 
     scheduler = make_scheduler(demo_dir, SHARE, True)
     long = add(scheduler, "long", 5000, 4)
+    add(scheduler, "new", 5000, 4)
     add(scheduler, "chat0", 128, 64)
     long.status = RequestStatus.PREEMPTED
     scheduler._short_prompts_first()
-    assert [r.request_id for r in scheduler.waiting] == ["long", "chat0"]
-    long.status = RequestStatus.WAITING
-    scheduler._short_prompts_first()
-    assert [r.request_id for r in scheduler.waiting] == ["chat0", "long"]
+    assert [r.request_id for r in scheduler.waiting] == ["long", "chat0", "new"]
 
 
 def test_prompts_beside_a_long_request_that_only_decodes_are_not_bounded(
@@ -1186,3 +1184,89 @@ def test_parting_while_a_spilled_step_runs_leaves_its_whole_wait() -> None:
     assert not share.admit(others=True)
     clock.now = 23.0
     assert share.admit(others=True)
+
+
+def test_a_long_request_aborted_while_held_leaves_the_next_its_whole_first_wait(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Found in review: a long request aborted while it waited its first wait was never
+    seen ending, so the next one inherited what was left of that wait (0.19 s, not
+    2.25 s). Once no long request is left, running or waiting, the next waits anew."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = make_scheduler(demo_dir, 0.1, False, chunk_tokens=3072)
+    clock, first_wait = scheduler.spill_share.clock, spill_share.LONG_STEP_S * 9
+    for n in range(2):
+        add(scheduler, f"chat{n}", 160, 3000)
+    step(scheduler)
+    add(scheduler, "first", 5000, 4)
+    began = clock.now
+    while clock.now < began + first_wait - 0.05:
+        assert "first" not in step(scheduler)
+    scheduler.finish_requests("first", RequestStatus.FINISHED_ABORTED)
+    for _ in range(20):
+        step(scheduler)
+    add(scheduler, "next", 5000, 4)
+    began = clock.now
+    while "next" not in step(scheduler):
+        pass
+    assert clock.now - began >= first_wait, clock.now - began
+
+
+def test_chats_coming_as_a_long_chunk_runs_alone_wait_from_its_end(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Found in review: chats arriving while a long request's chunk ran alone (0.6 s, as
+    vLLM schedules the next step while one runs) had their first wait counted from their
+    arrival, so the next chunk came 1.6 s after that one ended, not 2.25 s."""
+    scheduler = make_scheduler(demo_dir, 0.1, True, chunk_tokens=3072)
+    engine = BatchQueue(scheduler, long_token_s=2e-4)  # a 3,072-token chunk: ~0.6 s
+    add(scheduler, "long", 7000, 4)
+    engine.schedule()  # its first chunk, alone
+    alone_ends = engine.gpu_free
+    for n in range(2):
+        add(scheduler, f"chat{n}", 160, 3000)
+    for _ in range(3000):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        ran, took, _ = engine.schedule()
+        if "long" in ran:
+            break
+    assert engine.gpu_free - took - alone_ends >= spill_share.LONG_STEP_S * 9 - 0.01
+
+
+def test_a_held_long_request_keeps_its_place_in_the_running_limit(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Found in review: with every running place taken (4), a chat queued behind a long
+    request the share held back took each place that came free, and the long request
+    waited 12-20 s for its first chunk beside a spilled one. Its place is kept."""
+    scheduler = met_earlier(make_scheduler(demo_dir, SHARE, False, chunk_tokens=3072))
+    scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = 4
+    prefill_long(scheduler, prompt_tokens=2500)
+    chats = [add(scheduler, f"chat{n}", 16, 30 + 7 * n) for n in range(3)]
+    step(scheduler)
+    second = add(scheduler, "long2", 2500, 4)
+    clock, began = scheduler.spill_share.clock, scheduler.spill_share.clock.now
+    for n in range(3000):
+        for i, chat in enumerate(chats):
+            if chat.is_finished():
+                chats[i] = add(scheduler, f"more{n}-{i}", 16, 30 + 7 * i)
+        step(scheduler)
+        if second.num_computed_tokens:
+            break
+    assert second.num_computed_tokens and clock.now - began < 2.0, clock.now - began
+
+
+def test_a_held_long_request_stays_ahead_of_chats_arriving_behind_it(scheduler: Any) -> None:
+    """Found in review: a long request arriving with no chat waiting was not marked as
+    placed, so while the share held it back it was moved behind the chats that arrived
+    after it. It keeps its place once seen."""
+    for n in range(2):
+        add(scheduler, f"chat{n}", 160, 600)
+    step(scheduler)
+    add(scheduler, "long", 5000, 4)
+    step(scheduler)  # held back: its first wait
+    add(scheduler, "later", 160, 4)
+    scheduler._short_prompts_first()  # as the next step begins
+    assert [r.request_id for r in scheduler.waiting] == ["long", "later"]

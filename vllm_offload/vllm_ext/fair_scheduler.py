@@ -2,9 +2,9 @@
 #42), loaded by ``--scheduler-cls`` (the launcher passes it with a host extension only).
 
 Long requests (past half the GPU part, from their first chunk) share the GPU's time: a
-step that keeps them out hides them from vLLM's running list (and its running limit) while
-vLLM schedules it, and has vLLM skip those waiting for a first chunk; vLLM's own loop,
-budgets and preemption decide the rest. Their blocks
+step that keeps them out hides them from vLLM's running list while vLLM schedules it and
+has vLLM skip those in its waiting line (their places in the running limit kept); vLLM's
+own loop, budgets and preemption decide the rest. Their blocks
 come from the GPU up to their allowance (``DeviceFirstFreeBlockQueue.gpu_allowance``), then
 from host RAM; a short request that would not find GPU blocks beside them waits. Short
 prompts waiting with a new long one go first; a long chunk beside others is bounded
@@ -63,8 +63,8 @@ class FairScheduler(Scheduler):
         self.long_running: list[Request] = []
         # A step left empty for a long request's prefill that has not had a step since.
         self.emptied_for_long = False
-        # The long requests once moved behind the short ones waiting with them.
-        self.moved_behind_shorts: set[str] = set()
+        # The long requests in the waiting line whose place there is settled.
+        self.placed_longs: set[str] = set()
         # While vLLM schedules a step: the share keeps the waiting long requests out.
         self.holding_back_longs = False
         self.sharing = bool(self.host_blocks) and self.spill_share.share < 1  # 1: 0006 alone
@@ -141,12 +141,15 @@ class FairScheduler(Scheduler):
         # A long request's first chunks may fit the GPU blocks left of its half: counted
         # only once it held a host block, they spaced nothing (issue #54, fair4: two long
         # gaps in every chat that came before it).
-        waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
+        waiting = [r for line in (self.waiting, self.kv_holding_waiting) for r in line]
         ready = [r for r in waiting if r.status in READY_TO_RUN]
         others = any(not self.is_long(r) for r in [*self.running, *ready])
+        longs_ready = [r for r in ready if self.is_long(r)]
         # A long request and others, running or ready: the share is in force, for a long
         # request that waits for its first chunk too.
-        met = others and (bool(self.long_running) or any(self.is_long(r) for r in ready))
+        met = others and bool(self.long_running or longs_ready)
+        if not self.long_running and not any(self.is_long(r) for r in waiting):
+            self.spill_share.start_over()  # none left (ended, aborted): the next waits anew
         if self.sharing:
             self._short_prompts_first()
         admit = not self.sharing or self.spill_share.admit(others=met)
@@ -156,11 +159,10 @@ class FairScheduler(Scheduler):
             self.emptied_for_long = self.emptied_for_long and not admit
         elif self._hands_over_first():
             return self._empty_step(*args, **kwargs)
-        with (
-            self._holding_back_longs(not admit),
-            self._prefill_chunks_of(self._long_chunk(len(prefilling), _all_new(prefilling))),
-        ):
-            output = self._schedule_without([] if admit else self.long_running, *args, **kwargs)
+        with self._prefill_chunks_of(self._long_chunk(len(prefilling), _all_new(prefilling))):
+            output = self._schedule_without(
+                *(([], []) if admit else (self.long_running, longs_ready)), *args, **kwargs
+            )
         scheduled = output.num_scheduled_tokens
         longs = {i: n for i, n in scheduled.items() if self._is_long_id(i)}
         long_tokens = sum(longs.values())
@@ -192,20 +194,22 @@ class FairScheduler(Scheduler):
         if self.policy != SchedulingPolicy.FCFS:
             return
         line = list(self.waiting)
-        self.moved_behind_shorts &= {r.request_id for r in line}  # those still waiting
+        self.placed_longs &= {r.request_id for r in line}  # those still waiting
         last_short = max((n for n, r in enumerate(line) if not self.is_long(r)), default=0)
         moved = [
             r
             for r in line[:last_short]
             if self.is_long(r)
             and r.status == RequestStatus.WAITING
-            and r.request_id not in self.moved_behind_shorts
+            and r.request_id not in self.placed_longs
         ]
         if moved:
             self.waiting.remove_requests(moved)
             for request in moved:
                 self.waiting.add_request(request)
-                self.moved_behind_shorts.add(request.request_id)
+        # placed once seen, moved or not: the share may hold one back while chats arrive
+        # behind it (found in review)
+        self.placed_longs |= {r.request_id for r in line if self.is_long(r)}
 
     def _long_prefills(self, admit: bool, ready: list[Request]) -> list[Request]:
         """The long requests that may prefill in this step where the share admits them:
@@ -234,7 +238,8 @@ class FairScheduler(Scheduler):
         long chunk takes tens of ms of CPU (issue #54, fair9 on an H100: ~35 ms for
         8,192 tokens), which every token of the step before it waited out: a second long
         gap for each chat beside the chunk's own. Once until a long request prefills or
-        none may: if it does not get in after all, the next steps run as they would."""
+        none may: if it does not get in after all, the next steps run as they would (one
+        the share then holds back may be launched over a step in flight when it gets in)."""
         if self.emptied_for_long or not self.spill_share.in_flight():
             return False
         self.emptied_for_long = True
@@ -252,22 +257,13 @@ class FairScheduler(Scheduler):
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         """vLLM's check of a waiting request before it schedules it; a long one the share
-        holds back is skipped too, keeping its place in the line."""
+        holds back is skipped too (vLLM keeps its place in the line and counts it among
+        the deferred, as one waiting for a grammar)."""
         ready = bool(super()._handle_blocked_waiting_request(request))  # vLLM's first
         return ready and not (self.holding_back_longs and self.is_long(request))
 
     def _is_long_id(self, request_id: str) -> bool:
         return request_id in self.requests and self.is_long(self.requests[request_id])
-
-    @contextlib.contextmanager
-    def _holding_back_longs(self, hold: bool) -> Iterator[None]:
-        """While vLLM schedules a step: with ``hold``, the long requests waiting for a
-        chunk are skipped (``_handle_blocked_waiting_request``)."""
-        self.holding_back_longs = hold
-        try:
-            yield
-        finally:
-            self.holding_back_longs = False
 
     @contextlib.contextmanager
     def _prefill_chunks_of(self, tokens: int) -> Iterator[None]:
@@ -291,9 +287,6 @@ class FairScheduler(Scheduler):
         if ended:
             self.long_running = [r for r in self.long_running if not r.is_finished()]
             self._log_share()
-            waiting = (r for line in (self.waiting, self.kv_holding_waiting) for r in line)
-            if not self.long_running and not any(self.is_long(r) for r in waiting):
-                self.spill_share.start_over()
         return outputs
 
     def _log_share(self) -> None:
@@ -310,20 +303,30 @@ class FairScheduler(Scheduler):
         )
 
     def _schedule_without(
-        self, hidden: list[Request], *args: Any, **kwargs: Any
+        self, hidden: list[Request], held: list[Request], *args: Any, **kwargs: Any
     ) -> SchedulerOutput:
-        if not hidden:
+        """vLLM's step without the long requests the share keeps out: ``hidden`` running
+        ones out of its running list, ``held`` waiting ones skipped in their places; the
+        running limits lowered by both (the free places the held ones would take), so
+        that no other request takes their places
+        (found in review: a chat behind a held one took the place it would have had, and
+        it waited 12-20 s for its first chunk)."""
+        if not hidden and not held:
             return super().schedule(*args, **kwargs)
         before = list(self.running)
         hidden_ids = {id(r) for r in hidden}
         self.running = [r for r in before if id(r) not in hidden_ids]
-        self.max_num_running_reqs -= len(hidden)
-        self.max_num_active_reqs -= len(hidden)
+        free = max(0, self.max_num_running_reqs - len(before))  # vLLM asserts the limit
+        kept_out = len(hidden) + min(len(held), free)
+        self.max_num_running_reqs -= kept_out
+        self.max_num_active_reqs -= kept_out
+        self.holding_back_longs = bool(held)
         try:
             return super().schedule(*args, **kwargs)
         finally:
-            self.max_num_running_reqs += len(hidden)
-            self.max_num_active_reqs += len(hidden)
+            self.holding_back_longs = False
+            self.max_num_running_reqs += kept_out
+            self.max_num_active_reqs += kept_out
             after = {id(r) for r in self.running}
             kept = [r for r in before if id(r) in hidden_ids or id(r) in after]
             known = {id(r) for r in before}

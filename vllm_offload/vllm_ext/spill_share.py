@@ -247,6 +247,10 @@ class SpillShare:
             self._not_before, self._fresh = now + self._spacing(own), False
             if self._apart_since is not None:  # they parted as it ran: its wait starts now
                 self._apart_since = now
+        elif step.spilled and self._apart_since is None and not self._fresh:
+            # taken alone, it ran on as others came: their wait starts at its end (found
+            # in review: an alone chunk of 0.6 s took 0.6 s of a 2.25 s first wait)
+            self._not_before = max(self._not_before, now + self._spacing(LONG_STEP_S))
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
             self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
             if step.first_chunk:
