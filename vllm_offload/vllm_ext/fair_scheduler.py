@@ -307,10 +307,10 @@ class FairScheduler(Scheduler):
     ) -> SchedulerOutput:
         """vLLM's step without the long requests the share keeps out: ``hidden`` running
         ones out of its running list, ``held`` waiting ones skipped in their places; the
-        running limits lowered by both (the free places the held ones would take), so
-        that no other request takes their places
-        (found in review: a chat behind a held one took the place it would have had, and
-        it waited 12-20 s for its first chunk)."""
+        running limits lowered by both (by the free places the held ones would take), so
+        that no other request takes their places (found in review: a chat behind a held
+        one took the place it would have had, and it waited 12-20 s for its first
+        chunk)."""
         if not hidden and not held:
             return super().schedule(*args, **kwargs)
         before = list(self.running)

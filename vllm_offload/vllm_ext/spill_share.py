@@ -17,9 +17,10 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   chat's life when chats came and went, 0.07 of the time at a share of 0.1); nor does the
   time apart count towards the spacing: what is left of it when they part is left when
   they meet again, so that over the time together its steps take the share, wave after
-  wave. Where long requests first meet others (since none was there), the first step
-  waits as if one of ``LONG_STEP_S`` had just ended beside them, so that a wave of chats
-  shorter than that never waits for one (issue #54, fair12: each wave met a spilled step
+  wave. Where long requests first meet others (the first time since none was there),
+  the first step waits as if one of ``LONG_STEP_S`` had just ended beside them (from the
+  end of a step it was taking alone as they came), so that a wave of chats shorter than
+  that never waits for one (issue #54, fair12: each wave met a spilled step
   at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat that saw a second
   long gap missed its p99 goal).
 - **Long requests together hold at most half the GPU part** (a long request: one whose
@@ -127,10 +128,11 @@ class Step:
 
 @dataclass(kw_only=True)
 class SpillShare:
-    """The time-share rule. Call ``admit`` when a step is being scheduled, ``started``
-    once it is (with a key for it and whether it includes a spilled request), and
-    ``ended`` with that key when its output arrives; steps end in the order they were
-    scheduled. ``shared_s`` and ``spilled_shared_s`` count the time of the steps taken
+    """The time-share rule. Call ``admit`` when a step is being scheduled (every step,
+    whether or not anyone is beside a spilled request), ``started`` once it is (with a key
+    for it and whether it includes a spilled request), ``ended`` with that key when its
+    output arrives (steps end in the order they were scheduled), and ``start_over`` when
+    no long request is left. ``shared_s`` and ``spilled_shared_s`` count the time of the steps taken
     while the share was in force, and of those that included a spilled request: what the
     rule gave, as the GPU's clock saw it.
 
