@@ -11,14 +11,8 @@ bash $commands/s10/retree.sh
 cd /root/repo && source /root/vo/env.sh; mkdir -p $OUT/starts; t0=$SECONDS
 grep -q WAKETL vllm_offload/vllm_ext/layered_wake.py \
   || cat $commands/s17/wake_timeline.py >> vllm_offload/vllm_ext/layered_wake.py
-arm() {  # name seconds switch.py-flags...
-  local name=$1 limit=$2; shift 2; local t=$SECONDS
-  timeout -k 10 $limit python3 benchmarks/gpu/switch.py --checkpoint /root/ckpt-llama-3.1-8b \
-    --out $OUT/starts/$name.json --models 2 --switches ${SWITCHES:-6} "$@" 2>&1 \
-    | grep -v "^INFO\|^(\|^WARNING\|^DEBUG" | tail -6
-  echo "$name: rc=${PIPESTATUS[0]} in $((SECONDS-t)) s"
-  pkill -9 -f vllm_offload; pkill -9 -f EngineCore; sleep 3
-}
+source $commands/switch_arm.sh
+arm() { switch_arm "$1" "$2" $OUT/starts --models 2 --switches ${SWITCHES:-6} "${@:3}"; }
 arm whole 240 --cache /root/cc/starts
 export VLLM_CACHE_ROOT=/root/cc/starts/vllm TORCHINDUCTOR_CACHE_DIR=/root/cc/starts/inductor TRITON_CACHE_DIR=/root/cc/starts/triton
 for n in $(seq 1 ${STARTS:-3}); do
