@@ -153,7 +153,7 @@ class FairScheduler(Scheduler):
         if self.sharing:
             self._short_prompts_first()
         admit = not self.sharing or self.spill_share.admit(others=met)
-        prefilling = self._long_prefills(admit, ready) if others and self.sharing else []
+        prefilling = self._long_prefills(admit, longs_ready) if others and self.sharing else []
         if not prefilling:  # one that prefills later gets its own empty step; one the
             # share holds back keeps the one it had (found in review: one before each)
             self.emptied_for_long = self.emptied_for_long and not admit
@@ -211,7 +211,7 @@ class FairScheduler(Scheduler):
         # behind it (found in review)
         self.placed_longs |= {r.request_id for r in line if self.is_long(r)}
 
-    def _long_prefills(self, admit: bool, ready: list[Request]) -> list[Request]:
+    def _long_prefills(self, admit: bool, longs_ready: list[Request]) -> list[Request]:
         """The long requests that may prefill in this step where the share admits them:
         those running, and those ready in the waiting line (a first chunk) while vLLM
         admits more; not one that only decodes (found in review: chats' prompts were
@@ -220,7 +220,7 @@ class FairScheduler(Scheduler):
             return []
         prefilling = [r for r in self.long_running if r.num_computed_tokens < r.num_prompt_tokens]
         if len(self.running) < self.max_num_active_reqs:  # vLLM's own limit, both versions
-            prefilling += [r for r in ready if self.is_long(r)]
+            prefilling += longs_ready
         return prefilling
 
     def _long_chunk(self, prefills: int, first: bool) -> int:
