@@ -62,14 +62,6 @@ def make_scheduler(
     return made
 
 
-@pytest.fixture
-def as_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm.platforms import current_platform
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
-
-
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def scheduler(demo_dir: Path, as_cuda: None, request: Any) -> Any:
     return make_scheduler(demo_dir, SHARE, request.param)

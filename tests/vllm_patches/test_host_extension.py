@@ -27,14 +27,6 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-@pytest.fixture
-def as_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine core's side of the patch runs no CUDA; it only refuses other platforms."""
-    from vllm.platforms import current_platform
-
-    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
-
-
 def config(
     demo_dir: Path, max_model_len: int, host_bytes: int | None, layout: str = "LBHNC"
 ) -> Any:

@@ -189,16 +189,16 @@ def test_the_scratch_for_the_8b_shape_at_65536_tokens() -> None:
     assert staged_prefill.scratch_bytes(tokens=0, block_size=16, page_bytes=page) == 0
 
 
+@pytest.mark.usefixtures("as_cuda")
 @pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
 def test_a_long_request_through_vllms_scheduler_stages_every_chunk_that_spills(
-    demo_dir: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+    demo_dir: Path, layout: str
 ) -> None:
     """vLLM's own Scheduler, chunked prefill of 1,024 tokens, on a pool patch 0006 sizes
     (256 GPU blocks, then 256 host blocks): every chunk whose context reaches a host
     block stages, in one scratch of the request's length, with a few copy runs (the pool
     hands its blocks out in order), and the chunks before it read in place."""
     from vllm import SamplingParams
-    from vllm.platforms import current_platform
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -209,8 +209,6 @@ def test_a_long_request_through_vllms_scheduler_stages_every_chunk_that_spills(
     from tests.vllm_patches.test_host_extension import HOST_BYTES, config
     from tests.vllm_patches.test_kv_offload_capacity import BYTES_PER_BLOCK, kv_configs
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
     bs, prompt_tokens, chunk = 16, 8000, 1024
     vllm_config = config(demo_dir, 8176, HOST_BYTES, layout)
     vllm_config.scheduler_config.max_num_batched_tokens = chunk
