@@ -151,6 +151,21 @@ def rss_now(run_dir: Path, when: str) -> dict[str, Any]:
     }
 
 
+def alone_rss(port: int, when: str) -> dict[str, Any]:
+    """One model's engine (`serve` with one model is vLLM itself: no front door to ask):
+    the process tree of the one listening on ``port`` (vLLM may retitle its processes)."""
+    pid = next(
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    )
+    return {
+        "when": when,
+        "device_used_bytes": device_used_bytes(),
+        "a": {"rss_bytes": rss(pid), "gpu_bytes": engine_gpu(pid, gpu_bytes_by_pid())},
+    }
+
+
 SAME_PROMPT = 64  # token ids of the sameness request (seed 4242)
 SAME_TOKENS = 32
 
@@ -269,6 +284,7 @@ async def measure(
     if args.models == 1:  # vLLM serves it alone: no front door, no control socket
         result["first_token_s"] = (await first_token(front, "a", tokens(64, 1)))[0]
         await front.aclose()
+        result["rss"] = [alone_rss(port, "after start")]
         return
     result["rss"] = [rss_now(run_dir, "after start")]
     await first_token(front, "a", tokens(64, 1))
@@ -347,7 +363,8 @@ def main() -> int:
             result["start_s"] = start_s
             print(f"{name}: healthy in {start_s} s", flush=True)
             asyncio.run(measure(args, args.port, run_dir, result))
-            result["events"] = control(run_dir)["events"]
+            if args.models > 1:  # the front door's record of every step
+                result["events"] = control(run_dir)["events"]
     except Exception as exc:  # write what there is, say what broke
         result["error"] = repr(exc)
         print("error:", repr(exc), flush=True)
