@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import argv_check, config, launch, run_vllm
+from vllm_offload import argv_check, config, launch, launch_spec, run_vllm
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.config.schema import model_name
 from vllm_offload.model import facts as model_facts
@@ -55,7 +55,9 @@ def string_fields() -> list[tuple[str, bool]]:
     return keys
 
 
-def build(model: Path, overrides: dict[str, Any]) -> tuple[DeploymentConfig, launch.LaunchSpec]:
+def build(
+    model: Path, overrides: dict[str, Any]
+) -> tuple[DeploymentConfig, launch_spec.LaunchSpec]:
     cfg = with_overrides(DeploymentConfig(), {"model.path": str(model), **overrides})
     plan = make_plan(cfg, model_facts.read(model), make_host(24), "cuda")
     return cfg, launch.build(cfg, plan, model)
@@ -90,7 +92,7 @@ def test_the_old_command_line_is_refused_by_vllms_own_parser(demo_dir: Path) -> 
     old[old.index("--served-model-name") + 1] = "--trust-remote-code.x"
     read = vllm_reads(tuple(old))
     assert read["trust_remote_code"] is True and read["host"] is None  # the attack
-    with pytest.raises(launch.PreflightError) as info:
+    with pytest.raises(launch_spec.PreflightError) as info:
         argv_check.check(dataclasses.replace(spec, args=tuple(old)))
     assert info.value.exit_code == 2 and info.value.field == "server.host"
     assert "trust_remote_code = True" in info.value.message
@@ -101,7 +103,7 @@ def test_the_old_command_line_is_refused_by_vllms_own_parser(demo_dir: Path) -> 
     args = list(offload.args)
     at = args.index("visual")
     args[at + 1 : at + 1] = ["--model", "/elsewhere", "--trust-remote-code"]
-    with pytest.raises(launch.PreflightError) as info:
+    with pytest.raises(launch_spec.PreflightError) as info:
         argv_check.check(dataclasses.replace(offload, args=tuple(args)))
     assert info.value.field == "model.path"
 
@@ -131,7 +133,7 @@ def test_every_string_field_goes_through_the_check(
             continue  # refused where the config is parsed
         try:
             argv_check.check(spec)
-        except launch.PreflightError:
+        except launch_spec.PreflightError:
             # The config refuses every value of its own fields that vLLM would misread;
             # left to the check: the administrator's extra_args, and a folder's name
             # (argparse drops a served name "--").
@@ -169,7 +171,7 @@ def test_serve_refuses_a_command_line_vllm_would_misread(
     monkeypatch.setattr(os, "environ", dict(os.environ))  # run_vllm.run sets the spec's
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     _cfg, spec = build(model, {})
-    with pytest.raises(launch.PreflightError):
+    with pytest.raises(launch_spec.PreflightError):
         run_vllm.run(spec)
     assert ran == []
     _cfg, fine = build(demo_dir, {})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import deployment, launch, run_vllm
+from vllm_offload import deployment, launch_spec, run_vllm
 from vllm_offload.cli import main
 
 
@@ -66,7 +66,7 @@ def test_serve_refuses_with_exit_2(
 ) -> None:
     """Through `serve` on a declared GPU host: exit 2 naming the field, nothing started
     (the check asks the bare Python, where LMCache is missing whatever this host has)."""
-    started: list[launch.LaunchSpec] = []
+    started: list[launch_spec.LaunchSpec] = []
     monkeypatch.setattr(run_vllm, "run", started.append)
     asks_bare = functools.partial(deployment.lmcache_problem, python=bare_python)
     monkeypatch.setattr(deployment, "lmcache_problem", asks_bare)

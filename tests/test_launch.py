@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_host
-from vllm_offload import launch, launch_kv, run_vllm
+from vllm_offload import launch, launch_kv, launch_spec, run_vllm
 from vllm_offload.config import DeploymentConfig, with_overrides
 from vllm_offload.config.schema import ConfigError
 from vllm_offload.hardware import GIB
@@ -29,7 +29,7 @@ def spec_for(
     gpu_gib: float | None = 24,
     version: str = "0.32.0",
     api_key: str | None = None,
-) -> launch.LaunchSpec:
+) -> launch_spec.LaunchSpec:
     config = with_overrides(DeploymentConfig(), {"model.path": str(demo_dir), **overrides})
     host = make_host(gpu_gib)
     platform = "cuda" if gpu_gib else "cpu"
@@ -37,7 +37,7 @@ def spec_for(
     return launch.build(config, plan, demo_dir, api_key=api_key)
 
 
-def flag(spec: launch.LaunchSpec, name: str) -> str:
+def flag(spec: launch_spec.LaunchSpec, name: str) -> str:
     value = spec.option(name)
     assert value is not None, (name, spec.args)
     return value
@@ -353,7 +353,7 @@ def test_the_tier_must_fit_ram_and_shm(demo_dir: Path) -> None:
     )  # vLLM's own check keeps the planner's reserve
 
 
-def every_flag_spec(demo_dir: Path) -> launch.LaunchSpec:
+def every_flag_spec(demo_dir: Path) -> launch_spec.LaunchSpec:
     """A spec that writes every flag the launcher can write."""
     return spec_for(
         demo_dir,
@@ -384,7 +384,7 @@ def test_flags_the_launcher_writes_are_refused_from_extra_args(demo_dir: Path) -
 
     from vllm_offload.config import LAUNCHER_FLAGS, UNSUPPORTED_FLAGS, refused_flag
 
-    def whole_options(spec: launch.LaunchSpec) -> set[str]:
+    def whole_options(spec: launch_spec.LaunchSpec) -> set[str]:
         """The options a spec writes whole (a dotted one, launch.DETERMINISTIC_INDUCTOR,
         sets one field inside vLLM's value and is merged with the administrator's)."""
         names = {a.split("=", 1)[0] for a in spec.args if a.startswith("--")}
@@ -443,12 +443,12 @@ def test_read_api_key(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("abc\n")
     config = with_overrides(DeploymentConfig(), {"server.api_key_file": str(key_file)})
-    with pytest.raises(launch.PreflightError, match="mode 644: other users can read it"):
+    with pytest.raises(launch_spec.PreflightError, match="mode 644: other users can read it"):
         launch.read_api_key(config)  # issue #15: accepted without a word
     key_file.chmod(0o640)  # shared with the manager's group
     assert launch.read_api_key(config) == "abc"
     missing = with_overrides(config, {"server.api_key_file": str(tmp_path / "nope")})
-    with pytest.raises(launch.PreflightError, match=r"server\.api_key_file"):
+    with pytest.raises(launch_spec.PreflightError, match=r"server\.api_key_file"):
         launch.read_api_key(missing)
 
 
@@ -460,12 +460,12 @@ def test_kv_transfer_config_is_accepted_by_vllm(demo_dir: Path) -> None:
     parsed = KVTransferConfig(**json.loads(flag(spec, "--kv-transfer-config")))
     assert parsed.kv_connector == "OffloadingConnector"
     assert parsed.kv_connector_extra_config["cpu_bytes_to_use"] == GIB
-    bad = launch.LaunchSpec(
+    bad = launch_spec.LaunchSpec(
         args=(),
         env={},
         kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "sideways"},
     )
-    with pytest.raises(launch.PreflightError, match="vLLM rejects"):
+    with pytest.raises(launch_spec.PreflightError, match="vLLM rejects"):
         run_vllm.validate(bad)
 
 
@@ -505,8 +505,8 @@ def test_the_old_cache_name_never_reaches_vllm(demo_dir: Path, tmp_path: Path) -
     spec_file.write_text(json.dumps(spec.to_json()))
     code = (
         "import json, sys\n"
-        "from vllm_offload import launch, run_vllm\n"
-        "run_vllm.enter_environment(launch.LaunchSpec.from_json(json.load(open(sys.argv[1]))))\n"
+        "from vllm_offload import launch_spec, run_vllm\n"
+        "run_vllm.enter_environment(launch_spec.LaunchSpec.from_json(json.load(open(sys.argv[1]))))\n"
         "from vllm.platforms import current_platform\n"
         "current_platform.validate_environ(hard_fail=True)\n"
     )

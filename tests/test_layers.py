@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "model", "upstream", "disk_layout", "vllm_ext"),
     ("hardware", "disk_facts", "systemd", "cluster_router"),
     ("plan",),
-    ("launch", "launch_kv", "argv_check", "run_vllm"),
+    ("launch", "launch_spec", "launch_kv", "argv_check", "run_vllm"),
     ("deployment", "length_advice"),
     ("box",),
     ("manager", "bench", "cli", "__main__"),

@@ -19,7 +19,7 @@ import importlib
 from typing import Any, NoReturn
 
 from vllm_offload.config import LAUNCHER_FLAGS
-from vllm_offload.launch import LaunchSpec, PreflightError
+from vllm_offload.launch_spec import LaunchSpec, PreflightError
 from vllm_offload.upstream.version import ARG_PARSER_MODULES
 
 

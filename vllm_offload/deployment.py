@@ -21,7 +21,7 @@ from vllm_offload import disk_facts, disk_layout, launch
 from vllm_offload.config import ConfigError, DeploymentConfig, with_overrides
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
-from vllm_offload.launch import LaunchSpec, PreflightError
+from vllm_offload.launch_spec import LaunchSpec, PreflightError
 from vllm_offload.model import facts as model_facts
 from vllm_offload.model import hub
 from vllm_offload.model import real as real_model

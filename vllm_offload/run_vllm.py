@@ -11,7 +11,7 @@ import runpy
 import sys
 
 from vllm_offload import argv_check
-from vllm_offload.launch import LaunchSpec, PreflightError
+from vllm_offload.launch_spec import LaunchSpec, PreflightError
 from vllm_offload.model import real as real_model
 from vllm_offload.upstream.version import SERVER_MODULE
 

@@ -20,7 +20,7 @@ from tests.plan.test_box import two_models
 from vllm_offload.box.prepare import prepare_box
 from vllm_offload.config import parse
 from vllm_offload.hardware import declared
-from vllm_offload.launch import LaunchSpec
+from vllm_offload.launch_spec import LaunchSpec
 from vllm_offload.vllm_ext import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET, plugin_missing
 from vllm_offload.vllm_ext.knobs import (
     LAYERED_WAKE_WORKER,

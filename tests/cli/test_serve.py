@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import launch, run_vllm
+from vllm_offload import launch_spec, run_vllm
 from vllm_offload.cli import main
 
 
 @pytest.fixture
-def started(monkeypatch: pytest.MonkeyPatch) -> list[launch.LaunchSpec]:
+def started(monkeypatch: pytest.MonkeyPatch) -> list[launch_spec.LaunchSpec]:
     """Records every attempt to start vLLM instead of starting it."""
-    calls: list[launch.LaunchSpec] = []
+    calls: list[launch_spec.LaunchSpec] = []
     monkeypatch.setattr(run_vllm, "run", calls.append)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     return calls
@@ -25,7 +25,7 @@ def serve(*args: str) -> int:
 
 
 def test_dry_run_prints_command_and_kv_config(
-    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = serve(
         "--model",
@@ -66,7 +66,7 @@ def test_dry_run_prints_command_and_kv_config(
 
 
 def test_dry_run_exit_code_reflects_preflight(
-    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = serve(
         "--model",
@@ -112,7 +112,7 @@ def test_dry_run_exit_code_reflects_preflight(
 )
 def test_preflight_errors_exit_2_and_start_nothing(
     demo_dir: Path,
-    started: list[launch.LaunchSpec],
+    started: list[launch_spec.LaunchSpec],
     capsys: pytest.CaptureFixture[str],
     args: list[str],
     field: str,
@@ -141,7 +141,7 @@ def test_preflight_errors_exit_2_and_start_nothing(
 )
 def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
     demo_dir: Path,
-    started: list[launch.LaunchSpec],
+    started: list[launch_spec.LaunchSpec],
     capsys: pytest.CaptureFixture[str],
     passthrough: list[str],
 ) -> None:
@@ -164,7 +164,7 @@ def test_passthrough_of_a_flag_the_launcher_writes_is_refused(
 
 
 def test_dry_run_of_a_gpu_config_on_a_cpu_host_prints_it_then_refuses(
-    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue #14: a GPU host's config can be inspected anywhere; it stopped before
     printing anything."""
@@ -177,7 +177,7 @@ def test_dry_run_of_a_gpu_config_on_a_cpu_host_prints_it_then_refuses(
 
 
 def test_a_taken_port_is_refused_before_vllm_loads(
-    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue #15: vLLM found it only after ~15 s of imports."""
     import socket
@@ -192,7 +192,7 @@ def test_a_taken_port_is_refused_before_vllm_loads(
 
 
 def test_not_a_model_dir(
-    tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert serve("--model", str(tmp_path)) == 2
     assert "not a Hugging Face model directory (no config.json)" in capsys.readouterr().err
@@ -200,7 +200,7 @@ def test_not_a_model_dir(
 
 
 def test_bad_config_file(
-    tmp_path: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "c.toml"
     path.write_text("[kv_offload]\nnum_cpu_block = 3\n")
@@ -210,7 +210,7 @@ def test_bad_config_file(
 
 
 def test_serve_starts_with_the_built_spec(
-    demo_dir: Path, started: list[launch.LaunchSpec], tmp_path: Path
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], tmp_path: Path
 ) -> None:
     key = tmp_path / "key"
     key.write_text("k-123")
@@ -252,7 +252,7 @@ def test_every_commands_help_renders(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_dry_run_with_a_host_extension_on_a_cpu_host(
-    demo_dir: Path, started: list[launch.LaunchSpec], capsys: pytest.CaptureFixture[str]
+    demo_dir: Path, started: list[launch_spec.LaunchSpec], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = serve(
         "--model",

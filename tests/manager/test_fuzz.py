@@ -336,7 +336,7 @@ PLANTED = st.sampled_from(["file", "file", "fifo", "dev-zero", "folder"])
 def test_fuzz_the_config_and_api_key_files(content: bytes, kinds: tuple[str, str]) -> None:
     """The other files the manager opens on every poll: config.toml and the API key file
     each answer with a refusal naming them, or a value; never a hang or a traceback."""
-    from vllm_offload import launch
+    from vllm_offload import launch, launch_spec
 
     folder = Path(tempfile.mkdtemp(dir=_scratch))
     plant(folder / "config.toml", kinds[0], content)
@@ -350,5 +350,5 @@ def test_fuzz_the_config_and_api_key_files(content: bytes, kinds: tuple[str, str
     )
     try:
         assert launch.read_api_key(keyed)
-    except launch.PreflightError as exc:
+    except launch_spec.PreflightError as exc:
         assert exc.field == "server.api_key_file"

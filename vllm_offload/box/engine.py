@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vllm_offload import launch, run_vllm
+from vllm_offload import launch_spec, run_vllm
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.vllm_ext import plugin_missing
 from vllm_offload.vllm_ext.knobs import SLEEP_ARENA_ENV
@@ -41,7 +41,7 @@ def exit_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = launch.LaunchSpec.from_json(json.loads(Path(argv[0]).read_text()))
+    spec = launch_spec.LaunchSpec.from_json(json.loads(Path(argv[0]).read_text()))
     if spec.env.get(SLEEP_ARENA_ENV) == "1":
         missing = plugin_missing({**os.environ, **spec.env})
         if missing:

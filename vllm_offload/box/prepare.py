@@ -21,7 +21,7 @@ from vllm_offload.deployment import (
 )
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
-from vllm_offload.launch import EngineLaunch, LaunchSpec, PreflightError
+from vllm_offload.launch_spec import EngineLaunch, LaunchSpec, PreflightError
 from vllm_offload.model import facts as model_facts
 from vllm_offload.model.config_json import ModelFactsError
 from vllm_offload.model.facts import ModelFacts

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from vllm_offload import deployment, launch, run_vllm
+from vllm_offload import deployment, launch_spec, run_vllm
 from vllm_offload.box.prepare import prepare_box, several, single
 from vllm_offload.cli import _common
 from vllm_offload.config import DeploymentConfig
@@ -94,7 +94,7 @@ def _checked(
     vllm: InstalledVllm | None,
     notes: Sequence[str],
     problems: Sequence[VllmOffloadError],
-    specs: Mapping[str, launch.LaunchSpec],
+    specs: Mapping[str, launch_spec.LaunchSpec],
 ) -> int | None:
     """Say the notes and (with --dry-run) each command line; the exit code when a problem,
     the dry run or a taken port ends it here, None to start."""
@@ -117,15 +117,15 @@ def _checked(
     # Here, not in deployment.prepare: the manager prepares a restart while the running
     # server still holds the port.
     if (busy := _common.port_taken(config.server.host, config.server.port)) is not None:
-        error = launch.PreflightError("server.port", busy)
+        error = launch_spec.PreflightError("server.port", busy)
         print(f"vllm-offload: error: {error}", file=sys.stderr)
         return error.exit_code
     return None
 
 
-def _validation_errors(spec: launch.LaunchSpec) -> list[VllmOffloadError]:
+def _validation_errors(spec: launch_spec.LaunchSpec) -> list[VllmOffloadError]:
     try:
         run_vllm.validate(spec)
-    except launch.PreflightError as exc:
+    except launch_spec.PreflightError as exc:
         return [exc]
     return []
