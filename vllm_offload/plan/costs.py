@@ -48,7 +48,7 @@ def offload_costs(
     offloaded = memory.weights_offloaded_bytes
     ceiling = speed / offloaded if offloaded and speed else None
     # The GPU part as aligned for the extension; below share 1 the long requests keep at
-    # most half of it (fair_scheduler: later requests find GPU blocks); the rest it reads
+    # most half of it (vllm_ext/gpu_part: later requests find GPU blocks); the rest it reads
     # every step.
     whole_part = shape.gpu_blocks * layout.bytes_per_block if extension else memory.kv_pool_bytes
     gpu_part = whole_part

@@ -1,8 +1,9 @@
 """The GPU part of a pool with a host extension (patch 0006) kept to its users: long
 requests (past half the GPU part, from their first chunk) take GPU blocks up to half of
 it together (``DeviceFirstFreeBlockQueue.gpu_allowance``), then host ones; a short request
-that would not find GPU blocks beside them waits, as for a full pool, rather than read
-host ones. ``fair_scheduler`` adds the time share on top (issues #42, #54).
+that would not find GPU blocks beside them and other short ones waits, as for a full
+pool, rather than read host ones (with no other short one running it goes on, host
+blocks if it must). ``fair_scheduler`` adds the time share on top (issues #42, #54).
 Runs inside vLLM's engine core; imports vLLM (0.32.0 and 0.33.0).
 """
 
@@ -19,7 +20,9 @@ from vllm_offload.vllm_ext.kv_host_extension import DeviceFirstFreeBlockQueue
 
 class GpuPartScheduler(Scheduler):
     """vLLM's Scheduler that knows which of its blocks are the GPU's; with
-    ``keep_requests_to_their_parts`` its allocations follow the rules above."""
+    ``keep_requests_to_their_parts`` its allocations follow the rules above, once the
+    subclass's ``schedule()`` keeps ``long_running`` (none running: no short request
+    waits)."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)

@@ -170,7 +170,7 @@ class DeviceFirstFreeBlockQueue:
     eviction order, and GPU blocks handed out first, so that a request reads host memory
     only when the GPU part is full. ``blocks``: all blocks of the pool, by block ID;
     ``first_host_block``: the ID of the first block backed by host RAM.
-    ``gpu_allowance``: set by the scheduler (fair_scheduler) while it allocates for a
+    ``gpu_allowance``: set by the scheduler (gpu_part) while it allocates for a
     long request: the most GPU blocks it may still take, each one counted, before host
     blocks (GPU ones again only once the host part is full); None: GPU blocks first."""
 

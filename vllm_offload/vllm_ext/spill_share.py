@@ -1,6 +1,6 @@
 """How a request whose KV reaches the pool's host blocks shares the GPU with the others
-(issue #42): pure, the clock injected; ``fair_scheduler`` is its seat in vLLM's
-scheduler.
+(issue #42): pure, the clock injected; ``fair_scheduler`` (the time) and ``gpu_part``
+(the GPU blocks) are its seats in vLLM's scheduler.
 
 Every step that includes such a request waits for its host reads (~0.14 s for 6 GB over
 PCIe), and so does every request batched with it. Four rules keep the others at GPU
@@ -113,7 +113,7 @@ def expected_blocks(prompt_tokens: int, max_tokens: int, block_tokens: int) -> i
 @dataclass(frozen=True)
 class Step:
     """A step scheduled and not yet ended: when it was scheduled, whether it includes a
-    spilled request (fair_scheduler: a long one, from its first chunk), whether the share
+    spilled request (gpu_part's ``is_long``: a long one, from its first chunk), whether the share
     was in force (a spilled request and others), and whether others ran or waited beside
     it (a spilled step beside them spaces the next)."""
 
