@@ -8,13 +8,12 @@ import json
 import re
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "benchmarks" / "gpu"))
+from kit.stream import nearest_rank
 
 GIB = 1 << 30
-
-
-def nearest_rank(values: list[float], q: float) -> float:
-    ranked = sorted(values)
-    return ranked[max(0, -(-len(ranked) * q // 100) - 1)]
 
 
 def alone_planned(plan: str) -> float:
@@ -58,7 +57,7 @@ def row(path: str) -> str:
     if not firsts:  # one model: nothing to switch to
         return "| " + " | ".join([*cells, "-", "-"]) + f" | `{path}` |"
     cells.append(
-        f"{statistics.median(firsts):.3f} / {nearest_rank(firsts, 95):.3f} s "
+        f"{statistics.median(firsts):.3f} / {nearest_rank(firsts, 0.95):.3f} s "
         f"({min(firsts):.3f}-{max(firsts):.3f}, {len(firsts)} switches)"
     )
     same = sum(s["same"]["same_tokens"] and s["same"]["same_logprobs"] for s in result["switches"])
