@@ -10,14 +10,8 @@
 # LIMIT=s for both (560: deep gets 340 s)
 set -u; bash benchmarks/results/h200-vllm-0.33.0/commands/s10/retree.sh
 cd /root/repo && source /root/vo/env.sh; mkdir -p $OUT/deep; t0=$SECONDS
-arm() {  # name seconds switch.py-flags...
-  local name=$1 limit=$2; shift 2; local t=$SECONDS
-  timeout -k 10 $limit python3 benchmarks/gpu/switch.py --checkpoint /root/ckpt-llama-3.1-8b \
-    --out $OUT/deep/$name.json --models 3 --switches 6 "$@" 2>&1 \
-    | grep -v "^INFO\|^(\|^WARNING\|^DEBUG" | tail -25
-  echo "$name: rc=${PIPESTATUS[0]} in $((SECONDS-t)) s"
-  pkill -9 -f vllm_offload; pkill -9 -f EngineCore; sleep 3
-}
+source benchmarks/results/h200-vllm-0.33.0/commands/switch_arm.sh
+arm() { switch_arm "$1" "$2" $OUT/deep --models 3 --switches 6 "${@:3}"; }
 arm deep $((LIMIT * 6 / 10)) --deep-sleep --cache /root/cc/deep
 export VLLM_CACHE_ROOT=/root/cc/deep/vllm TORCHINDUCTOR_CACHE_DIR=/root/cc/deep/inductor TRITON_CACHE_DIR=/root/cc/deep/triton
 left=$((LIMIT - (SECONDS - t0)))
