@@ -1050,6 +1050,38 @@ def test_over_waves_of_chats_a_spilled_decode_gets_its_share_of_their_time(
     assert not long.is_finished()
 
 
+def test_over_waves_of_chats_arriving_as_a_spilled_step_runs_alone_it_gets_its_share(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Issue #54, fair13 on an H100 (share 0.1, vLLM's batch queue): each wave of chats
+    came as the spilled request decoded alone, so vLLM scheduled the wave's first step
+    while that alone step ran; as it ended, the wait was set anew to a whole first wait
+    (2.25 s), longer than a wave, and the long request took no step beside four waves in
+    a row (0.000 s of 8.5 s together; steady arrivals 0.036 of their time). The wait
+    they meet with, first or left from the wave before, starts at that step's end."""
+    scheduler = make_scheduler(demo_dir, SHARE, True)
+    long = prefill_long(scheduler)
+    clock = scheduler.spill_share.clock
+    engine = BatchQueue(scheduler, gpu_free=clock.now)
+    spilled_s = together_s = 0.0
+    for wave in range(24):  # each ~0.3 s, the first wait 0.75 s, the wait after a step 0.42 s
+        for _ in range(5):  # alone between the waves: every step its own
+            if len(engine.queue) == 2:
+                engine.end_oldest()
+            engine.schedule()
+        chats = [add(scheduler, f"w{wave}c{n}", 160, 60) for n in range(4)]  # as one runs
+        while not all(c.is_finished() for c in chats):
+            if len(engine.queue) == 2:
+                engine.end_oldest()
+            ran, took, spilled = engine.schedule()
+            if ran - {"long"}:  # not the long request's first step alone after them
+                together_s += took
+                spilled_s += took if spilled else 0.0
+    print(f"spilled {spilled_s / together_s:.3f} of the waves' time")
+    assert SHARE - 0.07 <= spilled_s / together_s <= SHARE + 0.03, spilled_s / together_s
+    assert not long.is_finished()
+
+
 def test_a_new_long_request_waits_out_the_share_too(scheduler: Any) -> None:
     """A long request waiting for its first chunk beside chats, while a spilled one's
     wait runs: its chunk waits too (it was taken at once, the share counting only long

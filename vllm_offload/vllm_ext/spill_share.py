@@ -18,11 +18,12 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   time apart count towards the spacing: what is left of it when they part is left when
   they meet again, so that over the time together its steps take the share, wave after
   wave. Where long requests first meet others (the first time since none was there),
-  the first step waits as if one of ``LONG_STEP_S`` had just ended beside them (from the
-  end of a step it was taking alone as they came), so that a wave of chats shorter than
-  that never waits for one (issue #54, fair12: each wave met a spilled step
-  at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat that saw a second
-  long gap missed its p99 goal).
+  the first step waits as if one of ``LONG_STEP_S`` had just ended beside them, so that
+  a wave of chats shorter than that never waits for one (issue #54, fair12: each wave
+  met a spilled step at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat
+  that saw a second long gap missed its p99 goal). Either wait, first or left, runs
+  from the end of a step it was taking alone as they came (fair13: a whole first wait
+  from there kept a spilled decode out of every wave, 0.000 of their time at 0.1).
 - **Long requests together hold at most half the GPU part** (a long request: one whose
   length could fill that half). Past it their new blocks come from host RAM, counted block
   by block (a prefill chunk larger than what is left of the half takes the rest from host
@@ -163,6 +164,7 @@ class SpillShare:
     _long_tokens_per_s: float | None = field(default=None, init=False)  # none measured yet
     _first_tokens_per_s: float | None = field(default=None, init=False)  # of first chunks
     _apart_since: float | None = field(default=None, init=False)  # none beside it since
+    _met_wait: float = field(default=0.0, init=False)  # the wait they last met with
     _fresh: bool = field(default=True, init=False)  # no spacing yet since start_over
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
@@ -178,9 +180,11 @@ class SpillShare:
                 self._apart_since = now
             return True
         if self._fresh:  # they first meet: as if a long step had just ended beside them
-            self._not_before, self._fresh = now + self._spacing(LONG_STEP_S), False
+            self._met_wait, self._fresh = self._spacing(LONG_STEP_S), False
+            self._not_before = now + self._met_wait
         elif self._apart_since is not None:  # together again: the wait left when they parted
-            self._not_before = now + max(0.0, self._not_before - self._apart_since)
+            self._met_wait = max(0.0, self._not_before - self._apart_since)
+            self._not_before = now + self._met_wait
         self._apart_since = None
         return now >= self._not_before and not any(s.spilled for s in self._running)
 
@@ -250,9 +254,11 @@ class SpillShare:
             if self._apart_since is not None:  # they parted as it ran: its wait starts now
                 self._apart_since = now
         elif step.spilled and self._apart_since is None and not self._fresh:
-            # taken alone, it ran on as others came: their wait starts at its end (found
-            # in review: an alone chunk of 0.6 s took 0.6 s of a 2.25 s first wait)
-            self._not_before = max(self._not_before, now + self._spacing(LONG_STEP_S))
+            # taken alone, it ran on as others came: the wait they met with, first or
+            # left from when they parted, starts at its end (found in review: an alone
+            # chunk of 0.6 s took 0.6 s of a 2.25 s first wait; issue #54, fair13: a
+            # whole first wait each time kept a spilled decode out of every wave)
+            self._not_before = max(self._not_before, now + self._met_wait)
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
             self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
             if step.first_chunk:
