@@ -47,7 +47,6 @@ Writes OUT/fairness.json and each server's log.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import re
 import statistics
@@ -61,7 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kit import options
-from kit.arms import Arm, serving
+from kit.arms import Arm, serving, tree_env
 from kit.chat_ratios import alone_spread, chat_ratios, per_chat_median, tails_summary
 from kit.model import GIB, VOCAB, split_line, write_model
 from kit.record import Record
@@ -285,10 +284,10 @@ def make_arms(args: argparse.Namespace, model: Path) -> list[Arm]:
     flags.update({name: flags[base] for name, (base, _) in switched.items()})
     env = {name: {"BENCH_SWITCH_INTERVAL_S": interval} for name, (_, interval) in switched.items()}
     if args.base_tree:
-        path = os.pathsep.join([str(args.base_tree), os.environ.get("PYTHONPATH", "")])
+        base_env = tree_env(args.base_tree)
         for share in args.shares.split(","):
             flags[f"share-{share}-base"] = flags[f"share-{share}"]
-            env[f"share-{share}-base"] = {"PYTHONPATH": path}
+            env[f"share-{share}-base"] = base_env
     if args.all_gpu_pool_gib:
         flags["all-gpu"] = ["--gpu-kv-cache-memory-bytes", str(int(args.all_gpu_pool_gib * GIB))]
     ours = ["--model", str(model), "--gpu-memory-utilization", str(args.utilization)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +47,28 @@ def cache_env(cache: Path) -> dict[str, str]:
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
     }
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that serves vllm_offload from ``tree`` (an earlier commit's copy),
+    checked by importing it so: ``python -m`` puts its working directory (the head's
+    tree, where the scripts run) before PYTHONPATH unless PYTHONSAFEPATH is set, and
+    fair13's base arm ran the head's rules without it (its log's line numbers were the
+    head's). Raises RuntimeError where the import still finds another tree."""
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
+        "PYTHONSAFEPATH": "1",
+    }
+    found = subprocess.run(
+        [sys.executable, "-c", "import vllm_offload; print(vllm_offload.__file__)"],
+        env=dict(os.environ) | env,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"vllm_offload imports from {found or 'nowhere'}, not {tree}")
+    return env
 
 
 def start_phases(log: str) -> dict[str, float]:
