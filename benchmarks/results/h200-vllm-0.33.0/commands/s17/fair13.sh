@@ -8,14 +8,16 @@
 # goes (fairness.json after each scenario, the servers' logs), so that a run cut short by
 # the call's limit still brings back what it measured (the seventeenth session's first
 # try, written to /root/work and copied at its end, came back with nothing). LIMIT must
-# be below the call's limit_s, which is the device time left where that is less.
+# be below the call's limit_s, which is the device time left where that is less. The
+# base is any earlier tree in .gpu/base (fair13: 916780a; fair14: cb336f2); fairness.py
+# refuses to run unless the base arm imports it (in fair13 it did not: kit.arms.tree_env).
 # LIMIT=s [NAME=fair13] [SCENARIOS=before,with,waves] [REPEATS=3] [ARGS]
 set -u
 [ -f /root/vo/env.sh ] || { echo "FRESH MACHINE: stage the parts first"; exit 3; }
 commands=benchmarks/results/h200-vllm-0.33.0/commands
 bash $commands/s10/retree.sh
 base=/root/base; rm -rf $base && mkdir -p $base && cp -a .gpu/base/vllm_offload $base/ || exit 5
-grep -q "_apart_since" $base/vllm_offload/vllm_ext/spill_share.py && { echo "BASE IS THE HEAD"; exit 6; }
+diff -rq -x __pycache__ $base/vllm_offload vllm_offload > /dev/null && { echo "BASE IS THE HEAD"; exit 6; }
 cd /root/repo && source /root/vo/env.sh
 name=${NAME:-fair13}; work=$OUT/$name; mkdir -p $work
 # shellcheck disable=SC2086
