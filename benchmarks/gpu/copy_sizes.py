@@ -14,6 +14,17 @@ timed with CUDA events, arms interleaved over --rounds:
   tensors2   the tensors' copies alternating over two streams
   pinned     a single copy from torch's own pinned memory (cudaHostAlloc)
 
+and, as a wake makes them (kit.cumem: the driver's calls, as vLLM's CuMemAllocator makes
+them), the 137 pieces each copied synchronously (the arena's cudaMemcpy), in turn:
+
+  fresh      into 137 allocations mapped anew just before (cuMemCreate, cuMemMap,
+             cuMemSetAccess: vLLM's wake_up), the mapping timed apart (map_s)
+  buffer     into the one buffer the arms above write
+
+Nineteenth session, an H100: the six arms above all ran at 55.1-55.5 GB/s, against the
+wake's ~44 GB/s; fresh and buffer tell whether the fresh mappings or the synchronous
+calls lose the rest.
+
 Writes OUT/copy_sizes.json: each arm's seconds per round and GB/s (median, min-max).
 
     benchmarks/gpu/copy_sizes.py --out DIR
@@ -25,10 +36,13 @@ import argparse
 import json
 import mmap
 import statistics
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from kit.cumem import Driver
 
 MIB = 1 << 20
 HIDDEN, INTER, LAYERS, VOCAB, KV_HEADS, HEAD = 4096, 14336, 32, 128256, 8, 128
@@ -71,6 +85,41 @@ def timed(
     return begin.elapsed_time(end) / 1000
 
 
+def wake_like(
+    rounds: int, sizes: list[int], src: torch.Tensor, dst: torch.Tensor
+) -> dict[str, Any]:
+    """Per round: ``sizes`` mapped anew (timed), copied into synchronously (timed), given
+    back; and the same copies into ``dst``. Seconds per round, host clock (each copy
+    returns when it is done)."""
+    driver = Driver(torch.cuda.current_device())
+    ranges = [(driver.reserve(size), size) for size in sizes]
+    copies = pieces(sizes)
+    seconds: dict[str, list[float]] = {"map_s": [], "fresh_s": [], "buffer_s": []}
+    for _ in range(rounds + 1):  # the first warms both paths
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        handles = [driver.create_and_map(ptr, size) for ptr, size in ranges]
+        mapped = time.perf_counter()
+        for (ptr, size), (offset, _) in zip(ranges, copies, strict=True):
+            driver.copy_to_device(ptr, src.data_ptr() + offset, size)
+        copied = time.perf_counter()
+        for (ptr, size), handle in zip(ranges, handles, strict=True):
+            driver.unmap_and_release(ptr, size, handle)
+        into_buffer = time.perf_counter()
+        for offset, size in copies:
+            driver.copy_to_device(dst.data_ptr() + offset, src.data_ptr() + offset, size)
+        seconds["buffer_s"].append(time.perf_counter() - into_buffer)  # the last copy done
+        seconds["map_s"].append(mapped - began)
+        seconds["fresh_s"].append(copied - mapped)
+        driver.call("cuCtxSynchronize")
+    total = sum(sizes)
+    return {
+        name: {"seconds": s[1:], "median_s": statistics.median(s[1:]), "copies": len(sizes)}
+        | ({} if name == "map_s" else {"gb_s_median": total / statistics.median(s[1:]) / 1e9})
+        for name, s in seconds.items()
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -102,6 +151,10 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, (copies, src, streams) in arms.items():
             seconds[name].append(timed(copies, src, dst, streams))
+    try:
+        wake = wake_like(args.rounds, even, registered, dst)
+    except (OSError, RuntimeError) as exc:  # the arms above stand without it
+        wake = {"error": str(exc)}
     same = bool(torch.equal(dst[:MIB].cpu(), registered[:MIB]))
     result = {
         "bytes": total,
@@ -119,6 +172,7 @@ def main() -> int:
             }
             for name, s in seconds.items()
         },
+        "wake_like": wake,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "copy_sizes.json").write_text(json.dumps(result, indent=2))
@@ -132,6 +186,7 @@ def main() -> int:
             f"{name:9s} {arm['copies']:4d} copies  {arm['median_s']:.4f} s  "
             f"{arm['gb_s_median']:.1f} GB/s ({low:.1f}-{high:.1f})"
         )
+    print("as a wake (137 synchronous copies):", json.dumps(wake)[:400])
     return 0
 
 
