@@ -12,9 +12,10 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   measured its GPU-only first chunks beside chats as unspaced long gaps): after
   such a step of ``t`` seconds beside them (from its scheduling: ``SpillShare``), the next
   one may start ``t * (1 - share) / share`` seconds later, and the steps in between run
-  without it. Alone, it runs every step, and those steps hold back none that follows
+  without it. Alone, it runs every step, and those steps' own lengths space nothing
   (issue #54: a spacing counted from them kept the spilled request out for most of a
-  chat's life when chats came and went, 0.07 of the time at a share of 0.1); nor does the
+  chat's life when chats came and went, 0.07 of the time at a share of 0.1); if others
+  come while one runs, the wait they meet with starts at its end (below). Nor does the
   time apart count towards the spacing: what is left of it when they part is left when
   they meet again, so that over the time together its steps take the share, wave after
   wave. Where long requests first meet others (the first time since none was there),

@@ -59,15 +59,22 @@ def tree_env(tree: Path) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
         "PYTHONSAFEPATH": "1",
     }
-    found = subprocess.run(
+    run = subprocess.run(
         [sys.executable, "-c", "import vllm_offload; print(vllm_offload.__file__)"],
         env=dict(os.environ) | env,
         capture_output=True,
         text=True,
         check=False,
-    ).stdout.strip()
-    if not Path(found).resolve().is_relative_to(tree.resolve()):
-        raise RuntimeError(f"vllm_offload imports from {found or 'nowhere'}, not {tree}")
+    )
+    found = run.stdout.strip()  # the package itself, not any tree above the head's
+    if (
+        run.returncode
+        or not found
+        or Path(found).resolve().parent != (tree / "vllm_offload").resolve()
+    ):
+        raise RuntimeError(
+            f"vllm_offload imports from {found or 'nowhere'}, not {tree}: {run.stderr[-300:]}"
+        )
     return env
 
 
