@@ -8,11 +8,9 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-PINNED, ON_DEVICE, READ_WRITE = (
-    1,
-    1,
-    3,
-)  # CU_MEM_ALLOCATION_TYPE_PINNED, ..._LOCATION_TYPE_DEVICE, ...
+PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
 
 class Location(ctypes.Structure):
