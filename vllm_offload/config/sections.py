@@ -217,6 +217,11 @@ class ParallelSection(_Section):
         "'auto' lets vLLM choose.",
     )
 
+    @property
+    def ranks(self) -> int:
+        """The GPUs one replica takes, each holding a share of the weights."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
 
 class ServerSection(_Section):
     host: str = Field("127.0.0.1", description="Address the OpenAI API listens on.")

@@ -37,7 +37,7 @@ def place_models(inputs: BoxInputs) -> Placement:
     models: dict[str, Placed] = {}
     for i, (name, engine) in enumerate(inputs.engines.items()):
         entry, facts = inputs.config.models[i], inputs.facts[name]
-        world = _world(engine)
+        world = engine.parallel.ranks
         splits = (
             (world,)
             if world > 1
@@ -59,7 +59,7 @@ def check_pins(inputs: BoxInputs) -> None:
     naming the entry. Also [parallel] asking for more GPUs than the box has."""
     indexes = sorted(g.index for g in inputs.host.gpus)
     for i, (name, engine) in enumerate(inputs.engines.items()):
-        entry, facts, world = inputs.config.models[i], inputs.facts[name], _world(engine)
+        entry, facts, world = inputs.config.models[i], inputs.facts[name], engine.parallel.ranks
         if world > max(1, len(indexes)) and inputs.platform == "cuda":
             raise PlanError(
                 "parallel.tensor_parallel_size",
@@ -146,7 +146,7 @@ def split_engines(
     at one GPU (one GPU, or the split [parallel] asks for: as it was)."""
     return {
         name: _split(engine, len(placement.gpus[name]))
-        if len(placement.gpus[name]) > 1 and _world(engine) == 1
+        if len(placement.gpus[name]) > 1 and engine.parallel.ranks == 1
         else engine
         for name, engine in engines.items()
     }
@@ -172,12 +172,7 @@ def group_inputs(inputs: BoxInputs, group: tuple[str, ...], placement: Placement
 
 
 def _need_on(engine: DeploymentConfig, facts: ModelFacts, alone: Plan, k: int) -> int:
-    return gpu_need(engine if k == _world(engine) else _split(engine, k), facts, alone)
-
-
-def _world(engine: DeploymentConfig) -> int:
-    """The GPUs [parallel] asks for (1: the placement decides)."""
-    return engine.parallel.tensor_parallel_size * engine.parallel.pipeline_parallel_size
+    return gpu_need(engine if k == engine.parallel.ranks else _split(engine, k), facts, alone)
 
 
 def _split(engine: DeploymentConfig, k: int) -> DeploymentConfig:
@@ -200,7 +195,7 @@ def _alone(
     weights offloaded as needed, else over ``most`` GPUs ([parallel]'s count where set;
     else the most vLLM splits it by). Raises the first refusal, naming its entry."""
     offload = engine.weights_offload.model_copy(update={"cpu_gib": "auto"})
-    world = _world(engine)
+    world = engine.parallel.ranks
     tries = [
         (engine, world),
         (engine.model_copy(update={"weights_offload": offload}), world),

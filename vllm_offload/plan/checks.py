@@ -35,7 +35,7 @@ def combination_checks(inputs: PlanInputs, backend: Backend) -> Notes:
                 "enabled for the VM)",
             }
         )
-    used = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    used = config.parallel.ranks
     if platform == "cuda" and len(host.gpus) > used:
         # issue #56: `--gpu-count 2` planned one GPU without a word (one that fits none is split)
         warnings.append(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB
-from vllm_offload.plan.budget import gpu_budget, served_weight_bytes
+from vllm_offload.plan.budget import GpuBudget, gpu_budget, served_weight_bytes
 from vllm_offload.plan.host import ram_that_holds, ram_words, tenths, weights_ram_refusal
 from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for
 from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
@@ -56,10 +56,7 @@ def cpu_platform_memory(
 ) -> GpuMemory:
     """vLLM's CPU backend: weights in RAM, the KV pool as VLLM_CPU_KVCACHE_SPACE (which
     wins inside vLLM), the config, or 1 GiB (vLLM's own default takes most of the RAM)."""
-    parallel = config.parallel
-    weights_per_rank = weight_bytes // (
-        parallel.tensor_parallel_size * parallel.pipeline_parallel_size
-    )
+    weights_per_rank = weight_bytes // config.parallel.ranks
     space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
     if space:
         pool = int(space) * GIB
@@ -80,40 +77,12 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
     """Weights on the GPU or offloaded (as configured, or the fewest that leave a pool for
     ``target`` in ``layout``'s blocks and KV dtype), then the KV pool from what is left (or
     as configured); raises PlanError when nothing is left."""
-    config, model, host = inputs.config, inputs.model, inputs.host
-    dtype_b, block = layout.dtype_bytes, layout.block_tokens
+    config, model = inputs.config, inputs.model
     weight_bytes = served_weight_bytes(config, model)
     if inputs.platform != "cuda":
         return cpu_platform_memory(config, weight_bytes, inputs.env), Notes()
-    tp = config.parallel.tensor_parallel_size
     gpu = gpu_budget(inputs, weight_bytes)
-    fixed_pool = config.gpu.kv_cache_memory_bytes
-    offload = config.weights_offload.cpu_gib
-    tokens, requests = target
-    if offload == "auto":
-        room = (
-            fixed_pool
-            if fixed_pool != "auto"
-            else pool_bytes_for(
-                KvSizing(model=model, dtype_bytes=dtype_b, block_tokens=block, tp=tp),
-                tokens,
-                requests,
-            )
-        )
-        need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
-        if need > 0:
-            need += gpu.prefetch_buffer_bytes
-        if need > gpu.offloadable_bytes:
-            raise unreachable(inputs, layout, weight_bytes, target, room)
-        # rounded up to 0.1 GiB, the figure shown
-        offloaded = min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes)
-        offloaded = max(0, offloaded)
-    else:
-        offloaded = min(int(offload * GIB), gpu.weights_bytes)
-        if offloaded > gpu.ram_room_bytes:
-            raise weights_ram_refusal(
-                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
-            )
+    offloaded = offloaded_bytes(inputs, layout, gpu, target)
     overhead = gpu.overhead_bytes + (gpu.prefetch_buffer_bytes if offloaded else 0)
     group_size = num_in_group = offloaded_layers = 0
     if gpu.prefetch_buffer_bytes and offloaded > 0:
@@ -122,26 +91,80 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
         offloaded = offloaded_layers * gpu.layer_bytes
         if offloaded > gpu.ram_room_bytes:  # whole layers rounded past the room
             raise weights_ram_refusal(
-                host, gpu.ram_room_bytes, offloaded, tp * config.parallel.pipeline_parallel_size
+                inputs.host, gpu.ram_room_bytes, offloaded, config.parallel.ranks
             )
-    notes = Notes()
-    if offload == "auto":
-        what = f"{gib(offloaded)} per GPU" + (
-            f" ({offloaded_layers} whole layers)" if offloaded_layers else ""
-        )
-        room_for = (
-            f"the configured {gib(fixed_pool)} GPU KV pool"
-            if fixed_pool != "auto"
-            else f"a GPU KV pool of {requests} x {tokens:,} tokens"
-        )
-        notes = Notes(
-            decisions=(
-                f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
-                if offloaded
-                else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}",
-            )
-        )
     weights_gpu = gpu.weights_bytes - offloaded
+    memory = GpuMemory(
+        total_bytes=gpu.total_bytes,
+        budget_bytes=gpu.budget_bytes,
+        weights_offloaded_bytes=offloaded,
+        weights_gpu_bytes=weights_gpu,
+        kv_pool_bytes=pool_bytes(config, gpu, weights_gpu, overhead, offloaded),
+        prefetch_group_size=group_size,
+        prefetch_num_in_group=num_in_group,
+        offloaded_layers=offloaded_layers,
+    )
+    return memory, offload_note(config, memory, target)
+
+
+def offloaded_bytes(inputs: PlanInputs, layout: KvLayout, gpu: GpuBudget, target: Target) -> int:
+    """The weights kept in host RAM per GPU: as configured (refused past the host's room),
+    or with 'auto' the fewest, rounded up to the 0.1 GiB shown, that leave a pool for
+    ``target``; raises PlanError when no offload reaches it."""
+    config = inputs.config
+    offload, fixed_pool = config.weights_offload.cpu_gib, config.gpu.kv_cache_memory_bytes
+    if offload != "auto":
+        offloaded = min(int(offload * GIB), gpu.weights_bytes)
+        if offloaded > gpu.ram_room_bytes:
+            raise weights_ram_refusal(
+                inputs.host, gpu.ram_room_bytes, offloaded, config.parallel.ranks
+            )
+        return offloaded
+    tokens, requests = target
+    kv = KvSizing(
+        model=inputs.model,
+        dtype_bytes=layout.dtype_bytes,
+        block_tokens=layout.block_tokens,
+        tp=config.parallel.tensor_parallel_size,
+    )
+    room = fixed_pool if fixed_pool != "auto" else pool_bytes_for(kv, tokens, requests)
+    need = gpu.weights_bytes + gpu.overhead_bytes + room - gpu.budget_bytes
+    if need > 0:
+        need += gpu.prefetch_buffer_bytes
+    if need > gpu.offloadable_bytes:
+        weight_bytes = served_weight_bytes(config, inputs.model)
+        raise unreachable(inputs, layout, weight_bytes, target, room)
+    return max(0, min(int(math.ceil(need / GIB * 10) / 10 * GIB), gpu.offloadable_bytes))
+
+
+def offload_note(config: DeploymentConfig, memory: GpuMemory, target: Target) -> Notes:
+    """What 'auto' chose for weights_offload.cpu_gib, and for what pool (none when set)."""
+    if config.weights_offload.cpu_gib != "auto":
+        return Notes()
+    offloaded, layers = memory.weights_offloaded_bytes, memory.offloaded_layers
+    fixed_pool = config.gpu.kv_cache_memory_bytes
+    tokens, requests = target
+    what = f"{gib(offloaded)} per GPU" + (f" ({layers} whole layers)" if layers else "")
+    room_for = (
+        f"the configured {gib(fixed_pool)} GPU KV pool"
+        if fixed_pool != "auto"
+        else f"a GPU KV pool of {requests} x {tokens:,} tokens"
+    )
+    return Notes(
+        decisions=(
+            f"weights_offload.cpu_gib auto -> {what}: the fewest that leave room for {room_for}"
+            if offloaded
+            else f"weights_offload.cpu_gib auto -> 0: the weights fit with room for {room_for}",
+        )
+    )
+
+
+def pool_bytes(
+    config: DeploymentConfig, gpu: GpuBudget, weights_gpu: int, overhead: int, offloaded: int
+) -> int:
+    """The GPU KV pool: as configured, or what the budget leaves beside ``weights_gpu`` and
+    vLLM's working memory; raises PlanError when none is left or a set one does not fit."""
+    fixed_pool = config.gpu.kv_cache_memory_bytes
     pool = fixed_pool if fixed_pool != "auto" else gpu.budget_bytes - weights_gpu - overhead
     if pool <= 0:
         fix = (
@@ -167,17 +190,7 @@ def place_weights(inputs: PlanInputs, layout: KvLayout, target: Target) -> tuple
             f"{gib(gpu.total_bytes)} GPU: set it <= {max(0, largest)} bytes, 'auto', or keep "
             "more weights in host RAM (weights_offload.cpu_gib)",
         )
-    memory = GpuMemory(
-        total_bytes=gpu.total_bytes,
-        budget_bytes=gpu.budget_bytes,
-        weights_offloaded_bytes=offloaded,
-        weights_gpu_bytes=weights_gpu,
-        kv_pool_bytes=pool,
-        prefetch_group_size=group_size,
-        prefetch_num_in_group=num_in_group,
-        offloaded_layers=offloaded_layers,
-    )
-    return memory, notes
+    return pool
 
 
 def reachable_tokens(
@@ -211,7 +224,7 @@ def unreachable(
             f"{max(0, gpu.largest_pool_bytes())} bytes, or 'auto'",
         )
     best = reachable_tokens(inputs, weight_bytes, dtype_b, block, requests)
-    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    world = config.parallel.ranks
     offloaded_words = (
         f"with as many weights in host RAM as it holds (weights_offload.cpu_gib <= "
         f"{tenths(gpu.ram_room_bytes):g}: {ram_words(host, world, 'cuda')})"

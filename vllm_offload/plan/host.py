@@ -118,7 +118,7 @@ def cpu_backend_ram_check(inputs: PlanInputs, weights: int, pool: int) -> None:
     the RAM available less the reserve and vLLM's own processes, or the plan is refused
     naming what to change (the pool's key and the largest pool that fits, or the model)."""
     config, host = inputs.config, inputs.host
-    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    world = config.parallel.ranks
     room = host.ram_available_bytes - ram_reserve(host, "cpu") - server_ram_bytes(world, "cpu")
     room = max(0, room) // world  # per rank
     if weights + pool <= room:

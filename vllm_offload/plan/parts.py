@@ -111,7 +111,7 @@ def offload_room_check(inputs: PlanInputs, offloaded_bytes: int, served_bytes: i
         return Notes()
     offloadable = _offloadable(config, model)
     taken = {p.name: p for pattern in params for p in matching(pattern, offloadable)}
-    ranks = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    ranks = config.parallel.ranks
     scale = served_bytes / max(1, model.weight_bytes)
     room = int(sum(p.bytes for p in taken.values()) * scale) // ranks
     if not taken or offloaded_bytes <= room:

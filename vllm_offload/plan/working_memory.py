@@ -141,7 +141,7 @@ def encoder_bytes(vision: VisionProfile, dtype_bytes: int, tokens: int) -> int:
 def prefill_chunk(inputs: PlanInputs) -> PrefillChunk:
     """gpu.prefill_chunk_tokens resolved, and what it adds to the working memory."""
     config, model, host, platform = inputs.config, inputs.model, inputs.host, inputs.platform
-    world = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    world = config.parallel.ranks
     default = vllm_default_chunk(host, platform, world)
     asked = config.gpu.prefill_chunk_tokens
     dtype_b = compute_dtype_bytes(model, config.model.dtype)
