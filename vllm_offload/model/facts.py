@@ -223,27 +223,14 @@ def facts_of(
         top_k = MOE_TOP_K_UNREAD
         unknown.append(f"experts per token (num_experts_per_tok; planned as {top_k})")
     if headers:
-        try:
-            sizes = safetensors_header.tensor_sizes(headers)
-        except safetensors_header.HeaderError as exc:
-            raise ModelFactsError(str(exc)) from None
-        weight_bytes = int(sum(sizes.values()))
+        weight_bytes, parts = read_weights(headers, model_type)
         source: Literal["safetensors", "parameter count"] = "safetensors"
-        parts = model_parts.from_tensors(model_type, sizes)
     else:
-        scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
-        if isinstance(quant, dict) and scheme is None:
-            method = short_text(quant, "quant_method", "unknown")
-            unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
         shape = parameter_shape(
             cfg, layers=num_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim
         )
-        text_bytes = weight_estimate.estimate(shape, DTYPE_BYTES.get(dtype, 2), scheme)
-        parts, missing = model_parts.from_config(
-            raw, hidden, DTYPE_BYTES.get(dtype, 2), text_bytes, shape.experts > 0
-        )
+        weight_bytes, parts, missing = estimated_weights(raw, cfg, dtype, shape)
         unknown += missing
-        weight_bytes = sum(part.bytes for part in parts)  # the towers sit on the GPU too
         source = "parameter count"
     vision = vision_profile.read(model_type, raw.get("vision_config"), preprocessor)
     if vision is None and isinstance(raw.get("vision_config"), dict):
@@ -280,3 +267,34 @@ def facts_of(
         fingerprint=print_,
         components=parts,
     )
+
+
+def read_weights(
+    headers: dict[str, dict[str, Any]], model_type: str
+) -> tuple[int, tuple[model_parts.Component, ...]]:
+    """The weights' bytes and components as the safetensors headers give them."""
+    try:
+        sizes = safetensors_header.tensor_sizes(headers)
+    except safetensors_header.HeaderError as exc:
+        raise ModelFactsError(str(exc)) from None
+    return int(sum(sizes.values())), model_parts.from_tensors(model_type, sizes)
+
+
+def estimated_weights(
+    raw: dict[str, Any], cfg: dict[str, Any], dtype: str, shape: weight_estimate.Shape
+) -> tuple[int, tuple[model_parts.Component, ...], list[str]]:
+    """The weights' bytes and components from config.json's parameter counts (no
+    safetensors headers), and what could not be read of them."""
+    unknown = []
+    quant = cfg.get("quantization_config")
+    scheme = weight_estimate.scheme(quant) if isinstance(quant, dict) else None
+    if isinstance(quant, dict) and scheme is None:
+        method = short_text(quant, "quant_method", "unknown")
+        unknown.append(f"quantization {method!r} (weights planned at 16 bits)")
+    element_bytes = DTYPE_BYTES.get(dtype, 2)
+    text_bytes = weight_estimate.estimate(shape, element_bytes, scheme)
+    parts, missing = model_parts.from_config(
+        raw, shape.hidden, element_bytes, text_bytes, shape.experts > 0
+    )
+    # the towers sit on the GPU too
+    return sum(part.bytes for part in parts), parts, unknown + missing
