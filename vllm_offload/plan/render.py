@@ -9,8 +9,19 @@ from vllm_offload.plan.working_memory import chunk_words, encoder_words
 
 def render(plan: Plan) -> str:
     """The short human table: what goes where, and how long one request can be."""
-    kv, w, length, ext, ram = plan.kv, plan.weights, plan.length, plan.extension, plan.host_ram
-    rows = [
+    rows = _model_rows(plan) + _host_rows(plan)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += [f"chose: {d}" for d in plan.notes.decisions]
+    lines += [f"warning: {w}" for w in plan.notes.warnings]
+    lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.notes.problems]
+    return "\n".join(lines)
+
+
+def _model_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The model, its weights, the pool and the lengths it serves."""
+    kv, w, length, ext = plan.kv, plan.weights, plan.length, plan.extension
+    return [
         ("model", f"{plan.architecture} at {plan.model_path}"),
         ("platform", f"{plan.platform}, planned for vLLM {plan.vllm_release}"),
         ("weights", f"{gib(w.bytes)} ({w.source})"),
@@ -59,6 +70,13 @@ def render(plan: Plan) -> str:
         ),
         ("KV cache dtype", f"{kv.cache_dtype} ({kv.dtype_bytes} bytes per element)"),
         *_chunk_rows(plan),
+    ]
+
+
+def _host_rows(plan: Plan) -> list[tuple[str, str]]:
+    """What host RAM and the disk hold: the host extension, the CPU tier, the disk tier."""
+    kv, ext, ram = plan.kv, plan.extension, plan.host_ram
+    rows = [
         (
             "host extension",
             f"{gib(ext.bytes)} = {ext.tokens:,} tokens per GPU "
@@ -90,12 +108,7 @@ def render(plan: Plan) -> str:
                 "restarts)",
             )
         )
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    lines += [f"chose: {d}" for d in plan.notes.decisions]
-    lines += [f"warning: {w}" for w in plan.notes.warnings]
-    lines += [f"cannot start: {p['field']}: {p['message']}" for p in plan.notes.problems]
-    return "\n".join(lines)
+    return rows
 
 
 def _component_rows(plan: Plan) -> list[tuple[str, str]]:
