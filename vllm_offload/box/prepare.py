@@ -90,22 +90,7 @@ def prepare_box(
     """Everything short of starting the set: raises what makes a plan impossible (naming
     the model's entry), lists in ``problems`` what forbids a start here and now.
     ``from_hub``: as ``deployment.prepare``'s, for each hub id."""
-    engines = engine_configs(config)
-    dirs: dict[str, Path] = {}
-    facts: dict[str, ModelFacts] = {}
-    not_pulled: list[VllmOffloadError] = []
-    for i, (name, config_i) in enumerate(engines.items()):
-        try:  # errors name the entry (models[1].path, 'coder'), not the one-model key
-            remote = hub_not_downloaded(config_i) if from_hub else None
-            if remote is not None:  # planned from the hub; it cannot start before a pull
-                facts[name], dirs[name] = remote[0], Path(remote[0].path)
-                not_pulled.append(PreflightError(entry_field(i, "model.path"), remote[1]))
-                continue
-            dirs[name] = confined_model_dir(config_i, roots)
-            engines[name] = model_dtype(config_i, dirs[name])
-            facts[name] = model_facts.read(dirs[name])
-        except (ConfigError, ModelFactsError) as exc:  # its kind kept: the hub down is exit 1
-            raise exc.named(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
+    engines, dirs, facts, not_pulled = read_models(config, roots, from_hub)
     platform: Platform = "cuda" if host.has_nvidia_gpu else "cpu"
     disks = {
         name: disk_facts.probe_disk(e.kv_offload.disk_path) if e.kv_offload.disk_path else None
@@ -123,20 +108,7 @@ def prepare_box(
             env=dict(environ),
         )
     )
-    problems: list[VllmOffloadError] = [
-        PlanError(p["field"], p["message"]) for p in box_plan.notes.problems
-    ]
-    problems += not_pulled
-    for i, (name, model) in enumerate(box_plan.models.items()):
-        for problem in model.plan.notes.problems:
-            problems.append(
-                PlanError(entry_field(i, problem["field"]), f"'{name}': {problem['message']}")
-            )
-    sleeps = any(m.idle == "sleep" for m in box_plan.models.values())
-    missing = plugin_missing(environ) if sleeps else None
-    if missing:  # vLLM's own sleep backend would run: more host RAM than planned
-        why = f"models that sleep need our sleep backend, and {missing}"
-        problems.append(PlanError("residency.idle", f"{why}; or set residency.idle = 'stop'"))
+    problems = plan_problems(box_plan, environ) + not_pulled
     lmcache = any(m.plan.kv.backend == "lmcache" for m in box_plan.models.values())
     api_key, found, notes = machine_checks(config, lmcache, environ, vllm, allow_unpatched)
     problems += found
@@ -161,6 +133,50 @@ def prepare_box(
         problems=tuple(problems),
         notes=tuple(notes),
     )
+
+
+def read_models(
+    config: DeploymentConfig, roots: Sequence[Path] | None, from_hub: bool
+) -> tuple[
+    dict[str, DeploymentConfig], dict[str, Path], dict[str, ModelFacts], list[VllmOffloadError]
+]:
+    """Each engine's config (its dtype resolved), folder and facts, and why a model planned
+    from the hub cannot start yet; raises what makes a model unreadable, naming its entry."""
+    engines = engine_configs(config)
+    dirs: dict[str, Path] = {}
+    facts: dict[str, ModelFacts] = {}
+    not_pulled: list[VllmOffloadError] = []
+    for i, (name, config_i) in enumerate(engines.items()):
+        try:  # errors name the entry (models[1].path, 'coder'), not the one-model key
+            remote = hub_not_downloaded(config_i) if from_hub else None
+            if remote is not None:  # planned from the hub; it cannot start before a pull
+                facts[name], dirs[name] = remote[0], Path(remote[0].path)
+                not_pulled.append(PreflightError(entry_field(i, "model.path"), remote[1]))
+                continue
+            dirs[name] = confined_model_dir(config_i, roots)
+            engines[name] = model_dtype(config_i, dirs[name])
+            facts[name] = model_facts.read(dirs[name])
+        except (ConfigError, ModelFactsError) as exc:  # its kind kept: the hub down is exit 1
+            raise exc.named(entry_field(i, exc.field), f"'{name}': {exc.message}") from None
+    return engines, dirs, facts, not_pulled
+
+
+def plan_problems(box_plan: BoxPlan, environ: Mapping[str, str]) -> list[VllmOffloadError]:
+    """What the set's plan and each model's forbid, each model's named by its entry."""
+    problems: list[VllmOffloadError] = [
+        PlanError(p["field"], p["message"]) for p in box_plan.notes.problems
+    ]
+    for i, (name, model) in enumerate(box_plan.models.items()):
+        for problem in model.plan.notes.problems:
+            problems.append(
+                PlanError(entry_field(i, problem["field"]), f"'{name}': {problem['message']}")
+            )
+    sleeps = any(m.idle == "sleep" for m in box_plan.models.values())
+    missing = plugin_missing(environ) if sleeps else None
+    if missing:  # vLLM's own sleep backend would run: more host RAM than planned
+        why = f"models that sleep need our sleep backend, and {missing}"
+        problems.append(PlanError("residency.idle", f"{why}; or set residency.idle = 'stop'"))
+    return problems
 
 
 def socket_of(prepared: PreparedBox, name: str) -> Path:
