@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hardware", "disk_facts", "systemd", "cluster_router"),
     ("plan",),
     ("launch", "launch_spec", "launch_kv", "argv_check", "run_vllm"),
-    ("deployment", "length_advice"),
+    ("deployment", "preflight", "length_advice"),
     ("box",),
     ("manager", "bench", "cli", "__main__"),
 )

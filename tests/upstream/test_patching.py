@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload.deployment import patch_problem
 from vllm_offload.model import real as real_model
+from vllm_offload.preflight import patch_problem
 from vllm_offload.upstream import patch_journal, patching
 from vllm_offload.upstream import version as vllm_version
 from vllm_offload.upstream.patch_journal import PatchError

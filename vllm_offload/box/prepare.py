@@ -13,12 +13,7 @@ from pathlib import Path
 from vllm_offload import disk_facts, launch
 from vllm_offload.config import ConfigError, DeploymentConfig
 from vllm_offload.config.schema import engine_configs, entry_field
-from vllm_offload.deployment import (
-    confined_model_dir,
-    hub_not_downloaded,
-    machine_checks,
-    model_dtype,
-)
+from vllm_offload.deployment import confined_model_dir, hub_not_downloaded, model_dtype
 from vllm_offload.errors import VllmOffloadError
 from vllm_offload.hardware import HostFacts
 from vllm_offload.launch_spec import EngineLaunch, LaunchSpec, PreflightError
@@ -28,6 +23,7 @@ from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Platform
 from vllm_offload.plan.box import BoxPlan, plan_box
 from vllm_offload.plan.records import BoxInputs, PlanError
+from vllm_offload.preflight import machine_checks
 from vllm_offload.upstream.version import InstalledVllm, release_for
 from vllm_offload.vllm_ext import plugin_missing
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from vllm_offload import config as config_mod
-from vllm_offload import deployment
+from vllm_offload import preflight
 from vllm_offload.cli._common import UsageError, port_taken
 from vllm_offload.safe_files import open_regular
 from vllm_offload.systemd.control import Systemd, validate_unit
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, extra_args: list[str]) -> int:
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be 1-65535")
     validate_unit(args.unit)
-    if args.token_file is None and not deployment.is_loopback(args.host):
+    if args.token_file is None and not preflight.is_loopback(args.host):
         raise UsageError(
             f"--host {args.host}: refusing to listen beyond loopback without a token; pass "
             "--token-file (install-service writes one)"

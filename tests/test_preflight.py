@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_offload import deployment, launch_spec, run_vllm
+from vllm_offload import launch_spec, preflight, run_vllm
 from vllm_offload.cli import main
 
 
@@ -38,7 +38,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_not_installed_names_the_install(bare_python: str) -> None:
-    problem = deployment.lmcache_problem(dict(os.environ), bare_python)
+    problem = preflight.lmcache_problem(dict(os.environ), bare_python)
     assert problem is not None
     assert "LMCache is not installed" in problem
     assert "make install LMCACHE=1" in problem and "kv_offload.backend = native" in problem
@@ -47,7 +47,7 @@ def test_not_installed_names_the_install(bare_python: str) -> None:
 def test_ops_built_for_another_torch_are_refused(tmp_path: Path) -> None:
     symbol = "undefined symbol: _ZN3c1019NotImplementedErrorC1ENS_14SourceLocationESs"
     environ = fake_lmcache(tmp_path, f"raise ImportError({symbol!r})")
-    problem = deployment.lmcache_problem(environ)
+    problem = preflight.lmcache_problem(environ)
     assert problem is not None
     assert "LMCache 0.5.6's compiled ops do not load with this torch" in problem
     assert symbol in problem
@@ -55,7 +55,7 @@ def test_ops_built_for_another_torch_are_refused(tmp_path: Path) -> None:
 
 def test_loading_ops_pass(tmp_path: Path) -> None:
     environ = fake_lmcache(tmp_path, "")
-    assert deployment.lmcache_problem(environ) is None
+    assert preflight.lmcache_problem(environ) is None
 
 
 def test_serve_refuses_with_exit_2(
@@ -68,8 +68,8 @@ def test_serve_refuses_with_exit_2(
     (the check asks the bare Python, where LMCache is missing whatever this host has)."""
     started: list[launch_spec.LaunchSpec] = []
     monkeypatch.setattr(run_vllm, "run", started.append)
-    asks_bare = functools.partial(deployment.lmcache_problem, python=bare_python)
-    monkeypatch.setattr(deployment, "lmcache_problem", asks_bare)
+    asks_bare = functools.partial(preflight.lmcache_problem, python=bare_python)
+    monkeypatch.setattr(preflight, "lmcache_problem", asks_bare)
     code = main(
         [
             "serve",
