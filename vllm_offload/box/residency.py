@@ -30,7 +30,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from vllm_offload.box import residency_gpus
+from vllm_offload.box import residency_gpus, residency_turns
 from vllm_offload.box.residency_records import (
     Books,
     Busy,
@@ -41,6 +41,7 @@ from vllm_offload.box.residency_records import (
     Step,
     Unavailable,
 )
+from vllm_offload.box.residency_turns import Switch
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -179,11 +180,11 @@ class Residency:
         self._kick.set()
 
     def _resident(self) -> list[Slot]:
-        return [s for s in self.slots.values() if s.status in ("serving", "draining")]
+        return residency_turns.resident(self.slots.values())
 
     def cap(self, slot: Slot) -> int:
         """Models on one of ``slot``'s GPUs at once."""
-        return self.settings.resident_beside.get(slot.name, self.settings.max_resident)
+        return residency_turns.cap(self.settings, slot)
 
     def full(self, slot: Slot) -> list[int]:
         return residency_gpus.full(slot, self._resident(), self.cap(slot))
@@ -212,46 +213,19 @@ class Residency:
                 waiting.cancel()
 
     async def _step(self) -> float | None:
-        """Make the next switch, if one is due; seconds until something may change by
-        time alone (None: only a request or an exit changes anything). The model asked for
-        longest goes first; while it waits for turns to end, a model asked for later may
-        come in only on GPUs it has no part in (so a model split over several GPUs is not
-        passed over for ever by models that take turns on each of them)."""
-        targets = self._targets()
-        if not targets:
+        """Make the next switch, if one is due (``residency_turns.next_switch``); seconds
+        until something may change by time alone (None: only a request or an exit changes
+        anything)."""
+        due = residency_turns.next_switch(list(self.slots.values()), self.settings, self.clock())
+        if due is None:
             return await self._expire_idle()
-        now = self.clock()
-        waits: list[float] = []
-        waited_for: set[int] = set()  # the GPUs of the models that wait
-        for target in targets:
-            if waited_for & set(target.gpus):
-                continue
-            resident, cap = self._resident(), self.cap(target)
-            going = residency_gpus.victims(target, resident, cap, lambda s: self._may_go(s, now))
-            if going is None:  # until the turns on its full GPUs end
-                ends = residency_gpus.turn_wait(target, resident, cap, self._turn_end, now)
-                waits.append(max(0.01, ends))
-                waited_for |= set(target.gpus)
-                continue
-            self._begin(target, "bring-in")
-            for victim in going:
-                await self._put_away(victim)
-            await self._bring_in(target)
-            return 0
-        return min(waits)
-
-    def _turn_end(self, slot: Slot) -> float:
-        return slot.since + self.settings.min_resident_s
-
-    def _targets(self) -> list[Slot]:
-        """The models not resident that requests wait for, longest waiting first."""
-        asked = [s for s in self.slots.values() if s.queue and s.status in ("away", "failed")]
-        return sorted(asked, key=lambda s: s.queue[0][0])
-
-    def _may_go(self, slot: Slot, now: float) -> bool:
-        """Its turn is over, or it was never used in it."""
-        over = now - slot.since >= self.settings.min_resident_s
-        return over or (slot.in_flight == 0 and not slot.used)
+        if not isinstance(due, Switch):
+            return due
+        self._begin(due.target, "bring-in")
+        for victim in due.going:
+            await self._put_away(victim)
+        await self._bring_in(due.target)
+        return 0
 
     async def _expire_idle(self) -> float | None:
         keep = self.settings.keep_alive_s
