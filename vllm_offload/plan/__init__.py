@@ -29,19 +29,14 @@ from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
-from vllm_offload.plan.gpu import place_weights
+from vllm_offload.plan.gpu import place_weights, weights_record
 from vllm_offload.plan.host import (
     cpu_backend_ram_check,
     extension_bytes,
     size_cpu_tier,
     sync_load_budget,
 )
-from vllm_offload.plan.kv import (
-    KvSizing,
-    compute_dtype_bytes,
-    kv_bytes_per_token,
-    request_kv_bytes,
-)
+from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token
 from vllm_offload.plan.layout import choose_layout, planned_model
 from vllm_offload.plan.lengths import (
     capacity_warnings,
@@ -49,12 +44,7 @@ from vllm_offload.plan.lengths import (
     past_the_model_limit,
     target,
 )
-from vllm_offload.plan.parts import (
-    component_rows,
-    offload_param_checks,
-    offload_room_check,
-    tower_first_note,
-)
+from vllm_offload.plan.parts import offload_notes
 from vllm_offload.plan.records import (
     GpuPool,
     HostExtension,
@@ -63,7 +53,6 @@ from vllm_offload.plan.records import (
     PlanError,
     PlanInputs,
     Platform,
-    Weights,
     plan_json,
 )
 from vllm_offload.plan.render import render
@@ -98,7 +87,6 @@ def make_plan(
     """Resolve every 'auto' of ``config`` into numbers, or raise PlanError; for
     ``vllm_release`` (default: the platform's pinned release)."""
     env = env or {}
-    tp = config.parallel.tensor_parallel_size
     release = vllm_release or PINNED[platform]
     asked = PlanInputs(
         config=config, model=model, host=host, platform=platform, vllm_release=release, env=env
@@ -118,11 +106,9 @@ def make_plan(
     notes += step
     if platform == "cpu":
         cpu_backend_ram_check(inputs, memory.weights_gpu_bytes, memory.kv_pool_bytes)
-    notes += offload_param_checks(asked)
-    notes += offload_room_check(
+    notes += offload_notes(
         asked, memory.weights_offloaded_bytes, served_weight_bytes(config, planned)
     )
-    notes += tower_first_note(asked, memory.weights_offloaded_bytes)
     extension, step = extension_bytes(inputs)
     notes += step
     # Staged prefill's GPU scratch comes out of the pool (only a GPU maps an extension).
@@ -134,13 +120,10 @@ def make_plan(
     notes += step
     tier, ram, step = size_cpu_tier(inputs, layout, memory.weights_offloaded_bytes, extension)
     notes += step
-    budget = sync_load_budget(inputs, layout, memory.kv_pool_bytes)
-    tier = replace(tier, sync_load_budget_bytes=budget)
-    kv = KvSizing(
-        model=planned, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
+    tier = replace(
+        tier, sync_load_budget_bytes=sync_load_budget(inputs, layout, memory.kv_pool_bytes)
     )
-    request_bytes = request_kv_bytes(kv, length.max_model_len) * tp
-    disk_tier, step = plan_disk_tier(inputs, disk, layout, request_bytes)
+    disk_tier, step = plan_disk_tier(inputs, disk, layout, length.max_model_len)
     notes += step
     notes += capacity_warnings(layout, tier, length, shape, bool(extension))
     # Not checked: the memlock limit. cudaHostRegister ignores it (an H200 host registered
@@ -156,16 +139,7 @@ def make_plan(
         model_path=model.path,
         architecture=model.architecture,
         kv=layout,
-        weights=Weights(
-            bytes=served_weight_bytes(config, planned),
-            source=model.weight_bytes_source,
-            gpu_bytes=memory.weights_gpu_bytes,
-            offloaded_bytes=memory.weights_offloaded_bytes,
-            prefetch_group_size=memory.prefetch_group_size,
-            prefetch_num_in_group=memory.prefetch_num_in_group,
-            offloaded_layers=memory.offloaded_layers,
-            components=component_rows(model),
-        ),
+        weights=weights_record(config, planned, memory),
         gpu=GpuPool(
             total_bytes=memory.total_bytes,
             budget_bytes=memory.budget_bytes,
@@ -185,7 +159,7 @@ def make_plan(
         cpu_tier=tier,
         host_ram=ram,
         disk=disk_tier,
-        tensor_parallel_size=tp,
+        tensor_parallel_size=config.parallel.tensor_parallel_size,
         costs=costs,
         reproducible=reproducible,
         vllm_release=release,

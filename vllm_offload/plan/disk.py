@@ -10,6 +10,7 @@ from vllm_offload import disk_layout
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.disk_facts import NETWORK_FILESYSTEMS, RAM_FILESYSTEMS, DiskFacts
 from vllm_offload.hardware import GIB
+from vllm_offload.plan.kv import KvSizing, request_kv_bytes
 from vllm_offload.plan.records import DiskTier, KvLayout, Notes, PlanInputs, gib
 
 # The disk tier never lets its filesystem's free space fall below this (the launcher hands
@@ -21,13 +22,19 @@ NO_DISK_TIER = DiskTier(path="", root="", bytes=0, tokens=0, reserve_bytes=0)
 
 
 def plan_disk_tier(
-    inputs: PlanInputs, disk: DiskFacts | None, layout: KvLayout, request_bytes: int
+    inputs: PlanInputs, disk: DiskFacts | None, layout: KvLayout, max_model_len: int
 ) -> tuple[DiskTier, Notes]:
-    """The disk tier as configured, or none (with a problem saying why not)."""
+    """The disk tier as configured, or none (with a problem saying why not); it holds at
+    least one request of ``max_model_len`` tokens."""
     config, model = inputs.config, inputs.model
     path = config.kv_offload.disk_path
     if not path:
         return NO_DISK_TIER, Notes()
+    tp = config.parallel.tensor_parallel_size
+    kv = KvSizing(
+        model=model, dtype_bytes=layout.dtype_bytes, block_tokens=layout.block_tokens, tp=tp
+    )
+    request_bytes = request_kv_bytes(kv, max_model_len) * tp
     refusal = unusable(config, layout, disk, path)
     if refusal:
         return NO_DISK_TIER, Notes.problem(*refusal)
@@ -59,7 +66,6 @@ def plan_disk_tier(
             f"full-length request ({gib(request_bytes)}); give it more, or set "
             "disk_path = ''",
         )
-    tp = config.parallel.tensor_parallel_size
     per_token = layout.bytes_per_token
     tokens = (
         size // (per_token * tp) // layout.block_tokens * layout.block_tokens if per_token else 0

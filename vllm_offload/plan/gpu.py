@@ -9,10 +9,12 @@ from dataclasses import dataclass, replace
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.budget import GpuBudget, gpu_budget, served_weight_bytes
 from vllm_offload.plan.host import ram_that_holds, ram_words, tenths, weights_ram_refusal
 from vllm_offload.plan.kv import KvSizing, longest_for, pool_bytes_for
-from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, gib
+from vllm_offload.plan.parts import component_rows
+from vllm_offload.plan.records import KvLayout, Notes, PlanError, PlanInputs, Weights, gib
 
 # The CPU backend's KV pool when neither the config nor VLLM_CPU_KVCACHE_SPACE sizes it.
 CPU_PLATFORM_DEFAULT_POOL_BYTES = 1 * GIB
@@ -35,6 +37,20 @@ class GpuMemory:
     prefetch_group_size: int = 0
     prefetch_num_in_group: int = 0
     offloaded_layers: int = 0
+
+
+def weights_record(config: DeploymentConfig, model: ModelFacts, memory: GpuMemory) -> Weights:
+    """The plan's weights: at the dtype served (``model`` as planned), where they went."""
+    return Weights(
+        bytes=served_weight_bytes(config, model),
+        source=model.weight_bytes_source,
+        gpu_bytes=memory.weights_gpu_bytes,
+        offloaded_bytes=memory.weights_offloaded_bytes,
+        prefetch_group_size=memory.prefetch_group_size,
+        prefetch_num_in_group=memory.prefetch_num_in_group,
+        offloaded_layers=memory.offloaded_layers,
+        components=component_rows(model),
+    )
 
 
 def prefetch_layout(num_layers: int, layers_needed: int) -> tuple[int, int, int]:

@@ -51,6 +51,16 @@ def _offloadable(config: DeploymentConfig, model: ModelFacts) -> list[Component]
     return [p for p in model.components if not prefetch or p.kind == "language model"]
 
 
+def offload_notes(inputs: PlanInputs, offloaded_bytes: int, served_bytes: int) -> Notes:
+    """What weights_offload.params takes and refuses, and which components an offload
+    without patterns takes first."""
+    return (
+        offload_param_checks(inputs)
+        + offload_room_check(inputs, offloaded_bytes, served_bytes)
+        + tower_first_note(inputs, offloaded_bytes)
+    )
+
+
 def offload_param_checks(inputs: PlanInputs) -> Notes:
     """Each pattern of weights_offload.params refused when it takes nothing vLLM would
     offload, and what each takes, as a decision."""
