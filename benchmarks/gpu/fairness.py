@@ -26,7 +26,8 @@ Scenarios (--scenarios), each with one long request (--long-tokens random ids in
   wave16, wave32  16 or 32 chats at once at the long request's first token
   before          16 chats, the long request 0.3 s after them (its prefill beside them)
   with            16 chats and the long request at once
-  waves           4 waves of 8 chats, one every 2 s from the long request's first token
+  waves, wavesN   4 (or N) waves of 8 chats, one every 2 s from the long request's first
+                  token (the long request's --long-out must last them: ~8 tokens a wave)
   steady          chats arriving at --rate a second (seeded Poisson) for --steady-s
   during          the same from the long request's sending: chats beside its prefill
 
@@ -83,8 +84,8 @@ def arrivals(name: str, args: argparse.Namespace, rng: random.Random) -> tuple[l
         return [-0.3] * 16, "sent"
     if name == "with":
         return [0.0] * 16, "sent"
-    if name == "waves":
-        return [2.0 * w for w in range(4) for _ in range(8)], "first token"
+    if re.fullmatch(r"waves\d*", name):
+        return [2.0 * w for w in range(int(name[5:] or 4)) for _ in range(8)], "first token"
     if name in ("steady", "during"):
         times, t = [], rng.expovariate(args.rate)
         while t < args.steady_s:

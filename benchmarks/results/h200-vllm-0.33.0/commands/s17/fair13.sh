@@ -26,5 +26,5 @@ timeout $LIMIT python3 benchmarks/gpu/fairness.py --out $work --shares 0.1 \
   --repeats ${REPEATS:-3} --arms share-0.1,share-0.1-base --base-tree $base ${ARGS:-} \
   > $work/out.txt 2>&1; echo "rc $?"
 (cd $work && tar -cJf logs-$name.tar.xz ./*.log && rm -f ./*.log)
-grep -E "^(before|with|waves|steady|wave32) " $work/out.txt \
+grep -E "^(before|with|waves[0-9]*|steady|wave32) " $work/out.txt \
   | sed -E "s/\{'alone_tails.*measured_share'/ share/" | cut -c1-400

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Issue #54's share against spill_share's own rules on a simulated clock, before the GPU
+measures it: one long request decoding with its KV in host RAM (each step that includes it
+~0.14 s, its host reads), chats of 128 tokens arriving as fairness.py's scenarios send
+them, and vLLM's engine with async scheduling (0.33's default on CUDA) modelled as
+tests/vllm_patches/test_fair_scheduler.py's BatchQueue does: a step is scheduled while the
+one before it runs, starts on the GPU when that one ends, and its output is handed over
+when it ends. Per scenario: the share the scheduler would log as the long request ends
+(what fairness.py reads), how many chats saw how many long gaps (a step with the spilled
+request: one is within the p99 goal, a second may not be) and the worst chat's mean time
+per token over its own alone.
+
+A model, not a measurement: step lengths are fair13's (H100, `docs/benchmarks.md`); the
+long request's prefill is not modelled (the scenarios start at its first token), nor are
+chats waiting for GPU blocks. ``--rules FILE`` takes spill_share.py from another tree (an
+earlier commit's rules, to set the model against what the GPU measured with them).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/share_sim.py [--rules FILE] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import random
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from vllm_offload.vllm_ext import spill_share
+
+# fair13 on an H100 (docs/benchmarks.md): a chat's decode step alone ~6.5 ms, a step with
+# the spilled request 0.14 s alone and ~0.145 s beside chats (the worst gap), a step that
+# prefills chats' 256-token prompts taken as 30 ms.
+CHAT_STEP_S, PREFILL_STEP_S = 0.0065, 0.030
+LONG_STEP_S, LONG_BESIDE_S = 0.140, 0.145
+CHAT_TOKENS = 128
+
+
+@dataclass
+class Chat:
+    arrive: float
+    unscheduled: int = CHAT_TOKENS  # tokens not yet in a scheduled step
+    prefilled: bool = False
+    token_at: list[float] = field(default_factory=list)  # when each token's step ended
+
+
+@dataclass
+class Run:
+    chats: list[Chat]
+    share: float | None  # as logged when the long request ends (None: no long request)
+    long_tokens: int
+
+
+def simulate(
+    rules: ModuleType,
+    share: float,
+    starts: list[float],
+    long_out: int,
+    chat_step_s: float = CHAT_STEP_S,
+    with_long: bool = True,
+) -> Run:
+    """One run: chats arriving at ``starts`` (s from the long request's first token), each
+    of their decode steps ``chat_step_s`` without the long request."""
+    now = [0.0]
+    rule = rules.SpillShare(share=share, clock=lambda: now[0])
+    chats = [Chat(arrive=t) for t in sorted(starts)]
+    pending = deque(chats)
+    active: list[Chat] = []
+    queue: deque[tuple[object, list[Chat], float]] = deque()
+    gpu_free, long_left, logged = 0.0, long_out if with_long else 0, None
+    while pending or active:  # once the chats are done, the share grows no more
+        while pending and pending[0].arrive <= now[0]:
+            active.append(pending.popleft())
+        batch = [c for c in active if c.unscheduled > 0]
+        if len(queue) < 2 and (batch or long_left > 0):
+            others, present = bool(batch), long_left > 0
+            takes_long = present and (rule.admit(others=others) or not batch)
+            if batch or takes_long:
+                took = (LONG_BESIDE_S if batch else LONG_STEP_S) if takes_long else 0.0
+                prefill = any(not c.prefilled for c in batch)
+                took = max(took, PREFILL_STEP_S if prefill else chat_step_s if batch else 0.0)
+                gpu_free = max(now[0], gpu_free) + took
+                key = object()
+                rule.started(key, spilled=takes_long, shared=others and present, beside=others)
+                for chat in batch:
+                    chat.unscheduled -= 1
+                    chat.prefilled = True
+                long_left -= 1 if takes_long else 0
+                queue.append((key, batch, gpu_free))
+                continue
+        if queue:
+            key, ran, ends = queue.popleft()
+            now[0] = max(now[0], ends)
+            rule.ended(key)
+            for chat in ran:
+                chat.token_at.append(ends)
+            active = [c for c in active if len(c.token_at) < CHAT_TOKENS]
+            if with_long and long_left == 0 and logged is None and not queue:
+                logged = rule.spilled_shared_s / rule.shared_s if rule.shared_s else 0.0
+        elif pending:
+            now[0] = max(now[0], pending[0].arrive)
+    if with_long and logged is None:
+        logged = rule.spilled_shared_s / rule.shared_s if rule.shared_s else 0.0
+    return Run(chats=chats, share=logged, long_tokens=long_out - long_left)
+
+
+def long_gaps(chat: Chat) -> int:
+    """The gaps between its tokens as long as a step with the spilled request."""
+    times = chat.token_at
+    return sum(1 for a, b in itertools.pairwise(times) if b - a >= LONG_STEP_S)
+
+
+def mean_time_per_token(chat: Chat) -> float:
+    return (chat.token_at[-1] - chat.token_at[0]) / (len(chat.token_at) - 1)
+
+
+def scenario(name: str, rng: random.Random) -> list[float]:
+    """fairness.py's arrivals, from the long request's first token; ``wavesN``: N waves
+    of 8, 2 s apart; ``steadyS``: 4 chats a second (seeded Poisson) for S seconds."""
+    if name in ("wave16", "wave32"):
+        return [0.0] * int(name[4:])
+    if name.startswith("waves"):
+        return [2.0 * w for w in range(int(name[5:] or 4)) for _ in range(8)]
+    if name.startswith("steady"):
+        times, t, until = [], rng.expovariate(4.0), float(name[6:] or 15)
+        while t < until:
+            times.append(t)
+            t += rng.expovariate(4.0)
+        return times
+    raise SystemExit(f"no scenario {name!r}")
+
+
+def measure(
+    rules: ModuleType, share: float, name: str, long_out: int, seed: int, chat_step_s: float
+) -> dict[str, Any]:
+    starts = scenario(name, random.Random(seed))
+    beside = simulate(rules, share, starts, long_out, chat_step_s)
+    alone = simulate(rules, share, starts, long_out, chat_step_s, with_long=False)
+    seen = [long_gaps(c) for c in beside.chats]
+    means = [
+        mean_time_per_token(near) / mean_time_per_token(far)
+        for near, far in zip(beside.chats, alone.chats, strict=True)
+    ]
+    return {
+        "scenario": name,
+        "share_set": share,
+        "share_logged": round(beside.share or 0.0, 3),
+        "long_tokens": beside.long_tokens,
+        "chats": len(seen),
+        "chats_by_long_gaps": {n: seen.count(n) for n in sorted(set(seen))},
+        "worst_mean_ratio": round(max(means), 2),
+    }
+
+
+def load_rules(path: str | None) -> ModuleType:
+    if path is None:
+        return spill_share
+    spec = importlib.util.spec_from_file_location("spill_share_under_test", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--rules {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rules", help="spill_share.py of another tree (default: this one's)")
+    parser.add_argument("--share", type=float, default=0.1)
+    parser.add_argument(
+        "--scenarios", default="wave16,wave32,waves,waves8,waves12,waves24,steady,steady30,steady60"
+    )
+    parser.add_argument(
+        "--long-out", type=int, default=48, help="fair13's; 0: as long as the chats last"
+    )
+    parser.add_argument(
+        "--seeds", default="54,1,2,3,4", help="steady's arrivals (fairness.py's: 54)"
+    )
+    parser.add_argument(
+        "--chat-steps-ms", default="6.5", help="chats' decode step without it, each in turn"
+    )
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rules = load_rules(args.rules)
+    rows = []
+    for chat_ms in [float(ms) for ms in args.chat_steps_ms.split(",")]:
+        for name in args.scenarios.split(","):
+            seeds = [int(n) for n in args.seeds.split(",")] if name.startswith("steady") else [0]
+            for seed in seeds:
+                long_out = args.long_out or 100_000
+                row = measure(rules, args.share, name, long_out, seed, chat_ms / 1000)
+                rows.append(row | {"seed": seed, "chat_step_ms": chat_ms})
+                print(
+                    f"{name:9} chat step {chat_ms} ms, seed {seed}: share "
+                    f"{row['share_logged']:.3f} (set {args.share}), long tokens "
+                    f"{row['long_tokens']}, chats by long gaps seen "
+                    f"{row['chats_by_long_gaps']}, worst mean {row['worst_mean_ratio']}x"
+                )
+    if args.out:
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
