@@ -10,10 +10,12 @@ when it ends. Per scenario: the share the scheduler would log as the long reques
 request: one is within the p99 goal, a second may not be) and the worst chat's mean time
 per token over its own alone.
 
-A model, not a measurement: step lengths are fair13's (H100, `docs/benchmarks.md`); the
-long request's prefill is not modelled (the scenarios start at its first token), nor are
-chats waiting for GPU blocks. ``--rules FILE`` takes spill_share.py from another tree (an
-earlier commit's rules, to set the model against what the GPU measured with them).
+A model, not a measurement: step lengths are fair13's (H100, `docs/benchmarks.md`). Not
+modelled: the long request's prefill (the scenarios start at its first token), chats
+waiting for GPU blocks, a step's end seen late (the tests' ``seen_late``), more than one
+long request. ``--rules FILE`` takes spill_share.py from another tree (an earlier commit's
+rules, e.g. ``git show cb336f2:vllm_offload/vllm_ext/spill_share.py > FILE``, to set the
+model against what the GPU measured with them).
 
     PYTHONPATH=. .venv/bin/python benchmarks/share_sim.py [--rules FILE] [--out FILE.json]
 """
@@ -25,6 +27,7 @@ import importlib.util
 import itertools
 import json
 import random
+import re
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -78,9 +81,11 @@ def simulate(
         while pending and pending[0].arrive <= now[0]:
             active.append(pending.popleft())
         batch = [c for c in active if c.unscheduled > 0]
-        if len(queue) < 2 and (batch or long_left > 0):
-            others, present = bool(batch), long_left > 0
-            takes_long = present and (rule.admit(others=others) or not batch)
+        present = long_left > 0
+        if len(queue) < 2 and (batch or present):
+            # fair_scheduler's: running or waiting, one whose last token is in flight too
+            others = bool(active)
+            takes_long = present and rule.admit(others=others)
             if batch or takes_long:
                 took = (LONG_BESIDE_S if batch else LONG_STEP_S) if takes_long else 0.0
                 prefill = any(not c.prefilled for c in batch)
@@ -122,12 +127,13 @@ def mean_time_per_token(chat: Chat) -> float:
 
 def scenario(name: str, rng: random.Random) -> list[float]:
     """fairness.py's arrivals, from the long request's first token; ``wavesN``: N waves
-    of 8, 2 s apart; ``steadyS``: 4 chats a second (seeded Poisson) for S seconds."""
+    of 8, 2 s apart; ``steadyS``: 4 chats a second (seeded Poisson) for S seconds
+    (fairness.py's ``steady`` with ``--steady-s S``)."""
     if name in ("wave16", "wave32"):
         return [0.0] * int(name[4:])
-    if name.startswith("waves"):
+    if re.fullmatch(r"waves(?:[1-9]\d*)?", name):
         return [2.0 * w for w in range(int(name[5:] or 4)) for _ in range(8)]
-    if name.startswith("steady"):
+    if re.fullmatch(r"steady(?:[1-9]\d*)?", name):
         times, t, until = [], rng.expovariate(4.0), float(name[6:] or 15)
         while t < until:
             times.append(t)

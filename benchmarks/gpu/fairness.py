@@ -84,7 +84,7 @@ def arrivals(name: str, args: argparse.Namespace, rng: random.Random) -> tuple[l
         return [-0.3] * 16, "sent"
     if name == "with":
         return [0.0] * 16, "sent"
-    if re.fullmatch(r"waves\d*", name):
+    if re.fullmatch(r"waves(?:[1-9]\d*)?", name):
         return [2.0 * w for w in range(int(name[5:] or 4)) for _ in range(8)], "first token"
     if name in ("steady", "during"):
         times, t = [], rng.expovariate(args.rate)
