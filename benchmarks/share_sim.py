@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from benchmarks.gpu import fairness
 from vllm_offload.vllm_ext import spill_share
 
 # fair13 on an H100 (docs/benchmarks.md): a chat's decode step alone ~6.5 ms, a step with
@@ -126,20 +127,15 @@ def mean_time_per_token(chat: Chat) -> float:
 
 
 def scenario(name: str, rng: random.Random) -> list[float]:
-    """fairness.py's arrivals, from the long request's first token; ``wavesN``: N waves
-    of 8, 2 s apart; ``steadyS``: 4 chats a second (seeded Poisson) for S seconds
-    (fairness.py's ``steady`` with ``--steady-s S``)."""
-    if name in ("wave16", "wave32"):
-        return [0.0] * int(name[4:])
-    if re.fullmatch(r"waves(?:[1-9]\d*)?", name):
-        return [2.0 * w for w in range(int(name[5:] or 4)) for _ in range(8)]
-    if re.fullmatch(r"steady(?:[1-9]\d*)?", name):
-        times, t, until = [], rng.expovariate(4.0), float(name[6:] or 15)
-        while t < until:
-            times.append(t)
-            t += rng.expovariate(4.0)
-        return times
-    raise SystemExit(f"no scenario {name!r}")
+    """fairness.py's own arrivals of ``name`` (wave16, wave32, waves, wavesN, steady),
+    which count from the long request's first token; ``steadyS``: its ``steady`` with
+    ``--steady-s S`` (4 chats a second)."""
+    steady_s = re.fullmatch(r"steady([1-9]\d*)", name)
+    shape = argparse.Namespace(rate=4.0, steady_s=float(steady_s[1]) if steady_s else 15.0)
+    starts, anchor = fairness.arrivals("steady" if steady_s else name, shape, rng)
+    if anchor != "first token":  # its prefill beside the chats is not modelled
+        raise SystemExit(f"{name}: only scenarios from the long request's first token")
+    return starts
 
 
 def measure(
