@@ -94,6 +94,10 @@ def manager(
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port = free_port()
+    # Kept beside the test's files (pytest keeps the last runs' folders): CI once read a
+    # reset from the manager mid-test (test_wedge_browser) with nothing to say whether the
+    # manager had died or only closed the connection.
+    log = (tmp_path / "manager.log").open("ab")
     process = subprocess.Popen(
         [
             sys.executable,
@@ -110,8 +114,8 @@ def manager(
             str(deployment.root),
         ],
         env={**server_env(tmp_path), **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "the manager")
@@ -119,3 +123,4 @@ def manager(
     finally:
         process.terminate()
         process.wait(timeout=30)
+        log.close()
