@@ -16,6 +16,7 @@ switch_arm two 220 $dir --models 2 --switches 4 --cache /root/cc/two
 left=$((LIMIT - (SECONDS - t0)))
 if [ $left -gt 170 ]; then switch_arm three $left $dir --models 3 --switches 6 --cache /root/cc/three
 else echo "three: skipped ($left s left)"; fi
-python3 $commands/s18/models_table.py $(ls $dir/one.json $dir/two.json $dir/three.json 2>/dev/null)
+rows=(); for n in one two three; do [ -f $dir/$n.json ] && rows+=($dir/$n.json); done
+python3 $commands/s18/models_table.py "${rows[@]}"  # in that order (ls sorted three before two)
 (cd $dir && tar -cJf models-logs.tar.xz ./*.log 2>/dev/null && rm -f ./*.log)
 echo "models123.sh done in $((SECONDS - t0)) s"
