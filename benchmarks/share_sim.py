@@ -5,12 +5,15 @@ measures it: one long request decoding with its KV in host RAM (each step that i
 them, and vLLM's engine with async scheduling (0.33's default on CUDA) modelled as
 tests/vllm_patches/test_fair_scheduler.py's BatchQueue does: a step is scheduled while the
 one before it runs, starts on the GPU when that one ends, and its output is handed over
-when it ends. Per scenario: the share the scheduler would log as the long request ends
+when it ends; at the long request's first token its first decode step is already in
+flight (scheduled as its last chunk ran), so chats that come then meet it running alone.
+Per scenario: the share the scheduler would log as the long request ends
 (what fairness.py reads), how many chats saw how many long gaps (a step with the spilled
 request: one is within the p99 goal, a second may not be) and the worst chat's mean time
 per token over its own alone.
 
-A model, not a measurement: step lengths are fair13's (H100, `docs/benchmarks.md`). Not
+A model, not a measurement, checked against the GPU (fair14 on an H100: all six rows,
+two rules, inside its range or at its edge): step lengths are fair13's. Not
 modelled: the long request's prefill (the scenarios start at its first token), chats
 waiting for GPU blocks, a step's end seen late (the tests' ``seen_late``), more than one
 long request. ``--rules FILE`` takes spill_share.py from another tree (an earlier commit's
@@ -78,6 +81,11 @@ def simulate(
     active: list[Chat] = []
     queue: deque[tuple[object, list[Chat], float]] = deque()
     gpu_free, long_left, logged = 0.0, long_out if with_long else 0, None
+    if with_long:  # its first decode step, scheduled as its last chunk ran (async)
+        key, gpu_free, long_left = object(), LONG_STEP_S, long_left - 1
+        rule.admit(others=False)
+        rule.started(key, spilled=True, long_tokens=1)
+        queue.append((key, [], gpu_free))
     while pending or active:  # once the chats are done, the share grows no more
         while pending and pending[0].arrive <= now[0]:
             active.append(pending.popleft())
@@ -93,7 +101,13 @@ def simulate(
                 took = max(took, PREFILL_STEP_S if prefill else chat_step_s if batch else 0.0)
                 gpu_free = max(now[0], gpu_free) + took
                 key = object()
-                rule.started(key, spilled=takes_long, shared=others and present, beside=others)
+                rule.started(
+                    key,
+                    spilled=takes_long,
+                    shared=others and present,
+                    beside=others,
+                    long_tokens=1 if takes_long else 0,
+                )
                 for chat in batch:
                     chat.unscheduled -= 1
                     chat.prefilled = True

@@ -1259,6 +1259,60 @@ def test_chats_coming_as_a_long_chunk_runs_alone_wait_from_its_end(
     assert engine.gpu_free - took - alone_ends >= spill_share.LONG_STEP_S * 9 - 0.01
 
 
+def test_a_first_wait_met_as_a_decode_step_runs_alone_is_sized_from_that_step() -> None:
+    """Issue #54, fair14 on an H100: the first wait, sized for a 0.25 s prefill chunk
+    (2.25 s at 0.1), left four waves of chats room for one 0.14 s decode step: 0.043 of
+    their time at 0.1. Chats that come as a decode step runs alone wait as after a step
+    of its length, counted from the end of the one before it (async scheduling puts two
+    in flight) and at least half its own where that end was seen late; chats that come
+    as a prefill chunk runs alone still wait as after LONG_STEP_S."""
+    for long_tokens, k_seen_at, wait in [(1, 0.14, 1.26), (1, 0.27, 1.26), (4096, 0.14, 2.25)]:
+        clock = Clock()
+        share = spill_share.SpillShare(share=0.1, clock=clock)
+        for key in ("k", "k+1"):  # both scheduled at once, as vLLM's batch queue does
+            assert share.admit(others=False)
+            share.started(key, spilled=True, long_tokens=long_tokens)
+        clock.now = k_seen_at  # k ends at 0.14; seen late, as k+1 nears its end
+        share.ended("k")
+        clock.now = 0.275
+        assert not share.admit(others=True)  # the chats come as k+1 runs alone
+        clock.now = 0.28
+        share.ended("k+1")
+        clock.now += wait - 1e-6
+        assert not share.admit(others=True), (long_tokens, k_seen_at)
+        clock.now += 2e-6
+        assert share.admit(others=True), (long_tokens, k_seen_at)
+
+
+def test_waves_of_chats_coming_as_a_spilled_decode_runs_alone_meet_it_after_its_spacing(
+    demo_dir: Path, as_cuda: None
+) -> None:
+    """Over vLLM's scheduler and batch queue: a spilled request decoding alone, a wave of
+    chats coming as its step runs. Its first step beside them comes one decode step's
+    spacing after that step ended (SPILLED_STEP_S at the share), not LONG_STEP_S's."""
+    scheduler = make_scheduler(demo_dir, SHARE, True)
+    prefill_long(scheduler)
+    clock = scheduler.spill_share.clock
+    engine = BatchQueue(scheduler, gpu_free=clock.now)
+    for _ in range(4):  # decoding alone
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        assert engine.schedule()[0] == {"long"}
+    alone_ends = engine.gpu_free  # the last alone step, in flight as the chats come
+    chats = [add(scheduler, f"chat{n}", 160, 400) for n in range(4)]
+    for _ in range(3000):
+        if len(engine.queue) == 2:
+            engine.end_oldest()
+        ran, took, _ = engine.schedule()
+        if "long" in ran and ran != {"long"}:
+            break
+    began = engine.gpu_free - took
+    spacing = SPILLED_STEP_S * (1 - SHARE) / SHARE
+    assert spacing - 0.01 <= began - alone_ends <= spacing + 3 * GPU_STEP_S, began - alone_ends
+    assert began - alone_ends < spill_share.LONG_STEP_S * (1 - SHARE) / SHARE
+    assert not any(c.is_finished() for c in chats)
+
+
 def test_a_held_long_request_keeps_its_place_in_the_running_limit(
     demo_dir: Path, as_cuda: None
 ) -> None:

@@ -24,7 +24,9 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   met a spilled step at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat
   that saw a second long gap missed its p99 goal). Either wait, first or left, runs
   from the end of a step it was taking alone as they came (fair13: a whole first wait
-  from there kept a spilled decode out of every wave, 0.000 of their time at 0.1).
+  from there kept a spilled decode out of every wave, 0.000 of their time at 0.1); a
+  first wait met as a decode step ran alone is as after a step of that one's length
+  (fair14: sized for a prefill chunk, it left four waves 0.043 of their time).
 - **Long requests together hold at most half the GPU part** (a long request: one whose
   length could fill that half). Past it their new blocks come from host RAM, counted block
   by block (a prefill chunk larger than what is left of the half takes the rest from host
@@ -166,6 +168,7 @@ class SpillShare:
     _first_tokens_per_s: float | None = field(default=None, init=False)  # of first chunks
     _apart_since: float | None = field(default=None, init=False)  # none beside it since
     _met_wait: float = field(default=0.0, init=False)  # the wait they last met with
+    _met_first: bool = field(default=False, init=False)  # that wait is a first wait
     _fresh: bool = field(default=True, init=False)  # no spacing yet since start_over
     shared_s: float = field(default=0.0, init=False)
     spilled_shared_s: float = field(default=0.0, init=False)
@@ -181,10 +184,12 @@ class SpillShare:
                 self._apart_since = now
             return True
         if self._fresh:  # they first meet: as if a long step had just ended beside them
-            self._met_wait, self._fresh = self._spacing(LONG_STEP_S), False
+            self._met_wait, self._met_first = self._spacing(LONG_STEP_S), True
+            self._fresh = False
             self._not_before = now + self._met_wait
         elif self._apart_since is not None:  # together again: the wait left when they parted
             self._met_wait = max(0.0, self._not_before - self._apart_since)
+            self._met_first = False
             self._not_before = now + self._met_wait
         self._apart_since = None
         return now >= self._not_before and not any(s.spilled for s in self._running)
@@ -252,6 +257,7 @@ class SpillShare:
             self.spilled_shared_low_s += took if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
             self._not_before, self._fresh = now + self._spacing(own), False
+            self._met_first = False
             if self._apart_since is not None:  # they parted as it ran: its wait starts now
                 self._apart_since = now
         elif step.spilled and self._apart_since is None and not self._fresh:
@@ -259,7 +265,17 @@ class SpillShare:
             # left from when they parted, starts at its end (found in review: an alone
             # chunk of 0.6 s took 0.6 s of a 2.25 s first wait; issue #54, fair13: a
             # whole first wait each time kept a spilled decode out of every wave)
-            self._not_before = max(self._not_before, now + self._met_wait)
+            if self._met_first and step.long_tokens < MEASURED_CHUNK_TOKENS:
+                # a decode step: the first wait as after one of its length, not after a
+                # prefill chunk's (issue #54, fair14: a 2.25 s first wait left four waves
+                # of chats room for one 0.14 s decode step, 0.043 of their time at 0.1).
+                # Its length from the end of the step before it; ``own`` spans at most
+                # that one too (the same request's decode step), so half of it where
+                # that end was seen late
+                self._met_wait = self._spacing(min(LONG_STEP_S, max(took, own / 2)))
+                self._met_first, self._not_before = False, now + self._met_wait
+            else:
+                self._not_before = max(self._not_before, now + self._met_wait)
         if step.long_tokens >= MEASURED_CHUNK_TOKENS and own > 0:
             self._long_tokens_per_s = step.long_tokens / own  # from below, as own is
             if step.first_chunk:
