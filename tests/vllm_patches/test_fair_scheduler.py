@@ -1263,37 +1263,74 @@ def test_a_first_wait_met_as_a_decode_step_runs_alone_is_sized_from_that_step() 
     """Issue #54, fair14 on an H100: the first wait, sized for a 0.25 s prefill chunk
     (2.25 s at 0.1), left four waves of chats room for one 0.14 s decode step: 0.043 of
     their time at 0.1. Chats that come as a decode step runs alone wait as after a step
-    of its length, counted from the end of the one before it (async scheduling puts two
-    in flight) and at least half its own where that end was seen late; chats that come
-    as a prefill chunk runs alone still wait as after LONG_STEP_S."""
-    for long_tokens, k_seen_at, wait in [(1, 0.14, 1.26), (1, 0.27, 1.26), (4096, 0.14, 2.25)]:
+    of its length (at most LONG_STEP_S), read from vLLM's calls as its batch queue makes
+    them, ends seen on time or late; chats that come as a prefill chunk runs alone still
+    wait as after LONG_STEP_S."""
+    # (long tokens, k+1 scheduled at, k's end seen at, chats come at, k+1's end, wait)
+    cases = [
+        (1, 0.0, 0.14, 0.2, 0.28, 1.26),  # two in flight, ends seen as they come
+        (1, 0.0, 0.1, 0.15, 0.2, 0.9),  # a shorter decode step: a shorter wait
+        (1, 0.14, 0.28, 0.28, 0.28, 1.26),  # k+1 scheduled as k ended, k seen then
+        (1, 0.0, 0.27, 0.275, 0.28, 2.25),  # k seen ending as k+1 did: no shorter
+        (1, 0.0, 0.4, 0.5, 0.8, 2.25),  # a 0.4 s decode step: as after LONG_STEP_S
+        (4096, 0.0, 0.14, 0.2, 0.28, 2.25),  # a prefill chunk
+    ]
+    for long_tokens, k1_at, k_seen, chats_at, k1_ends, wait in cases:
         clock = Clock()
         share = spill_share.SpillShare(share=0.1, clock=clock)
-        for key in ("k", "k+1"):  # both scheduled at once, as vLLM's batch queue does
+        for key in ("k", "k+1"):
+            clock.now = 0.0 if key == "k" else k1_at
             assert share.admit(others=False)
             share.started(key, spilled=True, long_tokens=long_tokens)
-        clock.now = k_seen_at  # k ends at 0.14; seen late, as k+1 nears its end
-        share.ended("k")
-        clock.now = 0.275
-        assert not share.admit(others=True)  # the chats come as k+1 runs alone
-        clock.now = 0.28
+        # k's end and the chats, in time order (k's end first at the same time)
+        for at, event in sorted([(k_seen, "k ends"), (chats_at, "chats")], key=lambda e: e[0]):
+            clock.now = at
+            if event == "k ends":
+                share.ended("k")
+            else:
+                assert not share.admit(others=True)
+        clock.now = k1_ends
         share.ended("k+1")
         clock.now += wait - 1e-6
-        assert not share.admit(others=True), (long_tokens, k_seen_at)
+        assert not share.admit(others=True), (long_tokens, k1_at, k_seen, wait)
         clock.now += 2e-6
-        assert share.admit(others=True), (long_tokens, k_seen_at)
+        assert share.admit(others=True), (long_tokens, k1_at, k_seen, wait)
 
 
+def test_a_first_wait_left_when_they_parted_is_not_sized_anew() -> None:
+    """Chats that met a first wait and left before the step running alone ended, then
+    came back: they wait what was left of it, from that step's end, not a new first
+    wait sized from it."""
+    clock = Clock()
+    share = spill_share.SpillShare(share=0.1, clock=clock)
+    assert share.admit(others=False)
+    share.started("k", spilled=True, long_tokens=1)
+    clock.now = 0.05
+    assert not share.admit(others=True)  # they meet: 2.25 s
+    clock.now = 0.1
+    assert share.admit(others=False)  # they part, 2.2 s left
+    clock.now = 1.1
+    assert not share.admit(others=True)  # together again: 2.2 s from now
+    clock.now = 1.2
+    share.ended("k")  # ran alone as they came back: the 2.2 s runs from its end
+    clock.now = 1.2 + 2.2 - 1e-6
+    assert not share.admit(others=True)
+    clock.now += 2e-6
+    assert share.admit(others=True)
+
+
+@pytest.mark.parametrize("seen_late", [False, True])
 def test_waves_of_chats_coming_as_a_spilled_decode_runs_alone_meet_it_after_its_spacing(
-    demo_dir: Path, as_cuda: None
+    demo_dir: Path, as_cuda: None, seen_late: bool
 ) -> None:
     """Over vLLM's scheduler and batch queue: a spilled request decoding alone, a wave of
     chats coming as its step runs. Its first step beside them comes one decode step's
-    spacing after that step ended (SPILLED_STEP_S at the share), not LONG_STEP_S's."""
+    spacing after that step ended (SPILLED_STEP_S at the share), not LONG_STEP_S's; with
+    each step's end seen as the next one ends too."""
     scheduler = make_scheduler(demo_dir, SHARE, True)
     prefill_long(scheduler)
     clock = scheduler.spill_share.clock
-    engine = BatchQueue(scheduler, gpu_free=clock.now)
+    engine = BatchQueue(scheduler, gpu_free=clock.now, seen_late=seen_late)
     for _ in range(4):  # decoding alone
         if len(engine.queue) == 2:
             engine.end_oldest()

@@ -257,7 +257,6 @@ class SpillShare:
             self.spilled_shared_low_s += took if step.spilled else 0.0
         if step.spilled and step.beside:  # taken alone, it kept no one waiting
             self._not_before, self._fresh = now + self._spacing(own), False
-            self._met_first = False
             if self._apart_since is not None:  # they parted as it ran: its wait starts now
                 self._apart_since = now
         elif step.spilled and self._apart_since is None and not self._fresh:
@@ -269,10 +268,12 @@ class SpillShare:
                 # a decode step: the first wait as after one of its length, not after a
                 # prefill chunk's (issue #54, fair14: a 2.25 s first wait left four waves
                 # of chats room for one 0.14 s decode step, 0.043 of their time at 0.1).
-                # Its length from the end of the step before it; ``own`` spans at most
-                # that one too (the same request's decode step), so half of it where
-                # that end was seen late
-                self._met_wait = self._spacing(min(LONG_STEP_S, max(took, own / 2)))
+                # ``own`` spans it and, from its scheduling, the end of the step before
+                # it, the same request's decode step alone: the longer part is its length,
+                # where an end was seen late too, and longer, never shorter, where both
+                # were. (A new long request's first chunk may take the next long step,
+                # as after any decode step's spacing.)
+                self._met_wait = self._spacing(min(LONG_STEP_S, max(took, own - took)))
                 self._met_first, self._not_before = False, now + self._met_wait
             else:
                 self._not_before = max(self._not_before, now + self._met_wait)
