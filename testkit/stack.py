@@ -121,6 +121,10 @@ def manager(
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "the manager")
         yield f"http://127.0.0.1:{port}"
     finally:
+        ended = process.poll()  # None: it was still running when the test ended
+        state = "still running" if ended is None else f"ended with {ended}"
+        log.write(f"[testkit] at teardown the manager was {state}\n".encode())
+        log.flush()
         process.terminate()
         process.wait(timeout=30)
         log.close()

@@ -12,7 +12,9 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -64,6 +66,34 @@ def stop_mid_request(engines: list[psutil.Process], port: int) -> None:
                 os.kill(engine.pid, signal.SIGCONT)
             time.sleep(2)
     raise AssertionError("vLLM never counted the streaming request as running")
+
+
+@dataclass
+class StatusPolls:
+    """/api/status, polled on one keep-alive connection. If the connection fails, what
+    tells a manager that closed it idle (its keep-alive is 5 s) from one that closed it
+    early or died: CI read a reset here twice (6a5f2c9, a5c8291) with polls 2 s apart,
+    and not again when run alone."""
+
+    api: httpx.Client
+    answered: float = field(default_factory=time.monotonic)
+
+    def status(self) -> dict[str, Any]:
+        asked = time.monotonic()
+        try:
+            answer: dict[str, Any] = self.api.get("/api/status").json()
+        except httpx.TransportError as exc:
+            try:
+                healthz = httpx.get(self.api.base_url.join("/healthz"))
+                alive = f"/healthz then answered {healthz.status_code}"
+            except httpx.HTTPError as again:
+                alive = f"/healthz then failed too: {again!r}"
+            raise AssertionError(
+                f"{exc!r} on a request sent {asked - self.answered:.2f} s after the "
+                f"previous answer; {alive}"
+            ) from exc
+        self.answered = time.monotonic()
+        return answer
 
 
 @pytest.fixture
@@ -125,9 +155,9 @@ def test_wedged_server_is_reported_then_restarted(
 
         # Control: generating for 3x wedge_after_s is progress, never a wedge.
         wait_until(lambda: int(long_stream["chunks"]) > 0, 120, "the first streamed token")  # type: ignore[call-overload]
-        began = time.monotonic()
+        began, polls = time.monotonic(), StatusPolls(api)
         while time.monotonic() - began < 3 * WEDGE_AFTER_S:
-            status = api.get("/api/status").json()
+            status = polls.status()
             assert status["health"] == "healthy" and not status["wedge"]["wedged"], status
             assert status["wedge"]["wedge_after_s"] == WEDGE_AFTER_S, status
             time.sleep(2)
