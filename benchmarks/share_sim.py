@@ -42,10 +42,11 @@ from benchmarks.gpu import fairness
 from vllm_offload.vllm_ext import spill_share
 
 # fair13 on an H100 (docs/benchmarks.md): a chat's decode step alone ~6.5 ms, a step with
-# the spilled request 0.14 s alone and ~0.145 s beside chats (the worst gap), a step that
-# prefills chats' 256-token prompts taken as 30 ms.
+# the spilled request 0.14 s alone and ~5 ms more beside chats (the worst gap), a step that
+# prefills chats' 256-token prompts taken as 30 ms. fair15's H100 read host RAM slower: its
+# spilled step took 0.215 s alone (--long-steps-ms).
 CHAT_STEP_S, PREFILL_STEP_S = 0.0065, 0.030
-LONG_STEP_S, LONG_BESIDE_S = 0.140, 0.145
+LONG_STEP_S, LONG_BESIDE_EXTRA_S = 0.140, 0.005
 CHAT_TOKENS = 128
 
 
@@ -70,10 +71,12 @@ def simulate(
     starts: list[float],
     long_out: int,
     chat_step_s: float = CHAT_STEP_S,
+    long_step_s: float = LONG_STEP_S,
     with_long: bool = True,
 ) -> Run:
     """One run: chats arriving at ``starts`` (s from the long request's first token), each
-    of their decode steps ``chat_step_s`` without the long request."""
+    of their decode steps ``chat_step_s`` without the long request, a step with it
+    ``long_step_s`` alone."""
     now = [0.0]
     rule = rules.SpillShare(share=share, clock=lambda: now[0])
     chats = [Chat(arrive=t) for t in sorted(starts)]
@@ -82,7 +85,7 @@ def simulate(
     queue: deque[tuple[object, list[Chat], float]] = deque()
     gpu_free, long_left, logged = 0.0, long_out if with_long else 0, None
     if with_long:  # its first decode step, scheduled as its last chunk ran (async)
-        key, gpu_free, long_left = object(), LONG_STEP_S, long_left - 1
+        key, gpu_free, long_left = object(), long_step_s, long_left - 1
         rule.admit(others=False)
         rule.started(key, spilled=True, long_tokens=1)
         queue.append((key, [], gpu_free))
@@ -96,7 +99,7 @@ def simulate(
             others = bool(active)
             takes_long = present and rule.admit(others=others)
             if batch or takes_long:
-                took = (LONG_BESIDE_S if batch else LONG_STEP_S) if takes_long else 0.0
+                took = long_step_s + (LONG_BESIDE_EXTRA_S if batch else 0.0) if takes_long else 0.0
                 prefill = any(not c.prefilled for c in batch)
                 took = max(took, PREFILL_STEP_S if prefill else chat_step_s if batch else 0.0)
                 gpu_free = max(now[0], gpu_free) + took
@@ -130,10 +133,10 @@ def simulate(
     return Run(chats=chats, share=logged, long_tokens=long_out - long_left)
 
 
-def long_gaps(chat: Chat) -> int:
+def long_gaps(chat: Chat, long_step_s: float) -> int:
     """The gaps between its tokens as long as a step with the spilled request."""
     times = chat.token_at
-    return sum(1 for a, b in itertools.pairwise(times) if b - a >= LONG_STEP_S)
+    return sum(1 for a, b in itertools.pairwise(times) if b - a >= long_step_s)
 
 
 def mean_time_per_token(chat: Chat) -> float:
@@ -153,12 +156,18 @@ def scenario(name: str, rng: random.Random) -> list[float]:
 
 
 def measure(
-    rules: ModuleType, share: float, name: str, long_out: int, seed: int, chat_step_s: float
+    rules: ModuleType,
+    share: float,
+    name: str,
+    long_out: int,
+    seed: int,
+    chat_step_s: float,
+    long_step_s: float = LONG_STEP_S,
 ) -> dict[str, Any]:
     starts = scenario(name, random.Random(seed))
-    beside = simulate(rules, share, starts, long_out, chat_step_s)
-    alone = simulate(rules, share, starts, long_out, chat_step_s, with_long=False)
-    seen = [long_gaps(c) for c in beside.chats]
+    beside = simulate(rules, share, starts, long_out, chat_step_s, long_step_s)
+    alone = simulate(rules, share, starts, long_out, chat_step_s, long_step_s, with_long=False)
+    seen = [long_gaps(c, long_step_s) for c in beside.chats]
     means = [
         mean_time_per_token(near) / mean_time_per_token(far)
         for near, far in zip(beside.chats, alone.chats, strict=True)
@@ -202,19 +211,31 @@ def main() -> None:
     parser.add_argument(
         "--chat-steps-ms", default="6.5", help="chats' decode step without it, each in turn"
     )
+    parser.add_argument(
+        "--long-steps-ms",
+        default="140",
+        help="a step with the spilled request alone, each in turn (fair13/14's H100: 140, "
+        "fair15's: 215)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rules = load_rules(args.rules)
     rows = []
-    for chat_ms in [float(ms) for ms in args.chat_steps_ms.split(",")]:
+    steps = itertools.product(
+        [float(ms) for ms in args.long_steps_ms.split(",")],
+        [float(ms) for ms in args.chat_steps_ms.split(",")],
+    )
+    for long_ms, chat_ms in steps:
         for name in args.scenarios.split(","):
             seeds = [int(n) for n in args.seeds.split(",")] if name.startswith("steady") else [0]
             for seed in seeds:
                 long_out = args.long_out or 100_000
-                row = measure(rules, args.share, name, long_out, seed, chat_ms / 1000)
-                rows.append(row | {"seed": seed, "chat_step_ms": chat_ms})
+                row = measure(
+                    rules, args.share, name, long_out, seed, chat_ms / 1000, long_ms / 1000
+                )
+                rows.append(row | {"seed": seed, "chat_step_ms": chat_ms, "long_step_ms": long_ms})
                 print(
-                    f"{name:9} chat step {chat_ms} ms, seed {seed}: share "
+                    f"{name:9} long step {long_ms} ms, chat step {chat_ms} ms, seed {seed}: share "
                     f"{row['share_logged']:.3f} (set {args.share}), long tokens "
                     f"{row['long_tokens']}, chats by long gaps seen "
                     f"{row['chats_by_long_gaps']}, worst mean {row['worst_mean_ratio']}x"
