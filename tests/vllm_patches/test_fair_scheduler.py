@@ -137,7 +137,7 @@ def met_earlier(scheduler: Any) -> Any:
     looks at)."""
     share = scheduler.spill_share
     assert not share.admit(others=True)  # they meet: the first wait begins
-    share.clock.now += spill_share.LONG_STEP_S * (1 - share.share) / share.share
+    share.clock.now += share.first_wait(spill_share.LONG_STEP_S)
     return scheduler
 
 
@@ -522,23 +522,23 @@ def test_the_share_is_read_and_refused_by_name() -> None:
 def test_the_time_share_after_a_long_step() -> None:
     clock = Clock()
     share = spill_share.SpillShare(share=0.2, clock=clock)
-    assert not share.admit(others=True)  # they first meet: as after a 0.25 s step, 1 s
-    clock.now = 0.999
+    assert not share.admit(others=True)  # they first meet: half way after a 0.25 s step
+    clock.now = 0.499
     assert not share.admit(others=True)
-    clock.now = 1.0
+    clock.now = 0.5
     assert share.admit(others=True)
     share.started("a", spilled=True, shared=True, beside=True)
-    clock.now = 2.0  # that step took 1 s: the next may start 4 s after it ended
+    clock.now = 1.5  # that step took 1 s: the next may start 4 s after it ended
     share.ended("a")
     assert not share.admit(others=True)
     share.started("b", spilled=False)
-    clock.now = 5.9
+    clock.now = 5.4
     share.ended("b")
     assert not share.admit(others=True)
     assert share.admit(others=False)  # nobody to wait for
-    clock.now = 6.0
+    clock.now = 5.5
     assert not share.admit(others=True)  # 0.1 s of the wait was left as they parted
-    clock.now = 6.1
+    clock.now = 5.6
     assert share.admit(others=True)
 
 
@@ -1064,7 +1064,7 @@ def test_over_waves_of_chats_arriving_as_a_spilled_step_runs_alone_it_gets_its_s
     clock = scheduler.spill_share.clock
     engine = BatchQueue(scheduler, gpu_free=clock.now)
     spilled_s = together_s = 0.0
-    for wave in range(24):  # each ~0.3 s, the first wait 0.75 s, the wait after a step 0.42 s
+    for wave in range(24):  # each ~0.3 s, the first wait 0.375 s, the wait after a step 0.42 s
         for _ in range(5):  # alone between the waves: every step its own
             if len(engine.queue) == 2:
                 engine.end_oldest()
@@ -1110,14 +1110,15 @@ def test_a_new_long_request_waits_out_the_share_too(scheduler: Any) -> None:
 def test_a_wave_shorter_than_the_first_wait_never_meets_a_spilled_step(scheduler: Any) -> None:
     """Issue #54, fair12: a wave of chats met the spilled request's step at once (its
     first with them came free), and a chat that saw a second long gap missed its p99
-    goal. Where long requests first meet others, the first step waits as after a long
-    step: a wave shorter than that runs without one, and the time counts as shared."""
+    goal. Where long requests first meet others, the first step waits half the spacing
+    after a long step: a wave shorter than that runs without one, and the time counts as
+    shared."""
     long = prefill_long(scheduler)
     chats = [add(scheduler, f"chat{n}", 160, 60) for n in range(4)]  # ~0.3 s of steps
     clock, began = scheduler.spill_share.clock, scheduler.spill_share.clock.now
     while not all(c.is_finished() for c in chats):
         assert "long" not in step(scheduler)
-    assert clock.now - began < spill_share.LONG_STEP_S * (1 - SHARE) / SHARE
+    assert clock.now - began < scheduler.spill_share.first_wait(spill_share.LONG_STEP_S)
     assert scheduler.spill_share.shared_s == pytest.approx(clock.now - began)
     assert "long" in step(scheduler)  # alone again
     assert not long.is_finished()
@@ -1134,7 +1135,7 @@ def test_a_long_request_first_meeting_chats_waits_in_its_place(
 
     scheduler = make_scheduler(demo_dir, SHARE, True, chunk_tokens=3072)
     engine = BatchQueue(scheduler, long_token_s=1e-4)
-    first_wait = spill_share.LONG_STEP_S * (1 - SHARE) / SHARE
+    first_wait = scheduler.spill_share.first_wait(spill_share.LONG_STEP_S)
     clock = scheduler.spill_share.clock
     for round_ in range(2):
         chats = [add(scheduler, f"r{round_}chat{n}", 160, 600) for n in range(2)]
@@ -1214,12 +1215,13 @@ def test_a_long_request_aborted_while_held_leaves_the_next_its_whole_first_wait(
     demo_dir: Path, as_cuda: None
 ) -> None:
     """Found in review: a long request aborted while it waited its first wait was never
-    seen ending, so the next one inherited what was left of that wait (0.19 s, not
-    2.25 s). Once no long request is left, running or waiting, the next waits anew."""
+    seen ending, so the next one inherited what was left of that wait (0.19 s, not the
+    whole). Once no long request is left, running or waiting, the next waits anew."""
     from vllm.v1.request import RequestStatus
 
     scheduler = make_scheduler(demo_dir, 0.1, False, chunk_tokens=3072)
-    clock, first_wait = scheduler.spill_share.clock, spill_share.LONG_STEP_S * 9
+    clock = scheduler.spill_share.clock
+    first_wait = scheduler.spill_share.first_wait(spill_share.LONG_STEP_S)
     for n in range(2):
         add(scheduler, f"chat{n}", 160, 3000)
     step(scheduler)
@@ -1242,7 +1244,8 @@ def test_chats_coming_as_a_long_chunk_runs_alone_wait_from_its_end(
 ) -> None:
     """Found in review: chats arriving while a long request's chunk ran alone (0.6 s, as
     vLLM schedules the next step while one runs) had their first wait counted from their
-    arrival, so the next chunk came 1.6 s after that one ended, not 2.25 s."""
+    arrival, so the next chunk came 1.6 s after that one ended, not 2.25 s (the whole
+    first wait then)."""
     scheduler = make_scheduler(demo_dir, 0.1, True, chunk_tokens=3072)
     engine = BatchQueue(scheduler, long_token_s=2e-4)  # a 3,072-token chunk: ~0.6 s
     add(scheduler, "long", 7000, 4)
@@ -1256,24 +1259,25 @@ def test_chats_coming_as_a_long_chunk_runs_alone_wait_from_its_end(
         ran, took, _ = engine.schedule()
         if "long" in ran:
             break
-    assert engine.gpu_free - took - alone_ends >= spill_share.LONG_STEP_S * 9 - 0.01
+    first_wait = scheduler.spill_share.first_wait(spill_share.LONG_STEP_S)
+    assert engine.gpu_free - took - alone_ends >= first_wait - 0.01
 
 
 def test_a_first_wait_met_as_a_decode_step_runs_alone_is_sized_from_that_step() -> None:
     """Issue #54, fair14 on an H100: the first wait, sized for a 0.25 s prefill chunk
     (2.25 s at 0.1), left four waves of chats room for one 0.14 s decode step: 0.043 of
-    their time at 0.1. Chats that come as a decode step runs alone wait as after a step
-    of its length (at most LONG_STEP_S), read from vLLM's calls as its batch queue makes
-    them, ends seen on time or late; chats that come as a prefill chunk runs alone still
-    wait as after LONG_STEP_S."""
+    their time at 0.1. Chats that come as a decode step runs alone wait the first wait of
+    a step of its length (at most LONG_STEP_S; half its spacing), read from vLLM's calls
+    as its batch queue makes them, ends seen on time or late; chats that come as a
+    prefill chunk runs alone still wait that of LONG_STEP_S."""
     # (long tokens, k+1 scheduled at, k's end seen at, chats come at, k+1's end, wait)
     cases = [
-        (1, 0.0, 0.14, 0.2, 0.28, 1.26),  # two in flight, ends seen as they come
-        (1, 0.0, 0.1, 0.15, 0.2, 0.9),  # a shorter decode step: a shorter wait
-        (1, 0.14, 0.28, 0.28, 0.28, 1.26),  # k+1 scheduled as k ended, k seen then
-        (1, 0.0, 0.27, 0.275, 0.28, 2.25),  # k seen ending as k+1 did: no shorter
-        (1, 0.0, 0.4, 0.5, 0.8, 2.25),  # a 0.4 s decode step: as after LONG_STEP_S
-        (4096, 0.0, 0.14, 0.2, 0.28, 2.25),  # a prefill chunk
+        (1, 0.0, 0.14, 0.2, 0.28, 0.63),  # two in flight, ends seen as they come
+        (1, 0.0, 0.1, 0.15, 0.2, 0.45),  # a shorter decode step: a shorter wait
+        (1, 0.14, 0.28, 0.28, 0.28, 0.63),  # k+1 scheduled as k ended, k seen then
+        (1, 0.0, 0.27, 0.275, 0.28, 1.125),  # k seen ending as k+1 did: no shorter
+        (1, 0.0, 0.4, 0.5, 0.8, 1.125),  # a 0.4 s decode step: as after LONG_STEP_S
+        (4096, 0.0, 0.14, 0.2, 0.28, 1.125),  # a prefill chunk
     ]
     for long_tokens, k1_at, k_seen, chats_at, k1_ends, wait in cases:
         clock = Clock()
@@ -1306,27 +1310,27 @@ def test_a_first_wait_left_when_they_parted_is_not_sized_anew() -> None:
     assert share.admit(others=False)
     share.started("k", spilled=True, long_tokens=1)
     clock.now = 0.05
-    assert not share.admit(others=True)  # they meet: 2.25 s
+    assert not share.admit(others=True)  # they meet: 1.125 s
     clock.now = 0.1
-    assert share.admit(others=False)  # they part, 2.2 s left
+    assert share.admit(others=False)  # they part, 1.075 s left
     clock.now = 1.1
-    assert not share.admit(others=True)  # together again: 2.2 s from now
+    assert not share.admit(others=True)  # together again: 1.075 s from now
     clock.now = 1.2
-    share.ended("k")  # ran alone as they came back: the 2.2 s runs from its end
-    clock.now = 1.2 + 2.2 - 1e-6
+    share.ended("k")  # ran alone as they came back: the 1.075 s runs from its end
+    clock.now = 1.2 + 1.075 - 1e-6
     assert not share.admit(others=True)
     clock.now += 2e-6
     assert share.admit(others=True)
 
 
 @pytest.mark.parametrize("seen_late", [False, True])
-def test_waves_of_chats_coming_as_a_spilled_decode_runs_alone_meet_it_after_its_spacing(
+def test_waves_of_chats_coming_as_a_spilled_decode_runs_alone_meet_it_after_its_first_wait(
     demo_dir: Path, as_cuda: None, seen_late: bool
 ) -> None:
     """Over vLLM's scheduler and batch queue: a spilled request decoding alone, a wave of
-    chats coming as its step runs. Its first step beside them comes one decode step's
-    spacing after that step ended (SPILLED_STEP_S at the share), not LONG_STEP_S's; with
-    each step's end seen as the next one ends too."""
+    chats coming as its step runs. Its first step beside them comes the first wait after
+    one decode step (half its spacing: SPILLED_STEP_S at the share) after that step
+    ended, not LONG_STEP_S's; with each step's end seen as the next one ends too."""
     scheduler = make_scheduler(demo_dir, SHARE, True)
     prefill_long(scheduler)
     clock = scheduler.spill_share.clock
@@ -1344,9 +1348,9 @@ def test_waves_of_chats_coming_as_a_spilled_decode_runs_alone_meet_it_after_its_
         if "long" in ran and ran != {"long"}:
             break
     began = engine.gpu_free - took
-    spacing = SPILLED_STEP_S * (1 - SHARE) / SHARE
-    assert spacing - 0.01 <= began - alone_ends <= spacing + 3 * GPU_STEP_S, began - alone_ends
-    assert began - alone_ends < spill_share.LONG_STEP_S * (1 - SHARE) / SHARE
+    wait = scheduler.spill_share.first_wait(SPILLED_STEP_S)
+    assert wait - 0.01 <= began - alone_ends <= wait + 3 * GPU_STEP_S, began - alone_ends
+    assert began - alone_ends < scheduler.spill_share.first_wait(spill_share.LONG_STEP_S)
     assert not any(c.is_finished() for c in chats)
 
 

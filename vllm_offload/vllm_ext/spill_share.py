@@ -19,14 +19,16 @@ speed (and fair_scheduler puts short prompts waiting with a new long one first):
   time apart count towards the spacing: what is left of it when they part is left when
   they meet again, so that over the time together its steps take the share, wave after
   wave. Where long requests first meet others (the first time since none was there),
-  the first step waits as if one of ``LONG_STEP_S`` had just ended beside them, so that
-  a wave of chats shorter than that never waits for one (issue #54, fair12: each wave
-  met a spilled step at once, 0.22-0.25 of the waves' time at a share of 0.1, and a chat
-  that saw a second long gap missed its p99 goal). Either wait, first or left, runs
-  from the end of a step it was taking alone as they came (fair13: a whole first wait
-  from there kept a spilled decode out of every wave, 0.000 of their time at 0.1); a
-  first wait met as a decode step ran alone is as after a step of that one's length
-  (fair14: sized for a prefill chunk, it left four waves 0.043 of their time).
+  the first step waits half the spacing after one of ``LONG_STEP_S``
+  (``FIRST_WAIT_OF_SPACING``), so that a wave of chats shorter than that never waits for
+  one (issue #54, fair12: each wave met a spilled step at once, 0.22-0.25 of the waves'
+  time at a share of 0.1, and a chat that saw a second long gap missed its p99 goal),
+  and not the whole spacing, which left the waves one step fewer than their share
+  (fair15: 0.060 of four waves' time). Either wait, first or left, runs from the end of
+  a step it was taking alone as they came (fair13: a whole first wait from there kept a
+  spilled decode out of every wave, 0.000 of their time at 0.1); a first wait met as a
+  decode step ran alone is sized from that one's length (fair14: sized for a prefill
+  chunk, it left four waves 0.043 of their time).
 - **Long requests together hold at most half the GPU part** (a long request: one whose
   length could fill that half). Past it their new blocks come from host RAM, counted block
   by block (a prefill chunk larger than what is left of the half takes the rest from host
@@ -70,6 +72,12 @@ from dataclasses import dataclass, field
 # token and 3x its p99 gap alone). The chunk is sized from the last one's rate, which a
 # growing context slows by some percent a chunk.
 LONG_STEP_S = 0.25
+# The part of a step's spacing that long requests wait where they first meet others: half,
+# as if they met at a random moment between two steps, so that over the time together the
+# spilled steps are the nearest whole count to its share, not always one fewer (issue #54,
+# fair15 on an H100 whose decode step alone took 0.215 s: a whole spacing first left four
+# waves of chats one step, 0.060 of their time at 0.1; share_sim: 0.118 at a half).
+FIRST_WAIT_OF_SPACING = 0.5
 # The fewest tokens of such a chunk: each chunk also pays what does not scale with its
 # tokens (its host reads among them), and a rate measured across that cost would shrink the
 # chunk towards nothing where that cost nears LONG_STEP_S (found in review).
@@ -183,8 +191,8 @@ class SpillShare:
             if self._apart_since is None:
                 self._apart_since = now
             return True
-        if self._fresh:  # they first meet: as if a long step had just ended beside them
-            self._met_wait, self._met_first = self._spacing(LONG_STEP_S), True
+        if self._fresh:  # they first meet: as if half way after a long step beside them
+            self._met_wait, self._met_first = self.first_wait(LONG_STEP_S), True
             self._fresh = False
             self._not_before = now + self._met_wait
         elif self._apart_since is not None:  # together again: the wait left when they parted
@@ -201,6 +209,10 @@ class SpillShare:
     def _spacing(self, step_s: float) -> float:
         """The wait after a spilled step of ``step_s`` beside others."""
         return step_s * (1 - self.share) / self.share
+
+    def first_wait(self, step_s: float) -> float:
+        """The wait where long requests first meet others, a step of theirs ``step_s``."""
+        return FIRST_WAIT_OF_SPACING * self._spacing(step_s)
 
     def in_flight(self) -> bool:
         """Whether a step is scheduled and its output not yet seen."""
@@ -265,15 +277,15 @@ class SpillShare:
             # chunk of 0.6 s took 0.6 s of a 2.25 s first wait; issue #54, fair13: a
             # whole first wait each time kept a spilled decode out of every wave)
             if self._met_first and step.long_tokens < MEASURED_CHUNK_TOKENS:
-                # a decode step: the first wait as after one of its length, not after a
-                # prefill chunk's (issue #54, fair14: a 2.25 s first wait left four waves
-                # of chats room for one 0.14 s decode step, 0.043 of their time at 0.1).
+                # a decode step: the first wait sized from its length, not from a prefill
+                # chunk's (issue #54, fair14: a 2.25 s first wait left four waves of chats
+                # room for one 0.14 s decode step, 0.043 of their time at 0.1).
                 # ``own`` spans it and, from its scheduling, the end of the step before
                 # it, the same request's decode step alone: the longer part is its length,
                 # where an end was seen late too, and longer, never shorter, where both
                 # were. (A new long request's first chunk may take the next long step,
                 # as after any decode step's spacing.)
-                self._met_wait = self._spacing(min(LONG_STEP_S, max(took, own - took)))
+                self._met_wait = self.first_wait(min(LONG_STEP_S, max(took, own - took)))
                 self._met_first, self._not_before = False, now + self._met_wait
             else:
                 self._not_before = max(self._not_before, now + self._met_wait)
