@@ -26,6 +26,7 @@ from vllm_offload.vllm_ext.knobs import (
     LAYERED_WAKE_WORKER,
     SLEEP_ARENA_ENV,
     SLEEP_KEEP_COPY_ENV,
+    SLEEP_WEIGHTS_ON_GPU_ENV,
 )
 
 # vLLM opens /sleep and /wake_up with it (and other development routes: an engine that
@@ -197,6 +198,8 @@ def _listen(
         options.add_flag("--enable-sleep-mode")
         env[DEV_MODE_ENV] = "1"
         env[SLEEP_ARENA_ENV] = "1"  # its weights wait in one exact-size arena
+        if engine.weights_on_gpu:  # the last of them stay on the GPU (vllm_ext/sleep.py)
+            env[SLEEP_WEIGHTS_ON_GPU_ENV] = str(engine.weights_on_gpu)
         if not engine.keeps_copy:  # given back after each wake (vllm_ext/sleep.py)
             env[SLEEP_KEEP_COPY_ENV] = "0"
         elif engine.layered_wake:  # the worker that wakes layer by layer

@@ -24,12 +24,14 @@ class EngineLaunch:
     """One engine of several models: it listens on a unix socket only the front door
     reaches, instead of server.host:port, and (sleeps) is put to sleep when away, keeping
     its sleep copy of the weights while it serves or not (keeps_copy, residency.host_copy
-    as planned), and with that copy wakes layer by layer or whole (layered_wake)."""
+    as planned), and with that copy wakes layer by layer or whole (layered_wake), keeping
+    up to weights_on_gpu bytes of its weights on the GPU asleep."""
 
     socket: str
     sleeps: bool
     keeps_copy: bool = True
     layered_wake: bool = False  # residency.layered_wake, at sleep level 1
+    weights_on_gpu: int = 0  # residency.asleep_weights_on_gpu_gib as planned, bytes
     gpus: tuple[int, ...] = ()  # its GPUs (NVML indexes) on a box with several; (): all
 
 

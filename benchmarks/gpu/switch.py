@@ -2,9 +2,10 @@
 """Several models on one GPU (issues #31, #58), through `vllm-offload serve` with --models
 [[models]] of the same Llama-3-8B-shaped random checkpoint ("a", the default, "b", ...),
 CUDA graphs on, 8 GiB GPU pools and 4 GiB CPU tiers. One arm a call (--idle sleep --level
-1|2, or --idle stop; --host-copy keep|release; --deep-sleep; --layered-wake); --arena 0
-runs the sleeps with vLLM's own backend (vllm_offload's plugin not loaded); --cache DIR
-gives the server its own compile caches there, emptied first (a cold start). Writes
+1|2, or --idle stop; --host-copy keep|release; --deep-sleep; --layered-wake;
+--weights-on-gpu-gib N); --arena 0 runs the sleeps with vLLM's own backend (vllm_offload's
+plugin not loaded); --cache DIR gives the server its own compile caches there, emptied
+first (a cold start). Writes
 $OUT-style JSON:
 
   start_s      front door up to /health 200 (with sleep: every model started and put away
@@ -68,6 +69,7 @@ def config_text(args: argparse.Namespace, port: int, run_dir: Path) -> str:
         "min_resident_s": 0.0,
         "deep_sleep": args.deep_sleep,
         "layered_wake": args.layered_wake,
+        "asleep_weights_on_gpu_gib": args.weights_on_gpu_gib,
     }
     return box_config(
         checkpoint=args.checkpoint,
@@ -328,6 +330,9 @@ def main() -> int:
     parser.add_argument("--host-copy", choices=["keep", "release"], default="keep")
     parser.add_argument("--deep-sleep", action="store_true", help="residency.deep_sleep = true")
     parser.add_argument("--layered-wake", action="store_true", help="residency.layered_wake = true")
+    parser.add_argument(
+        "--weights-on-gpu-gib", type=float, default=0.0, help="residency.asleep_weights_on_gpu_gib"
+    )
     parser.add_argument("--cache", type=Path, help="the server's compile caches, emptied")
     parser.add_argument("--switches", type=int, default=6)
     parser.add_argument("--front-windows", type=int, default=0)
@@ -344,6 +349,7 @@ def main() -> int:
     name = f"{args.idle}{args.level if args.idle == 'sleep' else ''}-arena{args.arena}"
     name += f"-{args.models}models-{args.host_copy}"
     name += "-layered" if args.layered_wake else ""
+    name += f"-gpu{args.weights_on_gpu_gib:g}" if args.weights_on_gpu_gib else ""
     run_dir = Path(f"/tmp/vllm-offload-switch/run-{name}")
     config = run_dir.parent / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,38 @@ def test_a_larger_arena_gets_the_weights_again(allocator: StandInAllocator) -> N
     assert read(weights, 5000) == b"W" * 5000 and read(more, 4000) == b"H" * 4000
 
 
+def test_the_last_weights_within_the_bytes_given_stay_on_the_gpu_asleep(
+    allocator: StandInAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """residency.asleep_weights_on_gpu_gib (issue #58: a switch is the weights' copy): the
+    last weight allocations whose sizes add up to no more than the bytes given stay mapped
+    through the sleep, out of the arena, and a wake copies only the rest; vLLM's allocator
+    sees them awake, so its wake leaves them be."""
+    from vllm_offload.vllm_ext import sleep
+
+    monkeypatch.setenv("VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES", "4500")
+    first = allocator.allocate("weights", b"A" * 2000)
+    middle = allocator.allocate("weights", b"B" * 3000)
+    last = allocator.allocate("weights", b"C" * 1000)
+    graphs = allocator.allocate("cudagraph", b"G" * 3000)
+    backend = sleep.ArenaBackend()
+    backend.suspend(level=1)
+    assert allocator.buffers["registered"] == [8192]  # A and the graphs: 5,000 bytes
+    assert read(middle, 3000) == b"B" * 3000 and read(last, 1000) == b"C" * 1000
+    assert read(first, 2000) == b"\xee" * 2000 and read(graphs, 3000) == b"\xee" * 3000
+    assert [allocator.pointer_to_data[p].is_asleep for p in (first, middle, last)] == [
+        True,
+        False,
+        False,
+    ]
+    backend.resume(None)
+    assert read(first, 2000) == b"A" * 2000 and read(graphs, 3000) == b"G" * 3000
+    assert read(middle, 3000) == b"B" * 3000 and read(last, 1000) == b"C" * 1000
+    monkeypatch.setenv("VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES", "all")
+    with pytest.raises(ValueError, match="VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES must be"):
+        sleep.ArenaBackend()
+
+
 @pytest.fixture
 def queued(allocator: StandInAllocator, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """The layered wake's copies as queued (address, stream), made at once here, and
@@ -203,6 +235,23 @@ def test_a_layered_wake_holds_the_weights_for_their_copies_in_its_order(
     backend.suspend(level=1)  # the weights' copy is still whole: the next wake as ever
     backend.resume(None)
     assert read(first, 5000) == b"A" * 5000 and queued == [(second, 77), (first, 77)]
+
+
+def test_a_layered_wake_holds_only_the_weights_that_slept(
+    allocator: StandInAllocator, queued: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_offload.vllm_ext import sleep
+
+    monkeypatch.setenv("VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES", "3000")
+    first = allocator.allocate("weights", b"A" * 5000)
+    second = allocator.allocate("weights", b"B" * 3000)
+    backend = sleep.ArenaBackend()
+    backend.suspend(level=1)
+    backend.hold_weights = True
+    backend.resume(None)
+    assert list(backend.held) == [first]  # the second stayed on the GPU: nothing to copy
+    backend.map_and_copy(first, stream=77)
+    assert read(first, 5000) == b"A" * 5000 and read(second, 3000) == b"B" * 3000
 
 
 @pytest.mark.parametrize("case", ["level 2", "copy released", "weights later"])

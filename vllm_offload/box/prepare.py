@@ -117,6 +117,7 @@ def prepare_box(
             sleeps=model.idle == "sleep",
             keeps_copy=box_plan.keeps_copy,
             layered_wake=config.residency.layered_wake and config.residency.sleep_level == 1,
+            weights_on_gpu=model.weights_on_gpu_bytes,
             gpus=model.gpus if len(host.gpus) > 1 else (),
         )
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)

@@ -123,6 +123,17 @@ class ResidencySection(_Section):
         "fresh starts: docs/design/switch-below-the-copy.md). Ignored where models stop, "
         "sleep at level 2 or give their copy back (residency.host_copy = 'release').",
     )
+    asleep_weights_on_gpu_gib: float = Field(
+        0.0,
+        ge=0,
+        description="GiB of each model's weights that stay on the GPU while it sleeps at "
+        "level 1 (its last layers and head, in whole allocations up to this): a switch "
+        "copies only the rest back (the copy is most of a switch: ~0.36 s for an 8B "
+        "model's 15 GiB on an H200), the model on the GPU gets that much less of it for "
+        "each model asleep beside it, and the host copy is that much smaller. For a GPU "
+        "with room beside the model it serves (several models on an 80 GB card); not with "
+        "deep_sleep or sleep_level 2 (refused). 0: all of them go (the default).",
+    )
     min_resident_s: float | Literal["auto"] = Field(
         "auto",
         description="A model's turn on the GPU, in seconds: once used, it stays this long "

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, GpuFacts
 from vllm_offload.model.facts import ModelFacts
+from vllm_offload.plan.box_asleep import deep_sleep, weights_on_gpu_bytes, weights_on_gpu_notes
 from vllm_offload.plan.box_gpus import gpu_host, place_models, plan_model, split_engines
-from vllm_offload.plan.box_groups import deep_sleep, host_copy, resolve_groups
+from vllm_offload.plan.box_groups import host_copy, resolve_groups
 from vllm_offload.plan.box_host import (
     ASLEEP_GPU_BYTES,
     Away,
@@ -41,6 +42,7 @@ class ModelPlan:
     idle: Idle
     away_ram_bytes: int  # host RAM it holds while away (engine, weights, tier); 0: stopped
     away_gpu_bytes: int  # GPU memory it keeps while away (asleep, not checkpointed)
+    weights_on_gpu_bytes: int = 0  # of those, its weights' (at most: whole allocations)
     serving_ram_bytes: int  # host RAM it holds on the GPU (with its sleep copy, if kept)
     gpus: tuple[int, ...] = ()  # the GPU indexes its engine runs on (plan.placement)
     resident_beside: int = 1  # models of its GPUs' group on them at once ('auto' resolved)
@@ -94,8 +96,11 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     idle_of = {n: i for n, i in sets.idle_of.items() if i != sets.idle}
     split = [n for n, p in alone.items() if p.tensor_parallel_size > 1 and n in switching]
     deep, step = deep_sleep(config, sets.idle, host, split)
-    notes += step
-    away = Away(idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep)
+    notes += step + weights_on_gpu_notes(config, sets.idle)
+    on_gpu = weights_on_gpu_bytes(config)
+    away = Away(
+        idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep, on_gpu=on_gpu
+    )
     keeps, step = host_copy(config, sets.idle)
     notes += step
     tiers, step = tier_shares(alone, shares, host, away)
@@ -113,6 +118,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
         plan = plan_model(inputs, i, name, engine, seen)
         held = away.held(plan, name) + plan.cpu_tier.bytes if idle == "sleep" else 0
         kept = idle == "sleep" and plan.platform == "cuda" and not deep
+        weights_kept = min(on_gpu, plan.weights.gpu_bytes) if kept else 0
         planned[name] = ModelPlan(
             name=name,
             config=engine,
@@ -120,8 +126,9 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             plan=plan,
             idle=idle,
             away_ram_bytes=held,
-            away_gpu_bytes=ASLEEP_GPU_BYTES if kept else 0,
-            serving_ram_bytes=holds_serving(plan, idle, level, keeps) + plan.cpu_tier.bytes,
+            away_gpu_bytes=ASLEEP_GPU_BYTES + weights_kept if kept else 0,
+            weights_on_gpu_bytes=weights_kept,
+            serving_ram_bytes=holds_serving(plan, idle, level, keeps, on_gpu) + plan.cpu_tier.bytes,
             gpus=placement.gpus[name],
             resident_beside=sets.resident[name],
             switches=any(name in g and len(g) > sets.resident[name] for g in groups),
@@ -131,7 +138,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     first_sleeps += [default] if default in switching else []
     budgets = {n: m.plan.gpu.budget_bytes for n, m in planned.items()}
     utilization = config.gpu.memory_utilization
-    batches = start_batches(first_sleeps, budgets, placement.gpus, host.gpus, utilization)
+    asleep = {n: m.away_gpu_bytes for n, m in planned.items()}
+    batches = start_batches(first_sleeps, budgets, placement.gpus, host.gpus, utilization, asleep)
     return BoxPlan(
         models=planned,
         default=default,

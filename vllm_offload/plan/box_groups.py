@@ -2,18 +2,19 @@
 its models stay on them at once (``max_resident``, 'auto': ``plan.together``), each model's
 GPU share less what the models asleep beside it keep, what a model away is (asleep or
 stopped: ``residency.idle``), whether a model on the GPU keeps its sleep copy, and the
-turn a model gets (``residency.min_resident_s``), and whether a model asleep is
-checkpointed off the GPU (``residency.deep_sleep``)."""
+turn a model gets (``residency.min_resident_s``); what a model asleep keeps on the GPU:
+``plan.box_asleep``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import HostFacts
+from vllm_offload.plan.box_asleep import asleep_gpu_bytes
 from vllm_offload.plan.box_gpus import group_inputs, plan_model
-from vllm_offload.plan.box_host import ASLEEP_GPU_BYTES, Idle
+from vllm_offload.plan.box_host import Idle
 from vllm_offload.plan.placement import Placement
 from vllm_offload.plan.records import BoxInputs, Notes, Platform, gib
 from vllm_offload.plan.together import resident_models
@@ -66,46 +67,6 @@ def host_copy(config: DeploymentConfig, idle: Idle) -> tuple[bool, Notes]:
             "while the one coming in still holds its copy), so no more models fit; a "
             "switch of an 8B model on an H200 took 6.5-8.6 s instead of 0.5 "
             "(docs/several-models.md)",
-        )
-    )
-
-
-def asleep_gpu_bytes(config: DeploymentConfig) -> int:
-    """GPU memory a model asleep keeps: none where the driver checkpoints it."""
-    return 0 if config.residency.deep_sleep else ASLEEP_GPU_BYTES
-
-
-def deep_sleep(
-    config: DeploymentConfig, idle: Idle, host: HostFacts, split: Sequence[str] = ()
-) -> tuple[bool, Notes]:
-    """Whether models asleep are checkpointed off the GPU (residency.deep_sleep): where
-    they sleep, none of them is ``split`` over GPUs, and this host's driver can (a
-    declared GPU's host is taken to)."""
-    if not config.residency.deep_sleep:
-        return False, Notes()
-    if idle != "sleep":
-        why = "residency.deep_sleep: no model sleeps here (they stop when away): nothing to move"
-        return False, Notes(decisions=(why,))
-    if split:
-        return False, Notes.problem(
-            "residency.deep_sleep",
-            f"'{split[0]}' is split over several GPUs (tensor parallel), whose processes "
-            "share GPU memory, which the driver's process checkpoint does not support "
-            "(NVIDIA's cuda-checkpoint: no CUDA IPC): set residency.deep_sleep = false",
-        )
-    if host.gpu_source == "nvml" and not host.process_checkpoint:
-        return False, Notes.problem(
-            "residency.deep_sleep",
-            "this NVIDIA driver cannot checkpoint a process (its libcuda has no "
-            "cuCheckpointProcessLock: driver 570 or newer, on Linux): update the driver, or "
-            "set residency.deep_sleep = false",
-        )
-    return True, Notes(
-        decisions=(
-            "residency.deep_sleep: a model asleep gives its engine's GPU memory (CUDA context "
-            f"and graphs) to host RAM through the driver's process checkpoint: no GPU memory "
-            f"is left for it, its host RAM counts {gib(ASLEEP_GPU_BYTES)} more, and a switch "
-            "takes longer by the checkpoint and the restore (docs/several-models.md)",
         )
     )
 

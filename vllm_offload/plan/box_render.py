@@ -18,6 +18,8 @@ def render_box(box_plan: BoxPlan) -> str:
             away += " (checkpointed off the GPU)"
         if model.away_ram_bytes:
             away += f", holding {gib(model.away_ram_bytes)} of host RAM"
+        if model.weights_on_gpu_bytes:
+            away += f" and up to {gib(model.weights_on_gpu_bytes)} of its weights on the GPU"
         default = ", the default" if name == box_plan.default else ""
         where = f", on {_gpus_named(model.gpus)}" if box_plan.cards else ""
         parts.append(f"== model '{name}' ({away}{default}{where})\n{render(model.plan)}")
@@ -48,6 +50,7 @@ def box_json(box_plan: BoxPlan) -> dict[str, object]:
             "idle": m.idle,
             "away_ram_bytes": m.away_ram_bytes,
             "away_gpu_bytes": m.away_gpu_bytes,
+            "weights_on_gpu_bytes": m.weights_on_gpu_bytes,
             "serving_ram_bytes": m.serving_ram_bytes,
             "gpus": list(m.gpus),
             "resident_beside": m.resident_beside,

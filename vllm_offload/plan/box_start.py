@@ -67,20 +67,26 @@ def start_batches(
     gpus: Mapping[str, tuple[int, ...]],
     cards: Sequence[GpuFacts],
     utilization: float,
+    asleep: Mapping[str, int],
 ) -> tuple[tuple[str, ...], ...]:
     """``order``'s models (those start-up brings in and puts to sleep, in its order) in
     batches that start side by side: each model's GPU share (``budgets``) and margin added
-    to its GPUs' (``gpus``; none: the one GPU) while they fit ``utilization`` of each."""
+    to its GPUs' (``gpus``; none: the one GPU) while they fit ``utilization`` of each,
+    beside what the models of the batches before keep there asleep (``asleep``)."""
     usable = {c.index: int(c.total_bytes * utilization) for c in cards}
     batches: list[list[str]] = []
     held: dict[int, int] = {}
+    slept: dict[int, int] = {}  # what the batches before keep on each GPU
     for name in order:
         mine = gpus.get(name) or tuple(usable)[:1]
         need = budgets[name] + START_MARGIN_BYTES
         fits = batches and all(held.get(g, 0) + need <= usable.get(g, 0) for g in mine)
         if not fits:
+            for earlier in batches[-1] if batches else []:
+                for g in gpus.get(earlier) or tuple(usable)[:1]:
+                    slept[g] = slept.get(g, 0) + asleep.get(earlier, 0)
             batches.append([])
-            held = {}
+            held = dict(slept)
         batches[-1].append(name)
         for g in mine:
             held[g] = held.get(g, 0) + need

@@ -19,6 +19,10 @@ SLEEP_ARENA_ENV = "VLLMOFFLOAD_SLEEP_ARENA"
 # With it set to 0 (residency.host_copy planned 'release'), the sleep arena is given back
 # after each wake and made again at the next sleep (vllm_ext.sleep).
 SLEEP_KEEP_COPY_ENV = "VLLMOFFLOAD_SLEEP_KEEP_COPY"
+# The bytes of its weights an engine asleep at level 1 keeps on the GPU (residency.
+# asleep_weights_on_gpu_gib): its last weight allocations whose sizes add up to no more,
+# neither copied out nor back (vllm_ext.sleep).
+SLEEP_WEIGHTS_ON_GPU_ENV = "VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES"
 # With it set to 1 (the launcher does for engines with staged prefill), the plugin puts
 # vllm_ext.staged_attention's backend in the place of vLLM's FlashAttention.
 STAGED_PREFILL_ENV = "VLLMOFFLOAD_STAGED_PREFILL"

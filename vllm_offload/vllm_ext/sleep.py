@@ -18,7 +18,11 @@ engines no route that reloads them), so a later level-1 sleep of the same alloca
 finds their copy still valid and releases them at once; a level-2 sleep (weights read
 again at the wake), other allocations or a larger arena copy them again. (vLLM's expert
 load balancing, `--enable-eplb`, moves expert weights while serving: not for an engine
-that sleeps.)
+that sleeps.) With VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES (residency.
+asleep_weights_on_gpu_gib) a level-1 sleep leaves the last weight allocations (the model's
+last layers and head: vLLM allocates in the model's order) whose sizes add up to no more
+than that mapped on the GPU, out of the arena: a wake copies only the rest (issue #58: the
+copy is the switch).
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
 "cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
@@ -47,7 +51,7 @@ from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
 
 from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
-from vllm_offload.vllm_ext.knobs import SLEEP_KEEP_COPY_ENV
+from vllm_offload.vllm_ext.knobs import SLEEP_KEEP_COPY_ENV, SLEEP_WEIGHTS_ON_GPU_ENV
 
 logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
 
@@ -91,6 +95,7 @@ class ArenaBackend(CuMemBackend):
         # bulk of a put-away) where the same allocations are asleep again.
         self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
         self._keep_copy = os.environ.get(SLEEP_KEEP_COPY_ENV, "1") != "0"
+        self._on_gpu_bytes = _bytes_on_gpu(os.environ.get(SLEEP_WEIGHTS_ON_GPU_ENV, "0"))
         # Set by the layered wake's worker for one resume: the weights, where the arena
         # holds them, are neither mapped nor copied there but left to map_and_copy (held,
         # by address, until each is mapped and its copy queued).
@@ -107,6 +112,8 @@ class ArenaBackend(CuMemBackend):
         weights = (
             [(ptr, size) for ptr, size, tag in awake if tag == "weights"] if level == 1 else []
         )
+        stay = _last_within(weights, self._on_gpu_bytes)
+        weights = weights[: len(weights) - len(stay)]
         others = [(ptr, size) for ptr, size, tag in awake if tag in BACKED_UP_AT_EVERY_LEVEL]
         copy_weights = bool(weights) and weights != self._weights_kept
         total = sum(size for _ptr, size in weights + others)
@@ -127,7 +134,17 @@ class ArenaBackend(CuMemBackend):
             offset += size
         self._weights_kept = weights  # none after a level-2 sleep
         self._state = "SUSPENDED"
-        allocator.sleep(offload_tags=())  # all released: the arena holds what is kept
+        staying = {ptr: allocator.pointer_to_data.pop(ptr) for ptr, _size in stay}
+        try:  # the rest released: the arena holds what is kept, the GPU what stays
+            allocator.sleep(offload_tags=())
+        finally:  # awake to vLLM's allocator: its wake maps only what slept
+            allocator.pointer_to_data.update(staying)
+        if stay:
+            logger.info(
+                "vllm-offload sleep arena: %.2f GiB of weights stay on the GPU (%d allocations)",
+                sum(size for _ptr, size in stay) / (1 << 30),
+                len(stay),
+            )
 
     def resume(self, tags: list[str] | None = None) -> None:
         allocator = CuMemAllocator.get_instance()
@@ -194,6 +211,24 @@ class ArenaBackend(CuMemBackend):
             if result != 0:
                 raise RuntimeError(f"cudaMemcpyAsync of {saved.size} bytes failed ({result})")
         del self.held[address]
+
+
+def _bytes_on_gpu(given: str) -> int:
+    if not given.isdigit():
+        raise ValueError(
+            f"{SLEEP_WEIGHTS_ON_GPU_ENV} must be a whole number of bytes >= 0, not {given!r}"
+        )
+    return int(given)
+
+
+def _last_within(allocations: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """The last (address, size) allocations whose sizes add up to no more than ``budget``."""
+    taken = 0
+    for count, (_ptr, size) in enumerate(reversed(allocations)):
+        if taken + size > budget:
+            return allocations[len(allocations) - count :]
+        taken += size
+    return allocations[:]
 
 
 def _memcpy_async() -> Any:
