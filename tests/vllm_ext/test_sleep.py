@@ -38,11 +38,15 @@ class StandInAllocator:
     def sleep(self, offload_tags: tuple[str, ...]) -> None:
         assert offload_tags == ()  # the arena keeps what is kept; vLLM backs up nothing
         for ptr, allocation in self.pointer_to_data.items():
+            if allocation.is_asleep:  # vLLM's rule: passed over
+                continue
             ctypes.memset(ptr, 0xEE, allocation.handle[1])  # released: its bytes are gone
             allocation.is_asleep = True
 
     def wake_up(self, tags: list[str] | None) -> None:
         for allocation in self.pointer_to_data.values():  # vLLM's rule: others always
+            if not allocation.is_asleep:  # vLLM's rule: only what slept is mapped again
+                continue
             if tags is None or allocation.tag in tags or allocation.tag not in DEFERRABLE:
                 allocation.is_asleep = False
 

@@ -22,6 +22,7 @@ from vllm_offload.model.config_json import ModelFactsError
 from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan import Platform
 from vllm_offload.plan.box import BoxPlan, plan_box
+from vllm_offload.plan.box_asleep import weights_on_gpu_bytes
 from vllm_offload.plan.records import BoxInputs, PlanError
 from vllm_offload.preflight import machine_checks
 from vllm_offload.upstream.version import InstalledVllm, release_for
@@ -117,7 +118,8 @@ def prepare_box(
             sleeps=model.idle == "sleep",
             keeps_copy=box_plan.keeps_copy,
             layered_wake=config.residency.layered_wake and config.residency.sleep_level == 1,
-            weights_on_gpu=model.weights_on_gpu_bytes,
+            # as asked, not as capped: the engine's allocations may be a little larger
+            weights_on_gpu=weights_on_gpu_bytes(config) if model.weights_on_gpu_bytes else 0,
             gpus=model.gpus if len(host.gpus) > 1 else (),
         )
         specs[name] = launch.build(model.config, model.plan, dirs[name], engine=engine)

@@ -127,7 +127,8 @@ class ResidencySection(_Section):
         0.0,
         ge=0,
         description="GiB of each model's weights that stay on the GPU while it sleeps at "
-        "level 1 (its last layers and head, in whole allocations up to this): a switch "
+        "level 1 (the last allocations of its weight pool, whole, up to this: its last "
+        "layers, and its head where the embedding is not it): a switch "
         "copies only the rest back (the copy is most of a switch: ~0.36 s for an 8B "
         "model's 15 GiB on an H200), the model on the GPU gets that much less of it for "
         "each model asleep beside it, and the host copy is that much smaller. For a GPU "

@@ -18,7 +18,12 @@ from dataclasses import dataclass, replace
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, GpuFacts
 from vllm_offload.model.facts import ModelFacts
-from vllm_offload.plan.box_asleep import deep_sleep, weights_on_gpu_bytes, weights_on_gpu_notes
+from vllm_offload.plan.box_asleep import (
+    deep_sleep,
+    host_copy_less,
+    weights_on_gpu_bytes,
+    weights_on_gpu_notes,
+)
 from vllm_offload.plan.box_gpus import gpu_host, place_models, plan_model, split_engines
 from vllm_offload.plan.box_groups import host_copy, resolve_groups
 from vllm_offload.plan.box_host import (
@@ -98,8 +103,9 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     deep, step = deep_sleep(config, sets.idle, host, split)
     notes += step + weights_on_gpu_notes(config, sets.idle)
     on_gpu = weights_on_gpu_bytes(config)
+    less = {n: host_copy_less(on_gpu, shares[n], inputs.facts[n], p) for n, p in alone.items()}
     away = Away(
-        idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep, on_gpu=on_gpu
+        idle=sets.idle, level=level, together=together, idle_of=idle_of, deep=deep, copy_less=less
     )
     keeps, step = host_copy(config, sets.idle)
     notes += step
@@ -128,7 +134,8 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             away_ram_bytes=held,
             away_gpu_bytes=ASLEEP_GPU_BYTES + weights_kept if kept else 0,
             weights_on_gpu_bytes=weights_kept,
-            serving_ram_bytes=holds_serving(plan, idle, level, keeps, on_gpu) + plan.cpu_tier.bytes,
+            serving_ram_bytes=holds_serving(plan, idle, level, keeps, less[name])
+            + plan.cpu_tier.bytes,
             gpus=placement.gpus[name],
             resident_beside=sets.resident[name],
             switches=any(name in g and len(g) > sets.resident[name] for g in groups),

@@ -4,12 +4,15 @@ there: ``residency.asleep_weights_on_gpu_gib``), and whether those settings can 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import GIB, HostFacts
+from vllm_offload.model.facts import ModelFacts
 from vllm_offload.plan.box_host import ASLEEP_GPU_BYTES, Idle
-from vllm_offload.plan.records import Notes, gib
+from vllm_offload.plan.budget import served_weight_bytes
+from vllm_offload.plan.kv import compute_dtype_bytes
+from vllm_offload.plan.records import Notes, Plan, gib
 
 
 def weights_on_gpu_bytes(config: DeploymentConfig) -> int:
@@ -21,11 +24,29 @@ def weights_on_gpu_bytes(config: DeploymentConfig) -> int:
     return int(residency.asleep_weights_on_gpu_gib * GIB)
 
 
-def asleep_gpu_bytes(config: DeploymentConfig) -> int:
+def asleep_gpu_bytes(config: DeploymentConfig, weights: int) -> int:
     """GPU memory a model asleep keeps: none where the driver checkpoints it; its weights
-    kept there besides (as much as asked: a smaller model keeps less)."""
-    kept = weights_on_gpu_bytes(config)
+    kept there besides, no more than ``weights`` (the largest sleeper's, served)."""
+    kept = min(weights_on_gpu_bytes(config), weights)
     return kept + (0 if config.residency.deep_sleep else ASLEEP_GPU_BYTES)
+
+
+def largest_weights(
+    configs: Mapping[str, DeploymentConfig], facts: Mapping[str, ModelFacts]
+) -> int:
+    """The largest of these models' weights as served (no model keeps more of its own)."""
+    return max((served_weight_bytes(configs[n], facts[n]) for n in configs), default=0)
+
+
+def host_copy_less(on_gpu: int, engine: DeploymentConfig, model: ModelFacts, plan: Plan) -> int:
+    """How much smaller the host copy of a model asleep is for the weights it keeps on the
+    GPU (``on_gpu`` at most: weights_on_gpu_bytes): what it may keep, less one allocation
+    of its weight pool (the engine keeps whole ones, up to the bytes given; the largest is
+    the embedding's or the head's), so that the copy is never counted smaller than it is."""
+    kept = min(on_gpu, plan.weights.gpu_bytes)
+    dtype = compute_dtype_bytes(model, engine.model.dtype)
+    largest = model.vocab_size * model.hidden_size * dtype // plan.tensor_parallel_size
+    return max(0, kept - largest) if kept else 0
 
 
 def weights_on_gpu_notes(config: DeploymentConfig, idle: Idle) -> Notes:
@@ -49,9 +70,10 @@ def weights_on_gpu_notes(config: DeploymentConfig, idle: Idle) -> Notes:
     return Notes(
         decisions=(
             f"residency.asleep_weights_on_gpu_gib: each model asleep keeps up to "
-            f"{gib(weights_on_gpu_bytes(config))} of its weights on the GPU (its last layers "
-            "and head), so a switch copies that much less; the model on the GPU gets that "
-            "much less of it for each one asleep beside it",
+            f"{gib(weights_on_gpu_bytes(config))} of its weights on the GPU (the last "
+            "allocations of its weight pool: its last layers, and its head where the "
+            "embedding is not it), so a switch copies that much less; the model on the GPU "
+            "gets that much less of it for each one asleep beside it",
         )
     )
 

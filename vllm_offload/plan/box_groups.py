@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vllm_offload.config import DeploymentConfig
 from vllm_offload.hardware import HostFacts
-from vllm_offload.plan.box_asleep import asleep_gpu_bytes
+from vllm_offload.plan.box_asleep import asleep_gpu_bytes, largest_weights
 from vllm_offload.plan.box_gpus import group_inputs, plan_model
 from vllm_offload.plan.box_host import Idle
 from vllm_offload.plan.placement import Placement
@@ -191,14 +191,16 @@ def resolve_groups(inputs: BoxInputs, placement: Placement) -> GroupSets:
         sleepers = {n: _sleepers(n, group, count, placement) for n in group}
         if idle_of[group[0]] != "sleep":
             sleepers = dict.fromkeys(group, 0)
+        weights = largest_weights({n: engines[n] for n in group}, inputs.facts)
+        each = asleep_gpu_bytes(config, weights)
         if not any(name in shares for name in group):  # as configured: less the sleepers'
             for name in group:
                 shares[name], step = _gpu_share(
-                    name, engines[name], view.host, sleepers[name], asleep_gpu_bytes(config)
+                    name, engines[name], view.host, sleepers[name], each
                 )
                 notes += step
         group_shares = {n: shares[n] for n in group}
-        asleep = max(sleepers.values()) * asleep_gpu_bytes(config)
+        asleep = max(sleepers.values()) * each
         notes += _resident_shares_fit(count, group_shares, view.host, asleep)
     return GroupSets(
         resident=resident, shares=shares, idle_of=idle_of, idle=idle, turn_s=turn, notes=notes
@@ -226,7 +228,8 @@ def _resident(inputs: BoxInputs) -> tuple[int, dict[str, DeploymentConfig], Note
         name: plan_model(inputs, i, name, engine, inputs.host)
         for i, (name, engine) in enumerate(engines.items())
     }
-    count, shares, notes = resident_models(inputs, alone, asleep_gpu_bytes(inputs.config))
+    asleep = asleep_gpu_bytes(inputs.config, largest_weights(engines, inputs.facts))
+    count, shares, notes = resident_models(inputs, alone, asleep)
     configs = {}
     for name, share in shares.items():
         gpu = engines[name].gpu.model_copy(update={"memory_utilization": share})

@@ -53,35 +53,37 @@ class Away:
     together: bool
     idle_of: Mapping[str, Idle] = field(default_factory=dict)  # where not ``idle``
     deep: bool = False  # asleep, checkpointed (residency.deep_sleep)
-    on_gpu: int = 0  # bytes of weights asleep kept on the GPU, at most (level 1)
+    # by model: how much smaller its sleep copy is for the weights it keeps on the GPU
+    # (plan.box_asleep.host_copy_less)
+    copy_less: Mapping[str, int] = field(default_factory=dict)
 
     def of(self, name: str) -> Idle:
         return self.idle_of.get(name, self.idle)
 
     def held(self, plan: Plan, name: str) -> int:
         """Host RAM the engine of ``name`` holds while alive and away."""
-        return holds(plan, self.of(name), self.level, self.deep, self.on_gpu)
+        return holds(plan, self.of(name), self.level, self.deep, self.copy_less.get(name, 0))
 
 
-def holds(plan: Plan, idle: Idle, level: int, deep: bool = False, on_gpu: int = 0) -> int:
+def holds(plan: Plan, idle: Idle, level: int, deep: bool = False, copy_less: int = 0) -> int:
     """Host RAM one engine holds while alive and away (besides its CPU tier); ``deep``:
-    asleep, checkpointed; ``on_gpu``: bytes of its weights it keeps on the GPU asleep, at
-    most (in whole allocations: up to one allocation fewer, whose copy it holds)."""
+    asleep, checkpointed; ``copy_less``: how much smaller its sleep copy of the weights is
+    (those it keeps on the GPU asleep)."""
     tp = plan.tensor_parallel_size
     engine = server_ram_bytes(tp, plan.platform)
     engine += (plan.weights.offloaded_bytes + plan.extension.bytes) * tp
     if plan.platform == "cpu":  # the CPU backend's weights and KV pool are in host RAM
         engine += (plan.weights.gpu_bytes + plan.gpu.kv_pool_bytes) * tp
-    copied = plan.weights.gpu_bytes - min(on_gpu, plan.weights.gpu_bytes)
+    copied = plan.weights.gpu_bytes - min(copy_less, plan.weights.gpu_bytes)
     backup = (copied + SLEEP_POOLS_BYTES) * tp if level == 1 else 0
     backup += ASLEEP_GPU_BYTES * tp if deep else 0
     return engine + (backup if idle == "sleep" else 0)
 
 
-def holds_serving(plan: Plan, idle: Idle, level: int, keeps_copy: bool, on_gpu: int = 0) -> int:
+def holds_serving(plan: Plan, idle: Idle, level: int, keeps_copy: bool, copy_less: int = 0) -> int:
     """Host RAM one engine holds while on the GPU (besides its CPU tier): as away, less
     its sleep copy where it gives it back (residency.host_copy = 'release')."""
-    return holds(plan, idle if keeps_copy else "stop", level, on_gpu=on_gpu)
+    return holds(plan, idle if keeps_copy else "stop", level, copy_less=copy_less)
 
 
 def tier_shares(

@@ -19,10 +19,12 @@ finds their copy still valid and releases them at once; a level-2 sleep (weights
 again at the wake), other allocations or a larger arena copy them again. (vLLM's expert
 load balancing, `--enable-eplb`, moves expert weights while serving: not for an engine
 that sleeps.) With VLLMOFFLOAD_SLEEP_WEIGHTS_ON_GPU_BYTES (residency.
-asleep_weights_on_gpu_gib) a level-1 sleep leaves the last weight allocations (the model's
-last layers and head: vLLM allocates in the model's order) whose sizes add up to no more
-than that mapped on the GPU, out of the arena: a wake copies only the rest (issue #58: the
-copy is the switch).
+asleep_weights_on_gpu_gib) a level-1 sleep leaves the last weight allocations (vLLM
+allocates in the model's order: its last layers, and its head where the embedding is not
+it) whose sizes add up to no more than that mapped on the GPU, out of the arena: a wake
+copies only the rest (issue #58: the copy is the switch). vLLM's allocator is shown them
+asleep for its sleep (which then passes them over) and awake again after it (so its wake
+does not map them).
 
 vLLM chooses its sleep-mode backend by name (``ModelConfig.sleep_mode_backend``, default
 "cumem"); with VLLMOFFLOAD_SLEEP_ARENA=1 (the launcher sets it for engines that sleep)
@@ -134,16 +136,21 @@ class ArenaBackend(CuMemBackend):
             offset += size
         self._weights_kept = weights  # none after a level-2 sleep
         self._state = "SUSPENDED"
-        staying = {ptr: allocator.pointer_to_data.pop(ptr) for ptr, _size in stay}
+        staying = [allocator.pointer_to_data[ptr] for ptr, _size in stay]
+        for data in staying:  # vLLM's sleep passes over what it sees asleep
+            data.is_asleep = True
         try:  # the rest released: the arena holds what is kept, the GPU what stays
             allocator.sleep(offload_tags=())
         finally:  # awake to vLLM's allocator: its wake maps only what slept
-            allocator.pointer_to_data.update(staying)
-        if stay:
+            for data in staying:
+                data.is_asleep = False
+        if self._on_gpu_bytes and level == 1:
             logger.info(
-                "vllm-offload sleep arena: %.2f GiB of weights stay on the GPU (%d allocations)",
+                "vllm-offload sleep arena: %.2f GiB of weights stay on the GPU (%d "
+                "allocations; %.2f GiB asked: the last allocations within it)",
                 sum(size for _ptr, size in stay) / (1 << 30),
                 len(stay),
+                self._on_gpu_bytes / (1 << 30),
             )
 
     def resume(self, tags: list[str] | None = None) -> None:
