@@ -108,9 +108,10 @@ class ResidencySection(_Section):
         "checkpoint (driver 570 or newer) moves it to host RAM after the sleep, and back "
         "before the wake. The planner then leaves no GPU memory for models asleep (3 GiB "
         "each otherwise), so the model on the GPU gets that much more, and counts it in "
-        "host RAM instead. Each switch takes longer by the checkpoint (two 8B engines' "
-        "took ~1.4 and ~2.0 s on an H100) and the restore (not measured on an engine yet), "
-        "so min_resident_s 'auto' gives turns. Not for a model split over GPUs (tensor "
+        "host RAM instead. Each switch takes longer by the checkpoint and the restore "
+        "(three 8B models on an H100: 1.1-1.9 s and 1.2-1.6 s, first token after a switch "
+        "3.5 s instead of 0.55), so min_resident_s 'auto' gives turns. Not for a model "
+        "split over GPUs (tensor "
         "parallel): refused (docs/several-models.md).",
     )
     layered_wake: bool = Field(

@@ -83,7 +83,7 @@ def turn_s(config: DeploymentConfig, idle: Idle, switches: bool) -> tuple[float,
     if deep:
         why = (
             "deep sleep: each switch also checkpoints the model put away and restores the "
-            "one brought in (two 8B engines' checkpoints took ~1.4 and ~2.0 s on an H100); "
+            "one brought in (an 8B model's switch 3.5 s instead of 0.55 on an H100); "
             "turns keep the box from switching for each request"
         )
     elif fast:
