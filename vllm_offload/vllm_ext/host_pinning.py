@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 from vllm.logger import init_logger
 
-from vllm_offload.vllm_ext.knobs import PIN_REGISTER_MIN_ENV
+from vllm_offload.vllm_ext.knobs import PIN_REGISTER_MIN_ENV, env_bytes
 
 logger = init_logger("vllm.vllm_offload.host_pinning")  # under vLLM's logger: printed as its own
 
@@ -64,19 +64,7 @@ _warned = False
 
 def gate_bytes() -> int:
     """The gate from the environment; a non-numeric value is a start-up error."""
-    value = os.environ.get(PIN_REGISTER_MIN_ENV, "")
-    if not value:
-        return DEFAULT_GATE_BYTES
-    try:
-        gate = int(value)
-    except ValueError:
-        raise ValueError(
-            f"{PIN_REGISTER_MIN_ENV} must be a whole number of bytes (e.g. 268435456), "
-            f"got {value!r}"
-        ) from None
-    if gate < 0:
-        raise ValueError(f"{PIN_REGISTER_MIN_ENV} must be >= 0, got {gate}")
-    return gate
+    return env_bytes(PIN_REGISTER_MIN_ENV, DEFAULT_GATE_BYTES)
 
 
 def should_register(num_bytes: int, pin: bool, gate: int | None = None) -> bool:

@@ -1,8 +1,10 @@
 """Every name patched vLLM and vllm_ext's hooks read, in one place: the launcher writes
 them (launch.py, launch_kv.py), the hooks inside vLLM's processes read them. Plain strings,
 no vLLM import: the launcher imports this module on hosts where vLLM is not importable yet.
-``additional`` and ``whole_number`` are the one reader of our --additional-config keys."""
+``additional`` and ``whole_number`` are the one reader of our --additional-config keys,
+``env_bytes`` of our byte-count variables."""
 
+import os
 from typing import Any
 
 # Environment variables. Not named VLLM_*: vLLM warns of every VLLM_* name it does not know
@@ -70,3 +72,20 @@ def whole_number(vllm_config: Any, key: str, unit: str) -> int:
             f"--additional-config {key} must be a whole number of {unit} >= 0, not {value!r}"
         )
     return value
+
+
+def env_bytes(name: str, default: int) -> int:
+    """The environment variable ``name``, a whole number of bytes >= 0 (``default`` where
+    it is unset or empty); ValueError names the variable."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a whole number of bytes (e.g. 268435456), got {value!r}"
+        ) from None
+    if parsed < 0:
+        raise ValueError(f"{name} must be >= 0, got {parsed}")
+    return parsed

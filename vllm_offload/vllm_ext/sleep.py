@@ -53,7 +53,7 @@ from vllm.device_allocator.sleep_mode_backend import CuMemBackend
 from vllm.logger import init_logger
 
 from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
-from vllm_offload.vllm_ext.knobs import SLEEP_KEEP_COPY_ENV, SLEEP_WEIGHTS_ON_GPU_ENV
+from vllm_offload.vllm_ext.knobs import SLEEP_KEEP_COPY_ENV, SLEEP_WEIGHTS_ON_GPU_ENV, env_bytes
 
 logger = init_logger("vllm.vllm_offload.sleep")  # under vLLM's logger: printed as its own
 
@@ -97,7 +97,7 @@ class ArenaBackend(CuMemBackend):
         # bulk of a put-away) where the same allocations are asleep again.
         self._weights_kept: list[tuple[int, int]] = []  # (address, size), arena offsets in order
         self._keep_copy = os.environ.get(SLEEP_KEEP_COPY_ENV, "1") != "0"
-        self._on_gpu_bytes = _bytes_on_gpu(os.environ.get(SLEEP_WEIGHTS_ON_GPU_ENV, "0"))
+        self._on_gpu_bytes = env_bytes(SLEEP_WEIGHTS_ON_GPU_ENV, 0)
         # Set by the layered wake's worker for one resume: the weights, where the arena
         # holds them, are neither mapped nor copied there but left to map_and_copy (held,
         # by address, until each is mapped and its copy queued).
@@ -218,14 +218,6 @@ class ArenaBackend(CuMemBackend):
             if result != 0:
                 raise RuntimeError(f"cudaMemcpyAsync of {saved.size} bytes failed ({result})")
         del self.held[address]
-
-
-def _bytes_on_gpu(given: str) -> int:
-    if not given.isdigit():
-        raise ValueError(
-            f"{SLEEP_WEIGHTS_ON_GPU_ENV} must be a whole number of bytes >= 0, not {given!r}"
-        )
-    return int(given)
 
 
 def _last_within(allocations: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
