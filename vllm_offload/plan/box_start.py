@@ -18,6 +18,7 @@ time. Pure: the set's plans in, the shares and the batches out.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from vllm_offload.config import DeploymentConfig
@@ -76,18 +77,18 @@ def start_batches(
     usable = {c.index: int(c.total_bytes * utilization) for c in cards}
     batches: list[list[str]] = []
     held: dict[int, int] = {}
-    slept: dict[int, int] = {}  # what the batches before keep on each GPU
+    slept: Counter[int] = Counter()  # what the batches before keep on each GPU asleep
+    sleeping: Counter[int] = Counter()  # what this batch will keep there
     for name in order:
         mine = gpus.get(name) or tuple(usable)[:1]
         need = budgets[name] + START_MARGIN_BYTES
         fits = batches and all(held.get(g, 0) + need <= usable.get(g, 0) for g in mine)
         if not fits:
-            for earlier in batches[-1] if batches else []:
-                for g in gpus.get(earlier) or tuple(usable)[:1]:
-                    slept[g] = slept.get(g, 0) + asleep.get(earlier, 0)
+            slept, sleeping = slept + sleeping, Counter()
             batches.append([])
             held = dict(slept)
         batches[-1].append(name)
         for g in mine:
             held[g] = held.get(g, 0) + need
+            sleeping[g] += asleep.get(name, 0)
     return tuple(tuple(batch) for batch in batches)
