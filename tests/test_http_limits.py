@@ -123,3 +123,67 @@ def test_an_ipv6_client_is_its_64() -> None:
         host(Seen("2001:db8:1:2::5")) == host(Seen("2001:db8:1:2:ffff::9")) == "2001:db8:1:2::/64"
     )
     assert host(Seen("::ffff:10.0.0.1")) == host(Seen("10.0.0.1")) == "10.0.0.1"
+
+
+HELD, RELEASE = threading.Event(), threading.Event()
+
+
+def answer(conn: socket.socket) -> bytes:
+    """One whole response of ``app`` (its body is b"ok"), or what came before the close."""
+    got = b""
+    while not got.endswith(b"\r\n\r\nok") and (chunk := conn.recv(200)):
+        got += chunk
+    return got
+
+
+def hold() -> None:
+    HELD.set()
+    RELEASE.wait(30)
+
+
+async def app_held_after(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """``app``; then, as CI's box did to the manager (its CPU taken for ~20 s), the loop is
+    held up after it polled its sockets, when the deadlines that came due meanwhile run:
+    one busy timer carries the loop past them both (keep-alive and head, 1 s), so the
+    next pass runs ``hold`` and then those deadlines back to back, without a poll between."""
+    await app(scope, receive, send)
+    if scope["type"] == "http" and not HELD.is_set():
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, time.sleep, 1.2)
+        loop.call_later(0.35, hold)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_that_came_while_the_loop_was_held_up_is_served(loop: str) -> None:
+    """A keep-alive connection's next request arrives while the server's loop is held up
+    between a poll of its sockets and its timers, past the connection's deadlines. Closed
+    then, the request was never read and the kernel answered it with a reset
+    (test_wedge_browser in CI; a trace of the manager showed its timers run first)."""
+    HELD.clear()
+    RELEASE.clear()
+    config = uvicorn.Config(
+        app_held_after,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        loop=loop,
+        timeout_keep_alive=1,
+        http=http_limits.protocol(LIMITS),  # head_s 1 s
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 30, "the server")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with connect(port) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"200 OK" in answer(conn)
+            assert HELD.wait(30)
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # in the socket, unread
+            RELEASE.set()
+            assert b"200 OK" in answer(conn)
+    finally:
+        RELEASE.set()
+        server.should_exit = True
+        thread.join(timeout=30)

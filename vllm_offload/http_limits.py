@@ -15,6 +15,13 @@ in; and ``limit_concurrency`` answered 503 to every client once that many were o
   the engines' sockets, logs, the model's files) and ``max_per_source`` at most a quarter
   of ``max_open``.
 
+- **A deadline reads before it closes**: an event loop polls its sockets, then runs the
+  timers that came due. Held up between the two (a box whose CPU is taken: CI's manager
+  stalled ~20 s while vLLM decoded on the CPU), it ran the keep-alive and head deadlines
+  of connections whose next request had arrived meanwhile; closed with that request
+  unread, the kernel answered it with a reset. So a deadline that comes due lets the loop
+  poll once more (``READ_FIRST_S``) and then decides: a request that came is served.
+
 ``protocol(limits)`` is the class uvicorn's ``http=`` takes (one per server).
 """
 
@@ -44,6 +51,10 @@ MANAGER = ConnectionLimits(head_s=10.0, body_s=30.0, max_open=256, max_per_sourc
 # request): bodies up to 32 MiB of prompt; a team, or a router or benchmark from one
 # address; clients keep a connection 30 s between requests (uvicorn's keep-alive there).
 FRONT_DOOR = ConnectionLimits(head_s=30.0, body_s=60.0, max_open=4096, max_per_source=1024)
+
+# Long enough that the loop polls its sockets before the deadline decides (a timer of 0 s
+# could run in the same pass); short enough that a trickle gains nothing from it.
+READ_FIRST_S = 0.01
 
 TOO_MANY = b"too many connections; try again shortly\n"
 REFUSAL = (
@@ -86,10 +97,20 @@ class BoundedH11Protocol(H11Protocol):
         self._deadline = self.loop.call_later(seconds, self._past_deadline)
 
     def _past_deadline(self) -> None:
+        self._deadline = self.loop.call_later(READ_FIRST_S, self._close_if_owed)
+
+    def _close_if_owed(self) -> None:
         """Close the connection if the client still owes a head or a body."""
         owes = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
         if owes and not self.transport.is_closing():
             self.transport.close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        # uvicorn's own idle close, read first likewise: the request that came cancels it
+        # (``data_received`` cancels ``timeout_keep_alive_task``).
+        self.timeout_keep_alive_task = self.loop.call_later(
+            READ_FIRST_S, super().timeout_keep_alive_handler
+        )
 
     def handle_events(self) -> None:
         before = self.conn.their_state

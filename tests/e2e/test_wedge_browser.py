@@ -71,9 +71,12 @@ def stop_mid_request(engines: list[psutil.Process], port: int) -> None:
 @dataclass
 class StatusPolls:
     """/api/status, polled on one keep-alive connection. If the connection fails, what
-    tells a manager that closed it idle (its keep-alive is 5 s) from one that closed it
-    early or died: CI read a reset here twice (6a5f2c9, a5c8291) with polls 2 s apart,
-    and not again when run alone."""
+    tells a manager that closed it from one that died. CI read a reset here three times
+    (6a5f2c9, a5c8291, 83563e5: a poll 2.46 s after the last answer, /healthz then 200).
+    Explained: while vLLM decodes on this box's 2 CPUs the manager's loop is held up for
+    up to ~20 s, and on waking ran the deadlines of connections whose next request had
+    come meanwhile, closing them unread (tests/test_http_limits.py reproduces it; the
+    deadlines now read first)."""
 
     api: httpx.Client
     answered: float = field(default_factory=time.monotonic)
