@@ -15,12 +15,14 @@ in; and ``limit_concurrency`` answered 503 to every client once that many were o
   the engines' sockets, logs, the model's files) and ``max_per_source`` at most a quarter
   of ``max_open``.
 
-- **A deadline reads before it closes**: an event loop polls its sockets, then runs the
-  timers that came due. Held up between the two (a box whose CPU is taken: CI's manager
-  stalled ~20 s while vLLM decoded on the CPU), it ran the keep-alive and head deadlines
-  of connections whose next request had arrived meanwhile; closed with that request
-  unread, the kernel answered it with a reset. So a deadline that comes due lets the loop
-  poll once more (``READ_FIRST_S``) and then decides: a request that came is served.
+- **A deadline never closes on a request that came**: an event loop polls its sockets,
+  then runs the timers that came due. Held up between the two (a box whose CPU is taken:
+  CI's manager was held ~20 s at a time while vLLM decoded on 2 CPUs), it ran the
+  keep-alive and head deadlines of connections whose next request had arrived meanwhile;
+  closed with that request unread, the kernel answered it with a reset. So a deadline
+  first asks the socket whether bytes wait unread: the keep-alive then leaves the
+  connection to the read that comes, the head deadline lets the loop read once
+  (``READ_FIRST_S``) and closes only if the head is still owed.
 
 ``protocol(limits)`` is the class uvicorn's ``http=`` takes (one per server).
 """
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import ipaddress
 import resource
+import select
 from dataclasses import dataclass, replace
 
 import h11
@@ -52,8 +55,8 @@ MANAGER = ConnectionLimits(head_s=10.0, body_s=30.0, max_open=256, max_per_sourc
 # address; clients keep a connection 30 s between requests (uvicorn's keep-alive there).
 FRONT_DOOR = ConnectionLimits(head_s=30.0, body_s=60.0, max_open=4096, max_per_source=1024)
 
-# Long enough that the loop polls its sockets before the deadline decides (a timer of 0 s
-# could run in the same pass); short enough that a trickle gains nothing from it.
+# Long enough that the loop polls its sockets before the head deadline decides (a timer
+# of 0 s could run in the same pass); short enough that a trickle gains nothing from it.
 READ_FIRST_S = 0.01
 
 TOO_MANY = b"too many connections; try again shortly\n"
@@ -97,7 +100,10 @@ class BoundedH11Protocol(H11Protocol):
         self._deadline = self.loop.call_later(seconds, self._past_deadline)
 
     def _past_deadline(self) -> None:
-        self._deadline = self.loop.call_later(READ_FIRST_S, self._close_if_owed)
+        if self._unread():
+            self._deadline = self.loop.call_later(READ_FIRST_S, self._close_if_owed)
+        else:
+            self._close_if_owed()
 
     def _close_if_owed(self) -> None:
         """Close the connection if the client still owes a head or a body."""
@@ -106,11 +112,19 @@ class BoundedH11Protocol(H11Protocol):
             self.transport.close()
 
     def timeout_keep_alive_handler(self) -> None:
-        # uvicorn's own idle close, read first likewise: the request that came cancels it
-        # (``data_received`` cancels ``timeout_keep_alive_task``).
-        self.timeout_keep_alive_task = self.loop.call_later(
-            READ_FIRST_S, super().timeout_keep_alive_handler
-        )
+        """uvicorn's idle close, unless the next request waits to be read (the head
+        deadline still bounds a connection that only trickles)."""
+        if not self._unread():
+            super().timeout_keep_alive_handler()
+
+    def _unread(self) -> bool:
+        """Whether the client's bytes wait in the socket, not yet read by the loop."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.is_closing():
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def handle_events(self) -> None:
         before = self.conn.their_state

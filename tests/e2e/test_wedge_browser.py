@@ -76,7 +76,7 @@ class StatusPolls:
     Explained: while vLLM decodes on this box's 2 CPUs the manager's loop is held up for
     up to ~20 s, and on waking ran the deadlines of connections whose next request had
     come meanwhile, closing them unread (tests/test_http_limits.py reproduces it; the
-    deadlines now read first)."""
+    deadlines now ask the socket first)."""
 
     api: httpx.Client
     answered: float = field(default_factory=time.monotonic)
