@@ -70,8 +70,15 @@ class EngineSpec:
 
 
 def uds_client(socket_path: Path, timeout: httpx.Timeout | float) -> httpx.AsyncClient:
+    """A client of one engine's socket that opens a connection per request. vLLM's server
+    (uvicorn) closes an idle connection at its keep-alive deadline without asking whether
+    a request came: held up between its poll and its timers (a box whose CPU is taken),
+    it resets a request sent on a kept connection (http_limits explains it for our own
+    servers). A unix socket's connect costs microseconds."""
     return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+        transport=httpx.AsyncHTTPTransport(
+            uds=str(socket_path), limits=httpx.Limits(max_keepalive_connections=0)
+        ),
         base_url="http://engine",
         timeout=timeout,
     )
