@@ -24,7 +24,7 @@ import pytest
 from testkit.stack import ARTIFACTS, CHROMIUM_ARGS
 from tests.e2e.test_faults_browser import TOKEN, Stack, supervised  # noqa: F401 (fixture)
 from vllm_offload import config as config_mod
-from vllm_offload.upstream.client import VllmClient, wait_until
+from vllm_offload.upstream.client import FRESH_CONNECTIONS, VllmClient, wait_until
 
 pytestmark = pytest.mark.e2e
 WEDGE_AFTER_S = 10
@@ -144,7 +144,14 @@ def test_wedged_server_is_reported_then_restarted(
     # call gives up first. systemd proper kills at once.
     shorten_stop_timeout(supervised)
     set_manager(supervised.config, wedge_after_s=WEDGE_AFTER_S, restart_wedged=False)
-    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=180)
+    # A connection per request, as a browser would retry one (RFC 9112 9.3.1): after the
+    # box froze, a poll and the manager's overdue keep-alive close can wake at once.
+    api = httpx.Client(
+        base_url=url,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=180,
+        limits=FRESH_CONNECTIONS,
+    )
     port = config_mod.load(supervised.config).server.port
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

@@ -36,6 +36,7 @@ from vllm_offload.box.process_checkpoint import (
     checkpoint_all,
     restore_all,
 )
+from vllm_offload.upstream.client import FRESH_CONNECTIONS
 from vllm_offload.vllm_ext import SLEEP_BACKEND_LINE
 
 # A large model's start (weights read, CUDA graphs captured, the CPU tier allocated) takes
@@ -70,15 +71,9 @@ class EngineSpec:
 
 
 def uds_client(socket_path: Path, timeout: httpx.Timeout | float) -> httpx.AsyncClient:
-    """A client of one engine's socket that opens a connection per request. vLLM's server
-    (uvicorn) closes an idle connection at its keep-alive deadline without asking whether
-    a request came: held up between its poll and its timers (a box whose CPU is taken),
-    it resets a request sent on a kept connection (http_limits explains it for our own
-    servers). A unix socket's connect costs microseconds."""
+    """A client of one engine's socket, a connection per request (FRESH_CONNECTIONS)."""
     return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(
-            uds=str(socket_path), limits=httpx.Limits(max_keepalive_connections=0)
-        ),
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path), limits=FRESH_CONNECTIONS),
         base_url="http://engine",
         timeout=timeout,
     )

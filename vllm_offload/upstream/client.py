@@ -18,6 +18,12 @@ CONTROL_TIMEOUT_S = 2.0
 # The most of a /metrics or /v1/models answer that is read: whatever listens on the port
 # (another local user's process, while the server is down) answers the manager's polls.
 MAX_CONTROL_BYTES = 16 * 1024 * 1024
+# A connection per request to vLLM's server: uvicorn closes an idle connection at its
+# keep-alive deadline without asking whether a request came, so a server held up between
+# its poll and its timers (a box whose CPU is taken) resets a request sent on a kept
+# connection; a fresh one is never closed under a request (loopback or a unix socket:
+# microseconds). Our own servers ask first (http_limits).
+FRESH_CONNECTIONS = httpx.Limits(max_keepalive_connections=0)
 
 
 def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
@@ -82,7 +88,11 @@ class VllmClient:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            limits=FRESH_CONNECTIONS,
         )
 
     def close(self) -> None:
