@@ -70,13 +70,14 @@ def stop_mid_request(engines: list[psutil.Process], port: int) -> None:
 
 @dataclass
 class StatusPolls:
-    """/api/status, polled on one keep-alive connection. If the connection fails, what
-    tells a manager that closed it from one that died. CI read a reset here three times
+    """/api/status, polled (a connection per poll). If a poll fails, what tells a manager
+    that closed the connection from one that died. CI read a reset here three times
     (6a5f2c9, a5c8291, 83563e5: a poll 2.46 s after the last answer, /healthz then 200).
     Explained: while vLLM decodes on this box's 2 CPUs the manager's loop is held up for
     up to ~20 s, and on waking ran the deadlines of connections whose next request had
     come meanwhile, closing them unread (tests/test_http_limits.py reproduces it; the
-    deadlines now ask the socket first)."""
+    deadlines now ask the socket first, tested in tests/test_http_limits.py: this test's
+    clients no longer keep connections)."""
 
     api: httpx.Client
     answered: float = field(default_factory=time.monotonic)
@@ -106,7 +107,11 @@ def long_stream(supervised: Stack) -> Iterator[dict[str, object]]:  # noqa: F811
     chunks read. Ends at the first error (the server it streamed from was restarted)."""
     port = config_mod.load(supervised.config).server.port
     client = openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="none",
+        timeout=600,
+        max_retries=0,
+        http_client=httpx.Client(limits=FRESH_CONNECTIONS),  # as our clients of vLLM
     )
     seen: dict[str, object] = {"chunks": 0, "done": False}
     stop = threading.Event()

@@ -57,8 +57,9 @@ class FrontDoor:
     _clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
 
     def client(self, name: str) -> httpx.AsyncClient:
-        """One pooled client per engine: no read timeout (a long generation streams for
-        minutes), a connect timeout for an engine that has gone."""
+        """One client per engine (a connection per request, at most 100 at once: more
+        wait here): no read timeout (a long generation streams for minutes), a connect
+        timeout for an engine that has gone."""
         if name not in self._clients:
             timeout = httpx.Timeout(None, connect=10.0)
             self._clients[name] = uds_client(self.engines[name].spec.socket, timeout)

@@ -22,8 +22,9 @@ MAX_CONTROL_BYTES = 16 * 1024 * 1024
 # keep-alive deadline without asking whether a request came, so a server held up between
 # its poll and its timers (a box whose CPU is taken) resets a request sent on a kept
 # connection; a fresh one is never closed under a request (loopback or a unix socket:
-# microseconds). Our own servers ask first (http_limits).
-FRESH_CONNECTIONS = httpx.Limits(max_keepalive_connections=0)
+# microseconds). Our own servers ask first (http_limits). httpx's cap of 100 connections
+# at once stays (the front door's 101st request to one engine waits for a connection).
+FRESH_CONNECTIONS = httpx.Limits(max_connections=100, max_keepalive_connections=0)
 
 
 def sum_samples(text: str, wanted: Collection[str]) -> dict[str, float]:
@@ -92,7 +93,7 @@ class VllmClient:
             headers=headers,
             timeout=timeout_s,
             transport=transport,
-            limits=FRESH_CONNECTIONS,
+            limits=FRESH_CONNECTIONS,  # (httpx ignores it beside a transport: tests only)
         )
 
     def close(self) -> None:
