@@ -6,10 +6,12 @@ servers (tests/manager/test_http.py, tests/box/test_front_attacks.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -153,6 +155,32 @@ async def app_held_after(scope: dict, receive, send) -> None:  # type: ignore[no
         loop.call_later(0.35, hold)
 
 
+@contextlib.contextmanager
+def held_up_server(**config: Any) -> Iterator[uvicorn.Server]:
+    """``app_held_after`` under uvicorn in a thread, keep-alive 1 s (``config``: the rest of
+    uvicorn.Config's: the loop, where it listens, its protocol); released and stopped at
+    the end."""
+    HELD.clear()
+    RELEASE.clear()
+    server = uvicorn.Server(
+        uvicorn.Config(app_held_after, log_level="warning", timeout_keep_alive=1, **config)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 30, "the server")
+        yield server
+    finally:
+        RELEASE.set()
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def port_of(server: uvicorn.Server) -> int:
+    port: int = server.servers[0].sockets[0].getsockname()[1]
+    return port
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_requests_that_came_while_the_loop_was_held_up_are_served(loop: str) -> None:
     """Requests arrive while the server's loop is held up between a poll of its sockets
@@ -160,34 +188,18 @@ def test_requests_that_came_while_the_loop_was_held_up_are_served(loop: str) -> 
     connection (its keep-alive deadline) and the first of a new one (its head deadline).
     Closed then, a request was never read and the kernel answered it with a reset
     (test_wedge_browser in CI; a trace of the manager showed its timers run first)."""
-    HELD.clear()
-    RELEASE.clear()
-    config = uvicorn.Config(
-        app_held_after,
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        loop=loop,
-        timeout_keep_alive=1,
-        http=http_limits.protocol(LIMITS),  # head_s 1 s
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 30, "the server")
-        port = server.servers[0].sockets[0].getsockname()[1]
-        with connect(port) as kept, connect(port) as new:
-            kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert b"200 OK" in answer(kept)
-            assert HELD.wait(30)
-            for conn in (kept, new):  # both wait in their sockets, unread
-                conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            time.sleep(0.5)  # delivered (a loaded kernel may deliver loopback bytes later)
-            RELEASE.set()
-            assert b"200 OK" in answer(kept)
-            assert b"200 OK" in answer(new)
-    finally:
+    bounded = http_limits.protocol(LIMITS)  # head_s 1 s
+    with (
+        held_up_server(host="127.0.0.1", port=0, loop=loop, http=bounded) as server,
+        connect(port_of(server)) as kept,
+        connect(port_of(server)) as new,
+    ):
+        kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"200 OK" in answer(kept)
+        assert HELD.wait(30)
+        for conn in (kept, new):  # both wait in their sockets, unread
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.5)  # delivered (a loaded kernel may deliver loopback bytes later)
         RELEASE.set()
-        server.should_exit = True
-        thread.join(timeout=30)
+        assert b"200 OK" in answer(kept)
+        assert b"200 OK" in answer(new)
