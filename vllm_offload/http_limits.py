@@ -15,13 +15,13 @@ in; and ``limit_concurrency`` answered 503 to every client once that many were o
   the engines' sockets, logs, the model's files) and ``max_per_source`` at most a quarter
   of ``max_open``.
 
-- **A deadline never closes on a request waiting in the socket**: an event loop polls its sockets,
-  then runs the timers that came due. Held up between the two (a box whose CPU is taken:
-  CI's manager was held ~20 s at a time while vLLM decoded on 2 CPUs), it ran the
-  keep-alive and head deadlines of connections whose next request had arrived meanwhile;
-  closed with that request unread, the kernel answered it with a reset. So a deadline
-  first asks the socket whether bytes wait unread: the keep-alive then leaves the
-  connection to the read that comes, the head deadline lets the loop read once
+- **A deadline never closes on a request waiting in the socket**: an event loop polls
+  its sockets, then runs the timers that came due. Held up between the two (a box whose
+  CPU is taken: CI's manager was held ~20 s at a time while vLLM decoded on 2 CPUs), it
+  ran the keep-alive and head deadlines of connections whose next request had arrived
+  meanwhile; closed with that request unread, the kernel answered it with a reset. So a
+  deadline first asks the socket whether bytes wait unread: the keep-alive then leaves
+  the connection to the read that comes, the head deadline lets the loop read once
   (``READ_FIRST_S``) and closes only if the head is still owed. Bytes that come between
   that question and the close remain the race every kept connection has (RFC 9112
   9.3.1: a client may resend; browsers do).

@@ -75,9 +75,9 @@ class StatusPolls:
     (6a5f2c9, a5c8291, 83563e5: a poll 2.46 s after the last answer, /healthz then 200).
     Explained: while vLLM decodes on this box's 2 CPUs the manager's loop is held up for
     up to ~20 s, and on waking ran the deadlines of connections whose next request had
-    come meanwhile, closing them unread (tests/test_http_limits.py reproduces it; the
-    deadlines now ask the socket first, tested in tests/test_http_limits.py: this test's
-    clients no longer keep connections)."""
+    come meanwhile, closing them unread. The deadlines now ask the socket first
+    (tests/test_http_limits.py reproduces and tests it); this test's clients no longer
+    keep connections."""
 
     api: httpx.Client
     answered: float = field(default_factory=time.monotonic)
