@@ -3,7 +3,7 @@ progressing, is in tests/e2e/test_wedge_browser.py)."""
 
 from __future__ import annotations
 
-from vllm_offload.manager.wedge import Counters, WedgeWatch, prometheus_text
+from vllm_offload.manager.wedge import MAX_POLL_GAP_S, Counters, WedgeWatch, prometheus_text
 
 
 def counters(
@@ -24,12 +24,22 @@ def counters(
     )
 
 
+def polls(
+    watch: WedgeWatch, start: float, end: float, seen: Counters, after: float = 120
+) -> list[str]:
+    """The manager's polls every 2 s from ``start`` to ``end``, each seeing ``seen``; the
+    events they caused."""
+    events = []
+    for t in range(int(start), int(end) + 1, 2):
+        events += watch.observe(t, seen, after, 60)
+    return events
+
+
 def test_no_progress_with_work_pending_is_a_wedge_once_the_bound_passes() -> None:
     watch = WedgeWatch()
-    assert watch.observe(0, counters(), 120, 60) == []
-    assert watch.observe(119, counters(), 120, 60) == [] and not watch.wedged
-    [event] = watch.observe(121, counters(), 120, 60)
-    assert watch.wedged and event.startswith("wedged: no progress for 121 s: 1 running")
+    assert polls(watch, 0, 118, counters()) == [] and not watch.wedged
+    [event] = polls(watch, 120, 120, counters())
+    assert watch.wedged and event.startswith("wedged: no progress for 120 s: 1 running")
     assert "generation tokens 50" in event
     assert watch.observe(122, counters(generated=51), 120, 60) == [
         "progress again: no longer wedged"
@@ -37,25 +47,36 @@ def test_no_progress_with_work_pending_is_a_wedge_once_the_bound_passes() -> Non
     assert not watch.wedged
 
 
+def test_a_gap_in_the_polls_counts_as_a_few_seconds_of_stall() -> None:
+    """The manager held up for 60 s (a starved host freezes it and, most likely, the engine
+    beside it: CI's box did for ~20 s) is not 60 s of an engine without progress."""
+    watch = WedgeWatch()
+    polls(watch, 0, 4, counters(), after=10)
+    assert watch.observe(64, counters(), 10, 60) == [] and not watch.wedged
+    assert watch.stalled_s == 4 + MAX_POLL_GAP_S
+    [event] = polls(watch, 66, 66, counters(), after=10)  # watched for 11 s
+    assert event.startswith("wedged: no progress for 11 s")
+    watch = WedgeWatch()
+    watch.observe(0, counters(loads=1), 600, 60)
+    assert watch.observe(100, counters(loads=1), 600, 60) == []  # loads: the same
+
+
 def test_progress_of_any_kind_keeps_it_healthy() -> None:
     """Tokens generated, a prompt finished, or a long prefill allocating KV blocks chunk by
     chunk (vLLM counts prompt tokens only when the prefill completes)."""
     for moved in (counters(generated=51), counters(prompt=101), counters(kv=0.11)):
         watch = WedgeWatch()
-        watch.observe(0, counters(), 10, 60)
-        watch.observe(9, counters(), 10, 60)
-        watch.observe(30, moved, 10, 60)
+        polls(watch, 0, 8, counters(), after=10)
+        watch.observe(10, moved, 10, 60)
         assert not watch.wedged and watch.stalled_s == 0
 
 
 def test_an_idle_server_is_never_wedged() -> None:
     watch = WedgeWatch()
-    for t in range(0, 1000, 100):
-        watch.observe(t, counters(running=0), 10, 60)
-    assert not watch.wedged
-    watch.observe(1000, counters(running=0, waiting=2), 10, 60)  # work arrives: clock starts
-    assert watch.observe(1005, counters(running=0, waiting=2), 10, 60) == []
-    assert watch.observe(1011, counters(running=0, waiting=2), 10, 60)[0].startswith("wedged")
+    assert polls(watch, 0, 1000, counters(running=0), after=10) == [] and not watch.wedged
+    watch.observe(1002, counters(running=0, waiting=2), 10, 60)  # work arrives: clock starts
+    assert polls(watch, 1004, 1010, counters(running=0, waiting=2), after=10) == []
+    assert watch.observe(1012, counters(running=0, waiting=2), 10, 60)[0].startswith("wedged")
 
 
 def test_missing_scrape_decides_nothing_and_needs_the_counters() -> None:
@@ -75,10 +96,10 @@ def test_missing_scrape_decides_nothing_and_needs_the_counters() -> None:
 
 def test_loads_pending_without_a_break_stall() -> None:
     watch = WedgeWatch()
-    watch.observe(0, counters(loads=1), 600, 60)
-    assert watch.observe(30, counters(loads=1, generated=60), 600, 60) == []
-    assert watch.observe(61, counters(loads=2, generated=70), 600, 60) == [
-        "KV loads stalled: 2 request(s) waiting on a KV load for 61 s"
+    for t in range(0, 60, 2):  # other requests generate meanwhile
+        assert watch.observe(t, counters(loads=1, generated=50 + t), 600, 60) == []
+    assert watch.observe(60, counters(loads=2, generated=110), 600, 60) == [
+        "KV loads stalled: 2 request(s) waiting on a KV load for 60 s"
     ]
     assert not watch.wedged  # other requests progress: loads stalled, server not wedged
     assert watch.observe(62, counters(loads=0, generated=80), 600, 60) == ["KV loads moving again"]

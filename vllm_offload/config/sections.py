@@ -262,7 +262,8 @@ class ManagerSection(_Section):
         le=86400,
         description="Seconds with requests waiting or running and no progress (no token "
         "generated, no prompt finished, the GPU KV cache unchanged) before the manager "
-        "calls the server wedged; /health stays 200 in that state. Set in the file only.",
+        "calls the server wedged (time the manager watched: a gap of over 5 s between its "
+        "polls counts as 5 s); /health stays 200 in that state. Set in the file only.",
     )
     restart_wedged: bool = Field(
         False,

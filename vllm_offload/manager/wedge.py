@@ -6,7 +6,14 @@ from vLLM's own Prometheus counters, one scrape per poll.
 
 vLLM counts a prompt's tokens only when its prefill completes, so a long chunked prefill
 (minutes on a slow CPU host) shows its progress as KV blocks being allocated, chunk by
-chunk (``vllm:kv_cache_usage_perc`` moves): that is progress, never a wedge."""
+chunk (``vllm:kv_cache_usage_perc`` moves): that is progress, never a wedge.
+
+The time without progress is the time the manager watched it: a gap between two polls
+counts as at most ``MAX_POLL_GAP_S``. A longer gap is the manager held up itself (a host
+short of CPU or swapping: CI's 2-vCPU box stood whole processes still for up to ~20 s,
+benchmarks/results/ci-box-freezes/), and the engine on the same host most likely stood
+still with it; counted in full, one such freeze would call a healthy server wedged (and,
+with ``restart_wedged``, kill its requests)."""
 
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ SOURCES = {
     vm.KV_LOADS_BY_STAGE: "kv_loads",
 }
 RESTART_WINDOW_S = 3600.0
+MAX_POLL_GAP_S = 5.0  # the manager polls every 2 s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,13 +82,13 @@ class WedgeWatch:
 
     wedged: bool = False
     loads_stalled: bool = False
-    stalled_s: float = 0.0  # how long work has been pending without progress
+    stalled_s: float = 0.0  # how long work has been pending without progress, watched
     reason: str | None = None
     allowance_spent: bool = False  # said once per wedge: no restart left this hour
     restarts: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     _last: Counters | None = None
-    _progress_at: float | None = None  # when progress was last seen (or work appeared)
-    _loads_since: float | None = None  # since when KV loads are pending without a break
+    _seen_at: float | None = None  # the last poll with counters
+    _loads_for: float | None = None  # how long KV loads are pending without a break, watched
 
     def observe(
         self, now: float, counters: Counters | None, wedge_after_s: float, load_after_s: float
@@ -90,15 +98,17 @@ class WedgeWatch:
         if counters is None:
             return []
         last, self._last = self._last, counters
+        watched = 0.0 if self._seen_at is None else min(now - self._seen_at, MAX_POLL_GAP_S)
+        self._seen_at = now
         # The clock runs only while work is pending, from the poll it first showed up in.
         if not counters.busy or last is None or not last.busy or counters.moved_since(last):
-            self._progress_at = now
+            self.stalled_s = 0.0
+        else:
+            self.stalled_s += watched
         if counters.kv_loads <= 0:
-            self._loads_since = None
-        elif self._loads_since is None:
-            self._loads_since = now
-        assert self._progress_at is not None
-        self.stalled_s = now - self._progress_at
+            self._loads_for = None
+        else:
+            self._loads_for = 0.0 if self._loads_for is None else self._loads_for + watched
         events = []
         wedged = counters.busy and self.stalled_s >= wedge_after_s
         if wedged and not self.wedged:
@@ -108,8 +118,8 @@ class WedgeWatch:
             events.append("progress again: no longer wedged")
             self.reason = None
         self.wedged = wedged
-        loads_for = 0.0 if self._loads_since is None else now - self._loads_since
-        stalled = self._loads_since is not None and loads_for >= load_after_s
+        loads_for = self._loads_for or 0.0
+        stalled = loads_for >= load_after_s  # load_after_s > 0: none pending is no stall
         if stalled and not self.loads_stalled:
             events.append(
                 f"KV loads stalled: {counters.kv_loads:.0f} request(s) waiting on a KV load "
@@ -122,7 +132,7 @@ class WedgeWatch:
 
     def forget(self) -> None:
         """A new server process: its counters start again."""
-        self._last = self._progress_at = self._loads_since = None
+        self._last = self._seen_at = self._loads_for = None
         self.wedged = self.loads_stalled = self.allowance_spent = False
         self.stalled_s, self.reason = 0.0, None
 
