@@ -29,7 +29,7 @@ from vllm_offload.plan.budget import served_weight_bytes
 from vllm_offload.plan.checks import combination_checks
 from vllm_offload.plan.costs import h2d_bytes_per_s, offload_costs
 from vllm_offload.plan.disk import plan_disk_tier
-from vllm_offload.plan.gpu import place_weights, weights_record
+from vllm_offload.plan.gpu import GpuMemory, place_weights, weights_record
 from vllm_offload.plan.host import (
     cpu_backend_ram_check,
     extension_bytes,
@@ -39,6 +39,7 @@ from vllm_offload.plan.host import (
 from vllm_offload.plan.kv import compute_dtype_bytes, kv_bytes_per_token
 from vllm_offload.plan.layout import choose_layout, planned_model
 from vllm_offload.plan.lengths import (
+    PoolShape,
     capacity_warnings,
     fit_lengths,
     past_the_model_limit,
@@ -57,7 +58,7 @@ from vllm_offload.plan.records import (
 )
 from vllm_offload.plan.render import render
 from vllm_offload.plan.reproducible import kernel_choice
-from vllm_offload.plan.staging import staging_scratch
+from vllm_offload.plan.staging import StagingScratch, staging_scratch
 from vllm_offload.plan.working_memory import chunk_notes, prefill_chunk
 from vllm_offload.upstream.version import PINNED
 
@@ -140,21 +141,11 @@ def make_plan(
         architecture=model.architecture,
         kv=layout,
         weights=weights_record(config, planned, memory),
-        gpu=GpuPool(
-            total_bytes=memory.total_bytes,
-            budget_bytes=memory.budget_bytes,
-            kv_pool_bytes=memory.kv_pool_bytes,
-            kv_pool_blocks=shape.gpu_blocks,
-            kv_pool_tokens=shape.gpu_tokens,
-        ),
+        gpu=_gpu_pool(memory, shape),
         prefill=chunk,
         length=length,
-        extension=HostExtension(
-            bytes=extension,
-            tokens=shape.extension_blocks * layout.block_tokens,
-            spilled_decode_steps_per_s_ceiling=spilled_ceiling,
-            staging_scratch_bytes=scratch.bytes,
-            staging_scratch_tokens=scratch.tokens,
+        extension=_host_extension(
+            extension, shape.extension_blocks * layout.block_tokens, scratch, spilled_ceiling
         ),
         cpu_tier=tier,
         host_ram=ram,
@@ -164,4 +155,29 @@ def make_plan(
         reproducible=reproducible,
         vllm_release=release,
         notes=notes,
+    )
+
+
+def _gpu_pool(memory: GpuMemory, shape: PoolShape) -> GpuPool:
+    """The GPU's budget and the KV pool left in it, in bytes, blocks and tokens."""
+    return GpuPool(
+        total_bytes=memory.total_bytes,
+        budget_bytes=memory.budget_bytes,
+        kv_pool_bytes=memory.kv_pool_bytes,
+        kv_pool_blocks=shape.gpu_blocks,
+        kv_pool_tokens=shape.gpu_tokens,
+    )
+
+
+def _host_extension(
+    size: int, tokens: int, scratch: StagingScratch, spilled_ceiling: float | None
+) -> HostExtension:
+    """The host extension of ``size`` bytes (``tokens``), the GPU scratch its staged
+    prefill takes from the pool, and a spilled request's decode speed at most."""
+    return HostExtension(
+        bytes=size,
+        tokens=tokens,
+        spilled_decode_steps_per_s_ceiling=spilled_ceiling,
+        staging_scratch_bytes=scratch.bytes,
+        staging_scratch_tokens=scratch.tokens,
     )

@@ -114,12 +114,7 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
     notes += _no_extension_asleep({n: p for n, p in alone.items() if away.of(n) == "sleep"})
     planned: dict[str, ModelPlan] = {}
     for i, name in enumerate(engines):
-        engine, idle = shares[name], away.of(name)
-        if name in tiers:  # an 'auto' tier: the set's equal share, as a number
-            update = {"cpu_tier_gib": tiers[name] / GIB}
-            engine = engine.model_copy(
-                update={"kv_offload": engine.kv_offload.model_copy(update=update)}
-            )
+        engine, idle = _with_tier(shares[name], tiers.get(name)), away.of(name)
         seen = host_view(hosts[name], name, alone, tiers, away)
         plan = plan_model(inputs, i, name, engine, seen)
         held = away.held(plan, name) + plan.cpu_tier.bytes if idle == "sleep" else 0
@@ -141,22 +136,45 @@ def plan_box(inputs: BoxInputs) -> BoxPlan:
             switches=any(name in g and len(g) > sets.resident[name] for g in groups),
         )
     default = config.residency.default_model or next(iter(engines))
-    first_sleeps = [n for n in reversed(list(engines)) if n != default and n in switching]
-    first_sleeps += [default] if default in switching else []
-    budgets = {n: m.plan.gpu.budget_bytes for n, m in planned.items()}
-    utilization = config.gpu.memory_utilization
-    asleep = {n: m.away_gpu_bytes for n, m in planned.items()}
-    batches = start_batches(first_sleeps, budgets, placement.gpus, host.gpus, utilization, asleep)
     return BoxPlan(
         models=planned,
         default=default,
-        start_batches=batches,
+        start_batches=_start_batches(config, default, switching, planned, host.gpus),
         max_resident=max(sets.resident.values()),
         min_resident_s=sets.turn_s,
         keeps_copy=keeps,
         notes=notes,
         deep_sleep=deep,
         cards=host.gpus if len(host.gpus) > 1 else (),
+    )
+
+
+def _with_tier(engine: DeploymentConfig, tier: int | None) -> DeploymentConfig:
+    """``engine`` with its 'auto' CPU tier (``tier``: the set's equal share) as a number."""
+    if tier is None:
+        return engine
+    update = {"cpu_tier_gib": tier / GIB}
+    return engine.model_copy(update={"kv_offload": engine.kv_offload.model_copy(update=update)})
+
+
+def _start_batches(
+    config: DeploymentConfig,
+    default: str,
+    switching: list[str],
+    planned: Mapping[str, ModelPlan],
+    cards: tuple[GpuFacts, ...],
+) -> tuple[tuple[str, ...], ...]:
+    """The models start-up brings in and puts to sleep (those that switch: the others from
+    the file's last, the default last), in batches that start side by side."""
+    first_sleeps = [n for n in reversed(list(planned)) if n != default and n in switching]
+    first_sleeps += [default] if default in switching else []
+    return start_batches(
+        first_sleeps,
+        {n: m.plan.gpu.budget_bytes for n, m in planned.items()},
+        {n: m.gpus for n, m in planned.items()},
+        cards,
+        config.gpu.memory_utilization,
+        {n: m.away_gpu_bytes for n, m in planned.items()},
     )
 
 
