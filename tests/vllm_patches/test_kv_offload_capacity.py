@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import make_host
 from tests.vllm_patches.conftest import collect_logs
+from vllm_offload.plan.host import ram_reserve
 from vllm_offload.vllm_ext import kv_capacity
 
 GIB = 1 << 30
@@ -116,7 +118,7 @@ def test_tier_larger_than_ram_is_refused_before_allocation(demo_dir: Path) -> No
     assert "host RAM has" in message and "the largest tier that fits is" in message
 
 
-def test_shm_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shm_check_and_the_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
     shm_free = shutil.disk_usage("/dev/shm").free
@@ -135,6 +137,12 @@ def test_shm_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "lots")
     with pytest.raises(ValueError, match="VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES must be a whole"):
         kv_capacity.check_host_memory(tier)
+    monkeypatch.setenv(kv_capacity.CPU_TIER_RESERVE_ENV, "-1")
+    with pytest.raises(ValueError, match="VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES must be >= 0"):
+        kv_capacity.check_host_memory(tier)
+    monkeypatch.delenv(kv_capacity.CPU_TIER_RESERVE_ENV)  # no launcher: the planner's rule
+    planned = ram_reserve(make_host(ram_gib=256), "cuda")
+    assert kv_capacity.ram_reserve_bytes(256 * GIB) == planned == int(25.6 * GIB)
 
 
 def test_max_model_len_beyond_the_gpu_pool(demo_dir: Path) -> None:

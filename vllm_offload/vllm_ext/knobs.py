@@ -12,6 +12,10 @@ from typing import Any
 # The RAM the CPU tier's check leaves free (bytes); the launcher passes the planner's
 # reserve, so the planner and vLLM apply one rule (kv_capacity.check_host_memory).
 CPU_TIER_RESERVE_ENV = "VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES"
+# The planner's reserve on a GPU host (plan.host.ram_reserve), and the check's where no
+# launcher passed one: the larger of these bytes and this share of the host's RAM.
+RAM_RESERVE_BYTES = 8 << 30
+RAM_RESERVE_FRACTION = 0.10
 # Offloaded weights of at least this many bytes go into a registered host arena
 # (host_pinning.gate_bytes).
 PIN_REGISTER_MIN_ENV = "VLLMOFFLOAD_PIN_REGISTER_MIN_BYTES"

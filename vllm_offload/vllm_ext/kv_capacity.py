@@ -12,7 +12,6 @@ vLLM.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -20,15 +19,19 @@ from typing import Any
 import psutil
 from vllm.logger import init_logger
 
-from vllm_offload.vllm_ext.knobs import CPU_BYTES_KEY, CPU_TIER_RESERVE_ENV, NUM_CPU_BLOCKS_KEY
+from vllm_offload.vllm_ext.knobs import (
+    CPU_BYTES_KEY,
+    CPU_TIER_RESERVE_ENV,
+    NUM_CPU_BLOCKS_KEY,
+    RAM_RESERVE_BYTES,
+    RAM_RESERVE_FRACTION,
+    env_bytes,
+)
 
 logger = init_logger("vllm.vllm_offload.kv_capacity")  # under vLLM's logger: printed as its own
 
 GiB = 1 << 30
 OFFLOADING_CONNECTORS = ("OffloadingConnector",)
-# Host RAM left for the OS, the server processes and page cache.
-DEFAULT_RESERVE_MIN_BYTES = 8 * GiB
-DEFAULT_RESERVE_FRACTION = 0.10
 SHM_PATH = "/dev/shm"
 
 
@@ -125,15 +128,10 @@ def checked_cpu_tier(vllm_config: Any, gpu_bytes_per_block: int) -> CpuTier | No
 
 
 def ram_reserve_bytes(total_ram: int) -> int:
-    value = os.environ.get(CPU_TIER_RESERVE_ENV, "")
-    if value:
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(
-                f"{CPU_TIER_RESERVE_ENV} must be a whole number of bytes, got {value!r}"
-            ) from None
-    return max(DEFAULT_RESERVE_MIN_BYTES, int(total_ram * DEFAULT_RESERVE_FRACTION))
+    """Host RAM the tier leaves for the OS, page cache and other processes: the planner's
+    figure as the launcher passes it, else the planner's rule."""
+    default = max(RAM_RESERVE_BYTES, int(total_ram * RAM_RESERVE_FRACTION))
+    return env_bytes(CPU_TIER_RESERVE_ENV, default)
 
 
 def _server_rss_bytes() -> int:
