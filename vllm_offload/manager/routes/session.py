@@ -17,8 +17,8 @@ Shared = Annotated[Manager, Depends(manager_of)]
 
 
 @router.get("/healthz")
-def healthz(manager: Shared) -> JSONResponse:
-    if manager.monitor.stopped:
+async def healthz(manager: Shared) -> JSONResponse:
+    if await manager.monitor.stopped():
         return JSONResponse({"status": "the unit monitor stopped"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
