@@ -3,6 +3,9 @@ progressing, is in tests/e2e/test_wedge_browser.py)."""
 
 from __future__ import annotations
 
+import time
+
+from vllm_offload.manager.metrics import FRESH_S, Sampler
 from vllm_offload.manager.wedge import MAX_POLL_GAP_S, Counters, WedgeWatch, prometheus_text
 
 
@@ -59,6 +62,29 @@ def test_a_gap_in_the_polls_counts_as_a_few_seconds_of_stall() -> None:
     watch = WedgeWatch()
     watch.observe(0, counters(loads=1), 600, 60)
     assert watch.observe(100, counters(loads=1), 600, 60) == []  # loads: the same
+
+
+def test_polls_without_counters_are_watched_time() -> None:
+    """Scrapes that failed, or a server not healthy for a while: the manager polled on
+    and watched; only its own hold-ups are discounted."""
+    watch = WedgeWatch()
+    for t in range(0, 100, 2):
+        watch.observe(t, counters() if t % 20 == 0 else None, 120, 60)
+    watch.polled(100)  # the server not healthy: nothing decided, the time watched
+    assert watch.observe(102, counters(), 120, 60) == [] and watch.stalled_s == 102
+    watch.forget()
+    assert watch.observe(200, counters(), 120, 60) == [] and watch.stalled_s == 0
+
+
+def test_a_sampler_held_up_keeps_a_scrape_that_decides_nothing() -> None:
+    """A sampler stuck in a call (a disk's usage on a hung mount) keeps its last scrape:
+    unchanged counters from it would call a healthy engine wedged."""
+    sampler = Sampler(server_url="http://127.0.0.1:1")
+    assert sampler.fresh() is None  # none yet
+    sampler.latest, sampler.latest_at = {"vllm:num_requests_running": 1.0}, time.monotonic()
+    assert sampler.fresh() == sampler.latest
+    sampler.latest_at -= FRESH_S
+    assert sampler.fresh() is None
 
 
 def test_progress_of_any_kind_keeps_it_healthy() -> None:

@@ -19,6 +19,8 @@ from vllm_offload.upstream import metrics as vm
 from vllm_offload.upstream.client import VllmClient, sum_samples, totals
 
 HISTORY_S = 600
+# A scrape older than this says nothing of now (a sample takes < 2 s: two calls of 0.8 s).
+FRESH_S = 10.0
 
 # vLLM metric -> our name; counters become per-second rates between samples.
 GAUGES = {
@@ -117,6 +119,7 @@ class Sampler:
     server_healthy: bool = False
     # The last sample's scrape of vLLM's /metrics; None when the server did not answer.
     latest: dict[str, float] | None = None
+    latest_at: float | None = None  # when ``latest`` was taken (monotonic)
     # The CPU tier's counters over the last ten minutes, and when served tokens last grew.
     tier: deque[tier_report.Totals] = field(default_factory=lambda: deque(maxlen=HISTORY_S))
     served_moved_at: float | None = None
@@ -166,6 +169,13 @@ class Sampler:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def fresh(self) -> dict[str, float] | None:
+        """``latest`` if this sampler went round within FRESH_S (a sampler held up in a
+        call, say a disk's usage on a hung mount, keeps a scrape that says nothing of now:
+        the wedge watch would take it for an engine without progress)."""
+        fresh = self.latest_at is not None and time.monotonic() - self.latest_at < FRESH_S
+        return self.latest if fresh else None
+
     def probe_health(self) -> bool:
         return self.server.healthy()
 
@@ -184,6 +194,7 @@ class Sampler:
         self.server_healthy = self.probe_health()
         by_model = self._scrape() if self.server_healthy else None
         scraped = self.latest = None if by_model is None else totals(by_model.values())
+        self.latest_at = time.monotonic()
         vllm: dict[str, float | None] = {}
         models: dict[str, dict[str, float | None]] = {}
         if scraped is not None and by_model is not None:

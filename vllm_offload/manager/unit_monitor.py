@@ -19,7 +19,8 @@ from vllm_offload.manager.wedge import Counters, WedgeWatch
 from vllm_offload.systemd.control import ServiceError, ServiceStatus, Systemd
 
 logger = logging.getLogger(__name__)
-# A monitor loop that has not gone round for this long is stuck (a poll takes < 1 s).
+# A monitor loop that has not gone round for this long, and then not for as long again, is
+# stuck (a poll takes < 1 s; UnitMonitor.stopped).
 MONITOR_STALE_S = 10.0
 # Server processes ending before they answer, this many within the window: a crash loop
 # (systemd stops restarting at its start limit, 5 starts in 10 minutes in our unit).
@@ -199,13 +200,15 @@ class UnitMonitor:
             self._wedge_pid = unit.main_pid
         if health == "healthy":
             limits = self.limits()
-            counters = Counters.from_metrics(self.sampler.latest or {})
+            counters = Counters.from_metrics(self.sampler.fresh() or {})
             for text in self.wedge.observe(
                 time.monotonic(), counters, limits.wedge_after_s, limits.stalled_load_after_s
             ):
                 self._event(text)
             if self.wedge.wedged:
                 health = "wedged"
+        else:
+            self.wedge.polled(time.monotonic())  # watched; nothing to decide from
         health = self.watch.observe(unit.main_pid, health)
         self._latest = (time.monotonic(), unit, health)
         return unit, health

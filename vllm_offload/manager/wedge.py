@@ -8,7 +8,8 @@ vLLM counts a prompt's tokens only when its prefill completes, so a long chunked
 (minutes on a slow CPU host) shows its progress as KV blocks being allocated, chunk by
 chunk (``vllm:kv_cache_usage_perc`` moves): that is progress, never a wedge.
 
-The time without progress is the time the manager watched it: a gap between two polls
+The time without progress is the time the manager watched it: every poll counts, with
+counters or not (a scrape that failed, a server not healthy), and a gap between two polls
 counts as at most ``MAX_POLL_GAP_S``. A longer gap is the manager held up itself (a host
 short of CPU or swapping: CI's 2-vCPU box stood whole processes still for up to ~20 s,
 benchmarks/results/ci-box-freezes/), and the engine on the same host most likely stood
@@ -33,7 +34,7 @@ SOURCES = {
     vm.KV_LOADS_BY_STAGE: "kv_loads",
 }
 RESTART_WINDOW_S = 3600.0
-MAX_POLL_GAP_S = 5.0  # the manager polls every 2 s
+MAX_POLL_GAP_S = 5.0  # the manager polls every 2 s (UnitMonitor.interval_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,19 +88,27 @@ class WedgeWatch:
     allowance_spent: bool = False  # said once per wedge: no restart left this hour
     restarts: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     _last: Counters | None = None
-    _seen_at: float | None = None  # the last poll with counters
+    _polled_at: float | None = None  # the manager's last poll, with counters or not
+    _watched_s: float = 0.0  # watched since the last poll with counters
     _loads_for: float | None = None  # how long KV loads are pending without a break, watched
+
+    def polled(self, now: float) -> None:
+        """One poll of the manager's at ``now`` (monotonic), with counters or not: the time
+        since the last one was watched, up to MAX_POLL_GAP_S of it."""
+        if self._polled_at is not None:
+            self._watched_s += min(now - self._polled_at, MAX_POLL_GAP_S)
+        self._polled_at = now
 
     def observe(
         self, now: float, counters: Counters | None, wedge_after_s: float, load_after_s: float
     ) -> list[str]:
         """Take one poll (``now`` monotonic); the events it causes (entering or leaving
-        either state). ``counters`` None: no scrape this time, nothing decided."""
+        either state). ``counters`` None: no fresh scrape this time, nothing decided."""
+        self.polled(now)
         if counters is None:
             return []
         last, self._last = self._last, counters
-        watched = 0.0 if self._seen_at is None else min(now - self._seen_at, MAX_POLL_GAP_S)
-        self._seen_at = now
+        watched, self._watched_s = self._watched_s, 0.0
         # The clock runs only while work is pending, from the poll it first showed up in.
         if not counters.busy or last is None or not last.busy or counters.moved_since(last):
             self.stalled_s = 0.0
@@ -132,7 +141,8 @@ class WedgeWatch:
 
     def forget(self) -> None:
         """A new server process: its counters start again."""
-        self._last = self._seen_at = self._loads_for = None
+        self._last = self._polled_at = self._loads_for = None
+        self._watched_s = 0.0
         self.wedged = self.loads_stalled = self.allowance_spent = False
         self.stalled_s, self.reason = 0.0, None
 
@@ -160,7 +170,8 @@ def prometheus_text(watch: WedgeWatch, healthy: bool) -> str:
         (
             "server_stalled_seconds",
             "gauge",
-            "Seconds work has been pending without progress.",
+            "Seconds work has been pending without progress, as the manager watched "
+            "(a gap of over 5 s between its polls counts as 5 s).",
             round(watch.stalled_s, 1),
         ),
         (
