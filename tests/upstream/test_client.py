@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -64,6 +66,8 @@ def test_waiting_ends_when_ready_when_the_process_ends_or_at_the_bound() -> None
     with pytest.raises(TimeoutError, match="waiting for a thing"):
         wait_until(lambda: asked.append(True) or False, 0.05, "a thing", poll_s=0.01)
     assert asked  # asked while the bound lasted
+    began = time.monotonic()  # ready while the waiter slept past the bound: still seen
+    wait_until(lambda: time.monotonic() - began > 0.2, 0.1, "a thing", poll_s=0.5)
 
 
 def test_answers_are_read_only_up_to_a_cap() -> None:

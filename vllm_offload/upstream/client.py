@@ -64,15 +64,18 @@ def wait_until(
 ) -> float:
     """Seconds until ``ready()``: the one waiting loop. Raises RuntimeError as soon as
     ``alive()`` is false (say, the server process ended) and TimeoutError after
-    ``timeout_s``; ``what`` names the wait in both."""
+    ``timeout_s``; ``what`` names the wait in both. ``ready()`` is asked once more after
+    the bound passed: a host that stood this process still past it (CI's box did for
+    ~20 s) gave the thing waited for no chance to be seen."""
     began = time.monotonic()
-    while time.monotonic() - began < timeout_s:
+    while True:
         if not alive():
             raise RuntimeError(f"gave up waiting for {what}: the process ended")
         if ready():
             return time.monotonic() - began
+        if time.monotonic() - began >= timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 class VllmClient:
