@@ -21,12 +21,16 @@ from vllm_offload.plan.records import (
 )
 from vllm_offload.upstream import compat
 from vllm_offload.upstream.version import has_sync_loads
-from vllm_offload.vllm_ext.knobs import RAM_RESERVE_BYTES, RAM_RESERVE_FRACTION
+from vllm_offload.vllm_ext.knobs import (
+    RAM_RESERVE_BYTES,
+    RAM_RESERVE_FRACTION,
+    gpu_host_ram_reserve,
+)
 
-# Host RAM kept free for the OS and page cache: the larger of RAM_RESERVE_BYTES and
-# RAM_RESERVE_FRACTION of the host's (in knobs: vLLM's check of the tier applies the same
-# rule where no launcher passed a figure). The launcher hands this figure to patched vLLM
-# (VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES), whose check then agrees with the planner.
+# Host RAM kept free for the OS and page cache: knobs.gpu_host_ram_reserve (vLLM's check
+# of the tier applies the same rule where no launcher passed a figure). The launcher hands
+# this figure to patched vLLM (VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES), whose check then
+# agrees with the planner.
 # RAM vLLM's own processes hold when that check runs (after the model is loaded): on an
 # H200 host, 8B shape, one GPU, 2.52-2.64 GiB on 0.32.0 and 0.25.0 (patch 0001 logs it:
 # benchmarks/results/h200-vllm-0.32.0/capacity/); on an H100 with 0.33.0, 2.66 GiB (8B)
@@ -57,7 +61,7 @@ CPU_RAM_RESERVE_FRACTION = 0.05
 def ram_reserve(host: HostFacts, platform: Platform) -> int:
     if platform == "cpu":
         return max(CPU_RAM_RESERVE_BYTES, int(host.ram_total_bytes * CPU_RAM_RESERVE_FRACTION))
-    return max(RAM_RESERVE_BYTES, int(host.ram_total_bytes * RAM_RESERVE_FRACTION))
+    return gpu_host_ram_reserve(host.ram_total_bytes)
 
 
 def server_ram_bytes(world_size: int, platform: Platform) -> int:

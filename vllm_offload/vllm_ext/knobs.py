@@ -13,7 +13,8 @@ from typing import Any
 # reserve, so the planner and vLLM apply one rule (kv_capacity.check_host_memory).
 CPU_TIER_RESERVE_ENV = "VLLMOFFLOAD_CPU_TIER_RAM_RESERVE_BYTES"
 # The planner's reserve on a GPU host (plan.host.ram_reserve), and the check's where no
-# launcher passed one: the larger of these bytes and this share of the host's RAM.
+# launcher passed one: the larger of these bytes and this share of the host's RAM
+# (gpu_host_ram_reserve).
 RAM_RESERVE_BYTES = 8 << 30
 RAM_RESERVE_FRACTION = 0.10
 # Offloaded weights of at least this many bytes go into a registered host arena
@@ -93,3 +94,8 @@ def env_bytes(name: str, default: int) -> int:
     if parsed < 0:
         raise ValueError(f"{name} must be >= 0, got {parsed}")
     return parsed
+
+
+def gpu_host_ram_reserve(total_ram: int) -> int:
+    """The host RAM a GPU host's CPU tier leaves free, of ``total_ram`` bytes."""
+    return max(RAM_RESERVE_BYTES, int(total_ram * RAM_RESERVE_FRACTION))

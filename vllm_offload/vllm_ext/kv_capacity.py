@@ -23,9 +23,8 @@ from vllm_offload.vllm_ext.knobs import (
     CPU_BYTES_KEY,
     CPU_TIER_RESERVE_ENV,
     NUM_CPU_BLOCKS_KEY,
-    RAM_RESERVE_BYTES,
-    RAM_RESERVE_FRACTION,
     env_bytes,
+    gpu_host_ram_reserve,
 )
 
 logger = init_logger("vllm.vllm_offload.kv_capacity")  # under vLLM's logger: printed as its own
@@ -130,8 +129,7 @@ def checked_cpu_tier(vllm_config: Any, gpu_bytes_per_block: int) -> CpuTier | No
 def ram_reserve_bytes(total_ram: int) -> int:
     """Host RAM the tier leaves for the OS, page cache and other processes: the planner's
     figure as the launcher passes it, else the planner's rule."""
-    default = max(RAM_RESERVE_BYTES, int(total_ram * RAM_RESERVE_FRACTION))
-    return env_bytes(CPU_TIER_RESERVE_ENV, default)
+    return env_bytes(CPU_TIER_RESERVE_ENV, gpu_host_ram_reserve(total_ram))
 
 
 def _server_rss_bytes() -> int:
